@@ -207,6 +207,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# Decimal integers only: PyYAML would read `0123` as octal 83.
+_StrictLoader.add_constructor(
+    "tag:yaml.org,2002:int",
+    lambda loader, node: int(loader.construct_scalar(node).replace("_", ""), 10))
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
