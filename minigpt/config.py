@@ -200,7 +200,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise ConfigError(
-                f"duplicate key '{key}' at line {key_node.start_mark.line + 1}: "
+                f"duplicate key {key!r} at line {key_node.start_mark.line + 1}: "
                 "each key may appear once; delete one of them")
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
@@ -222,7 +222,7 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        problem = (e.problem or e.context or "invalid YAML").strip()
+        problem = " ".join((e.problem or e.context or "invalid YAML").split())
         raise ConfigError(f"{source}: invalid YAML at {where}: {problem}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: invalid YAML: {str(e).splitlines()[0]}") from None
@@ -298,7 +298,7 @@ def _check_meta(value: Any, meta: dict, where: str) -> None:
     if choices is not None and value not in choices:
         hint = difflib.get_close_matches(str(value), choices, n=1)
         dym = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise ConfigError(f"{where}: '{value}' is not one of {', '.join(choices)}{dym}")
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}{dym}")
     if "min" in meta and value < meta["min"]:
         raise ConfigError(f"{where}: must be >= {meta['min']}, got {value}")
     if "min_exclusive" in meta and value <= meta["min_exclusive"]:
@@ -315,7 +315,7 @@ def _unknown(name: str, known: list[str], what: str) -> ConfigError:
     dym = f"did you mean '{hint[0]}'? " if hint else ""
     kind, _, rest = what.partition(" ")
     rest = f" {rest}" if rest else ""
-    return ConfigError(f"unknown {kind} '{name}'{rest}: {dym}valid: {', '.join(known)}")
+    return ConfigError(f"unknown {kind} {name!r}{rest}: {dym}valid: {', '.join(known)}")
 
 
 def _validate_cross(cfg: Config) -> None:
@@ -409,18 +409,18 @@ def model_hash(model_cfg: ModelConfig) -> str:
 def parse_override(text: str) -> tuple[str, str, Any]:
     """Parse one `section.key=value`; the value is coerced and validated like a YAML value."""
     if "=" not in text:
-        raise ConfigError(f"--set '{text}': expected section.key=value, e.g. --set model.n_layer=6")
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. --set model.n_layer=6")
     path, raw = text.split("=", 1)
     path = path.strip()
     if path.count(".") != 1:
-        raise ConfigError(f"--set '{text}': the key must be section.key, e.g. train.max_steps")
+        raise ConfigError(f"--set {text!r}: the key must be section.key, e.g. train.max_steps")
     section, key = path.split(".")
     if section not in SECTIONS:
-        raise ConfigError(f"--set '{text}': " + str(_unknown(section, list(SECTIONS), "section")))
+        raise ConfigError(f"--set {text!r}: " + str(_unknown(section, list(SECTIONS), "section")))
     cls = SECTIONS[section]
     names = [fl.name for fl in dataclasses.fields(cls)]
     if key not in names:
-        raise ConfigError(f"--set '{text}': "
+        raise ConfigError(f"--set {text!r}: "
                           + str(_unknown(key, names, f"key in section '{section}'")))
     tp = _field_type(cls, key)
     if tp is str:
