@@ -1,0 +1,202 @@
+"""Corpus files on disk: find them, fingerprint them, stream them as text pieces; durable writes.
+
+Shared by the tokenizer (BPE training) and the data pipeline (tokenization), so it sits between
+them in the import order: config -> corpus -> tokenizer -> data.
+
+Streaming contract: no function here holds more than about `chunk_bytes` (plus one line) of a
+file in memory, so a corpus larger than RAM works. Pieces are cut at the start of a line that
+begins with a non-space character; for the GPT-4 split pattern that is an exact pre-token
+boundary, so tokenizing piece by piece gives the same ids as tokenizing the whole text.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from minigpt.config import MinigptError, _is_glob, resolve_path
+
+CHUNK_BYTES = 1 << 20  # read size; pieces are about this long
+_WS = b" \t\r\n\x0b\x0c"
+_BOM = b"\xef\xbb\xbf"
+_HASH_CACHE: dict[tuple, str] = {}
+
+
+def list_corpus(spec: str) -> list[Path]:
+    """The corpus files named by `data.corpus`: a file, a directory (its *.txt files, recursive,
+    sorted by relative path) or a glob (sorted). Raises a one-line MinigptError for a missing
+    path, a dangling symlink, a directory without .txt files or a glob matching nothing."""
+    if not spec.strip():
+        raise MinigptError("data.corpus is empty: give a .txt file, a directory of .txt files "
+                           "or a glob (the bundled corpus is data/tinyshakespeare.txt)")
+    if _is_glob(spec):
+        pattern = resolve_path(spec)
+        matches = sorted(Path(m) for m in glob.glob(str(pattern), recursive=True))
+        files = [m for m in matches if not m.is_dir()]
+        if not files:
+            raise MinigptError(f"data.corpus: the glob {spec} matches no files; check the "
+                               "pattern (quote it in the shell) or give a file or directory")
+    else:
+        p = resolve_path(spec)
+        if p.is_symlink() and not p.exists():
+            raise MinigptError(f"data.corpus: {p} is a dangling symlink (to {os.readlink(p)}); "
+                               "point data.corpus at an existing text file")
+        if not p.exists():
+            raise MinigptError(f"data.corpus: {p} not found; give a .txt file, a directory of "
+                               ".txt files or a glob (bundled: data/tinyshakespeare.txt)")
+        if p.is_dir():
+            files = sorted((q for q in p.rglob("*.txt") if not q.is_dir()),
+                           key=lambda q: q.relative_to(p).as_posix())
+            if not files:
+                raise MinigptError(f"data.corpus: directory {p} contains no .txt files; add "
+                                   "some or point data.corpus at a file or glob")
+        else:
+            files = [p]
+    for q in files:
+        if q.is_symlink() and not q.exists():
+            raise MinigptError(f"data.corpus: {q} is a dangling symlink (to {os.readlink(q)}); "
+                               "remove it or fix its target")
+        if not os.access(q, os.R_OK):
+            raise MinigptError(f"data.corpus: cannot read {q} (permission denied)")
+    return files
+
+
+def corpus_hash(files: list[Path]) -> str:
+    """sha256 (hex) over the files' contents and lengths, in order; not their names, so a moved
+    corpus keeps its caches. Memoised per process by (path, size, mtime, inode)."""
+    stats = tuple((str(q), st.st_size, st.st_mtime_ns, st.st_ino)
+                  for q in files for st in [q.stat()])
+    if stats in _HASH_CACHE:
+        return _HASH_CACHE[stats]
+    h = hashlib.sha256(b"minigpt-corpus-v1\0")
+    for q in files:
+        h.update(str(q.stat().st_size).encode() + b"\0")
+        with _open(q) as fh:
+            while block := fh.read(CHUNK_BYTES * 4):
+                h.update(block)
+    _HASH_CACHE[stats] = digest = h.hexdigest()
+    return digest
+
+
+def _open(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise MinigptError(f"data.corpus: cannot read {path}: {e.strerror}") from None
+
+
+def _cut(buf: bytes) -> int:
+    """Where to end a piece of `buf` (not at EOF): after a newline followed by non-space, else
+    before the last space, else at the last UTF-8 character start."""
+    i = buf.rfind(b"\n")
+    while i != -1 and (i + 1 >= len(buf) or buf[i + 1] in _WS):
+        i = buf.rfind(b"\n", 0, i)
+    if i > 0:
+        return i + 1
+    i = buf.rfind(b" ")
+    if i > 0:
+        return i
+    i = len(buf) - 1
+    while i > 0 and len(buf) - i < 4 and (buf[i] & 0xC0) == 0x80:  # continuation byte
+        i -= 1
+    return i if i > 0 else len(buf)
+
+
+def iter_pieces(path: Path, invalid_utf8: str = "error", chunk_bytes: int = CHUNK_BYTES,
+                ) -> Iterator[tuple[str, int]]:
+    """Yield (text, n_bytes) pieces of one file, in order, about `chunk_bytes` each.
+
+    A leading UTF-8 BOM is dropped. NUL bytes mean a binary file: MinigptError. Invalid UTF-8
+    raises a MinigptError naming the file and byte offset unless `invalid_utf8 == "replace"`."""
+    offset = 0  # file offset of buf[0]
+    buf = b""
+    with _open(path) as fh:
+        while True:
+            data = fh.read(chunk_bytes)
+            buf += data
+            if not buf:
+                return
+            if offset == 0 and buf.startswith(_BOM):
+                buf, offset = buf[3:], 3
+            cut = len(buf) if not data else _cut(buf)
+            if data and len(buf) < chunk_bytes and cut < len(buf):
+                continue  # keep a short tail until the next read
+            piece, buf = buf[:cut], buf[cut:]
+            nul = piece.find(b"\x00")
+            if nul != -1:
+                raise MinigptError(f"{path}: binary file (NUL byte at offset {offset + nul}); "
+                                   "the corpus must be UTF-8 text")
+            try:
+                text = piece.decode("utf-8", errors="strict" if invalid_utf8 == "error"
+                                    else "replace")
+            except UnicodeDecodeError as e:
+                raise MinigptError(
+                    f"{path}: not valid UTF-8 at byte offset {offset + e.start}; fix the file "
+                    "or set data.invalid_utf8: replace") from None
+            offset += len(piece)
+            yield text, len(piece)
+            if not data and not buf:
+                return
+
+
+def empty_corpus_error(spec: str, files: list[Path]) -> MinigptError:
+    where = files[0] if len(files) == 1 else f"{spec} ({len(files)} files)"
+    return MinigptError(f"data.corpus: {where} is empty or only whitespace; give a text corpus "
+                        "with some content")
+
+
+def cache_root(cache_dir: str) -> Path:
+    """`data.cache_dir`, else $MINIGPT_CACHE, else ~/.cache/minigpt."""
+    if cache_dir:
+        return Path(cache_dir).expanduser().absolute()
+    env = os.environ.get("MINIGPT_CACHE")
+    if env:
+        return Path(env).expanduser().absolute()
+    return Path.home() / ".cache" / "minigpt"
+
+
+# --------------------------------------------------------------------------------------------
+# Durable writes: temp file in the same directory, flush + fsync, os.replace, fsync the dir.
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # e.g. Windows: directories cannot be opened
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_file(path: Path):
+    """Open a temp file next to `path` for binary writing; on clean exit it replaces `path`
+    durably, on an exception it is deleted and `path` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as fh:
+        fh.write(data)

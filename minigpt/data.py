@@ -1,0 +1,238 @@
+"""Token data: the corpus tokenized once into a memory-mapped cache, or synthetic induction data.
+
+Token cache (under `<cache dir>/tokens/`): `<key>.bin` holds every token of the corpus, each file
+preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32; `<key>.json` (written
+last, so it marks a complete cache) holds counts and bytes_per_token. The key hashes the corpus
+contents, the tokenizer hash and the split settings: any change builds a new cache, nothing stale
+is read. The split is deterministic: the last `val_fraction` of the tokens is validation.
+
+Batches: `sample_offsets` draws start offsets from a caller-owned torch.Generator (the trainer
+saves its state for an exact resume); `get_batch` turns offsets into x, y = tokens[o : o+T],
+tokens[o+1 : o+T+1], shapes (n, T) with T = block_size.
+
+Induction (`data.source: induction`): no corpus. An "offset" is a per-sequence seed; sequence i
+is a random row r of block_size // 2 ids in [0, induction_vocab) (drawn from its seed) repeated
+periodically and cut to block_size + 1 ids, so x = [r, r] (plus r[0] when block_size is odd)
+and y is x shifted by one; the second half of x is fully predictable from the first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minigpt.config import Config, MinigptError
+from minigpt.corpus import (
+    CHUNK_BYTES,
+    atomic_file,
+    atomic_write_bytes,
+    cache_root,
+    corpus_hash,
+    empty_corpus_error,
+    iter_pieces,
+    list_corpus,
+)
+from minigpt.tokenizer import Tokenizer
+
+CACHE_VERSION = 1
+_BATCH_PIECES = 8  # pieces (~1 MB each) encoded together on tiktoken's threads
+
+
+# --------------------------------------------------------------------------------------------
+# Progress events.
+
+
+@dataclass
+class TokenizingFile:
+    """Tokenizing file `index` (0-based) of `n_files`; `n_bytes` is its size."""
+    path: Path
+    n_bytes: int
+    index: int
+    n_files: int
+
+
+@dataclass
+class TokenizeProgress:
+    bytes_done: int      # over the whole corpus
+    bytes_total: int
+
+
+@dataclass
+class DatasetReady:
+    cache_path: Path | None    # None for induction
+    n_train: int
+    n_val: int
+    cached: bool               # True when an existing cache was reused
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Dataset:
+    train: np.ndarray          # 1-D token ids (np.memmap, uint16 or uint32); empty for induction
+    val: np.ndarray
+    bytes_per_token: float     # UTF-8 bytes / tokens on the val split (1.0 for induction)
+    block_size: int
+    induction_vocab: int = 0   # > 0: synthetic induction data, ids in [0, induction_vocab)
+    info: dict = field(default_factory=dict)  # corpus/cache facts for logs (JSON-safe)
+
+    @property
+    def source(self) -> str:
+        return "induction" if self.induction_vocab else "text"
+
+    def _split(self, split: str) -> np.ndarray:
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        return self.train if split == "train" else self.val
+
+    def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n,) int64 offsets drawn from `generator` (advances it the same way for both sources).
+        Text: start positions in [0, len(split) - block_size). Induction: sequence seeds."""
+        arr = self._split(split)
+        high = 2**62 if self.induction_vocab else len(arr) - self.block_size
+        return torch.randint(high, (n,), generator=generator, dtype=torch.long)
+
+    def get_batch(self, split: str, offsets: torch.Tensor, device: torch.device | str = "cpu"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (n, block_size) int64 on `device`; y[:, t] is the token after x[:, t]."""
+        T = self.block_size
+        if self.induction_vocab:
+            rows = self._induction_rows(split, offsets)
+        else:
+            arr = self._split(split)
+            rows = torch.from_numpy(np.stack(
+                [arr[o: o + T + 1] for o in offsets.tolist()]).astype(np.int64))
+        x, y = rows[:, :-1], rows[:, 1:]
+        device = torch.device(device)
+        if device.type == "cuda":
+            return (x.pin_memory().to(device, non_blocking=True),
+                    y.pin_memory().to(device, non_blocking=True))
+        return x.contiguous().to(device), y.contiguous().to(device)
+
+    def _induction_rows(self, split: str, offsets: torch.Tensor) -> torch.Tensor:
+        """(n, block_size + 1): row i repeats seed i's random block of block_size // 2 ids."""
+        self._split(split)
+        half = max(1, self.block_size // 2)
+        salt = 0 if split == "train" else 1  # train and val draw from different streams
+        g = torch.Generator()
+        rows = []
+        for seed in offsets.tolist():
+            g.manual_seed(int(seed) * 2 + salt)
+            rows.append(torch.randint(self.induction_vocab, (half,), generator=g))
+        r = torch.stack(rows)                                  # (n, half)
+        reps = math.ceil((self.block_size + 1) / half)
+        return r.repeat(1, reps)[:, : self.block_size + 1]     # (n, block_size + 1)
+
+
+def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
+                    on_event: Callable[[object], None] | None = None) -> Dataset:
+    """The Dataset for `cfg.data`: induction data, or the tokenized corpus (from the cache when
+    corpus, tokenizer and split settings are unchanged, else built and cached atomically).
+    Raises one-line MinigptErrors for unusable corpora and for splits shorter than
+    model.block_size + 1 tokens."""
+    emit = on_event or (lambda ev: None)
+    dc, T = cfg.data, cfg.model.block_size
+    if dc.source == "induction":
+        if dc.induction_vocab > tokenizer.n_vocab:
+            raise MinigptError(f"data.induction_vocab: {dc.induction_vocab} exceeds the "
+                               f"tokenizer's {tokenizer.n_vocab} ids; lower it")
+        empty = np.zeros(0, dtype=np.uint16)
+        emit(DatasetReady(None, 0, 0, cached=False))
+        return Dataset(empty, empty, 1.0, T, induction_vocab=dc.induction_vocab,
+                       info={"source": "induction", "induction_vocab": dc.induction_vocab})
+
+    files = list_corpus(dc.corpus)
+    chash = corpus_hash(files)
+    key_src = {"v": CACHE_VERSION, "corpus": chash, "tokenizer": tokenizer.hash,
+               "val_fraction": dc.val_fraction, "invalid_utf8": dc.invalid_utf8,
+               "chunk": CHUNK_BYTES}  # piece cuts can shift gpt2-pattern tokens: part of the key
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
+    directory = cache_root(dc.cache_dir) / "tokens"
+    bin_path, meta_path = directory / f"{key}.bin", directory / f"{key}.json"
+    meta = _read_meta(meta_path, bin_path)
+    cached = meta is not None
+    if meta is None:
+        meta = _build(files, dc.corpus, dc.invalid_utf8, dc.val_fraction, tokenizer, bin_path,
+                      emit)
+        meta.update(key_src)
+        atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
+    if not meta["has_text"]:
+        raise empty_corpus_error(dc.corpus, files)
+
+    tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
+    n_train = meta["n_train"]
+    train, val = tokens[:n_train], tokens[n_train:]
+    where = files[0] if len(files) == 1 else dc.corpus
+    for name, arr, fix in (("train", train, "lower data.val_fraction or use a larger corpus"),
+                           ("val", val, "raise data.val_fraction or use a larger corpus")):
+        if len(arr) < T + 1:
+            raise MinigptError(
+                f"data.corpus: {where} gives a {name} split of {len(arr)} tokens, but "
+                f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
+    emit(DatasetReady(bin_path, len(train), len(val), cached=cached))
+    info = {"source": "text", "corpus": dc.corpus, "n_files": len(files), "corpus_hash": chash,
+            "cache": str(bin_path), "n_train": len(train), "n_val": len(val)}
+    return Dataset(train, val, meta["bytes_per_token"], T, info=info)
+
+
+def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
+    """The cache's metadata if the cache is complete and consistent, else None (rebuild)."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        if bin_path.stat().st_size != meta["n_tokens"] * itemsize:
+            return None
+        return meta
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _build(files: list[Path], spec: str, invalid_utf8: str, val_fraction: float,
+           tokenizer: Tokenizer, bin_path: Path, emit: Callable[[object], None]) -> dict:
+    """Stream-tokenize `files` into `bin_path` (atomically) and return the cache metadata."""
+    dtype = np.uint16 if tokenizer.n_vocab <= 2**16 else np.uint32
+    total = sum(q.stat().st_size for q in files)
+    done, n_tokens, has_text = 0, 0, False
+    eot = np.array([tokenizer.eot_id], dtype=dtype)
+    with atomic_file(bin_path) as fh:
+        for index, q in enumerate(files):
+            emit(TokenizingFile(q, q.stat().st_size, index, len(files)))
+            eot.tofile(fh)
+            n_tokens += 1
+            batch: list[str] = []
+            pieces = iter_pieces(q, invalid_utf8)
+            while True:
+                item = next(pieces, None)
+                if item is not None:
+                    text, n = item
+                    batch.append(text)
+                    done += n
+                    has_text = has_text or (bool(text) and not text.isspace())
+                if batch and (item is None or len(batch) >= _BATCH_PIECES):
+                    for ids in tokenizer.encode_batch(batch):
+                        np.asarray(ids, dtype=dtype).tofile(fh)
+                        n_tokens += len(ids)
+                    batch = []
+                    emit(TokenizeProgress(done, total))
+                if item is None:
+                    break
+    n_val = round(n_tokens * val_fraction)
+    n_train = n_tokens - n_val
+    # bytes_per_token on the val split, in blocks so a huge split is never copied whole.
+    tokens = np.memmap(bin_path, dtype=dtype, mode="r")
+    lengths = tokenizer.token_byte_lengths()
+    val_bytes = sum(int(lengths[tokens[i: i + (1 << 22)]].sum())
+                    for i in range(n_train, n_tokens, 1 << 22))
+    del tokens
+    bpt = val_bytes / n_val if n_val and val_bytes else 1.0
+    return {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_train": n_train,
+            "n_val": n_val, "val_bytes": val_bytes, "bytes_per_token": bpt,
+            "has_text": has_text, "n_files": len(files), "corpus_bytes": total}

@@ -1,0 +1,350 @@
+"""Byte-level BPE through tiktoken: raw bytes, a BPE trained on the corpus with rustbpe, a named
+tiktoken encoding from tiktoken's local cache, or a saved `.tiktoken` rank file.
+
+Ids: the mergeable ranks are ids 0..len(ranks)-1 (ids 0..255 are the single bytes for bytes and
+trained tokenizers); `<|endoftext|>` follows them (id = len(ranks)). So `tokenizer.vocab_size`
+counts ranks and `n_vocab` = vocab_size + 1 for bytes/trained tokenizers (256 -> 257).
+
+On disk (a run directory or the tokenizer cache): `tokenizer.tiktoken` in tiktoken's own format
+(`<base64 token> <rank>` per line, readable by `tiktoken.load.load_tiktoken_bpe`) and
+`tokenizer.json` (name, split pattern, special tokens, n_vocab, hash); the JSON is written last.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+import tiktoken.load
+
+from minigpt.config import Config, MinigptError, resolve_path
+from minigpt.corpus import (
+    CHUNK_BYTES,
+    atomic_write_bytes,
+    cache_root,
+    corpus_hash,
+    empty_corpus_error,
+    iter_pieces,
+    list_corpus,
+)
+
+EOT = "<|endoftext|>"
+RANKS_FILE = "tokenizer.tiktoken"
+SIDECAR_FILE = "tokenizer.json"
+FORMAT_VERSION = 1
+
+# Split patterns, as tiktoken ships them: gpt4 = cl100k_base's, gpt2 = r50k_base's.
+PATTERNS = {
+    "gpt4": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
+}
+
+# Named encodings: the blob URLs tiktoken fetches and their sha256, to find them in tiktoken's
+# cache ourselves (cache key = sha1 of the URL) instead of letting tiktoken retry the network.
+_BLOB = "https://openaipublic.blob.core.windows.net"
+NAMED_ENCODINGS: dict[str, list[tuple[str, str]]] = {
+    "gpt2": [
+        (f"{_BLOB}/gpt-2/encodings/main/vocab.bpe",
+         "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+        (f"{_BLOB}/gpt-2/encodings/main/encoder.json",
+         "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+    ],
+    "cl100k_base": [(f"{_BLOB}/encodings/cl100k_base.tiktoken",
+                     "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7")],
+    "o200k_base": [(f"{_BLOB}/encodings/o200k_base.tiktoken",
+                    "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d")],
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Progress events (the CLI renders them; tests collect them).
+
+
+@dataclass
+class TrainingBPE:
+    """BPE training starts on `n_bytes` of corpus text (after train_max_bytes)."""
+    corpus: str
+    n_bytes: int
+    vocab_size: int
+
+
+@dataclass
+class BPETrained:
+    vocab_size: int      # ranks actually learned (fewer than asked if the corpus runs out of pairs)
+    seconds: float
+    path: Path           # cache directory it was saved to
+
+
+@dataclass
+class TokenizerCacheHit:
+    path: Path
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def rank_file_bytes(ranks: dict[bytes, int]) -> bytes:
+    """tiktoken's rank-file format: `<base64 token> <rank>\\n`, in rank order."""
+    lines = [base64.b64encode(tok) + b" " + str(r).encode()
+             for tok, r in sorted(ranks.items(), key=lambda kv: kv[1])]
+    return b"\n".join(lines) + b"\n"
+
+
+class Tokenizer:
+    """A tiktoken.Encoding plus what minigpt needs around it (eot id, hash, save/load).
+
+    `encode` treats special-token text as plain text unless `allow_special`; `decode` never
+    raises: broken UTF-8 and ids that are not in the vocabulary (negative, >= n_vocab, gaps)
+    both become U+FFFD."""
+
+    def __init__(self, ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int],
+                 name: str):
+        if EOT not in special_tokens:
+            raise MinigptError(f"tokenizer {name}: has no {EOT} special token")
+        self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                                          special_tokens=special_tokens)
+        self.name = name
+        self.pattern = pattern
+        self.special_tokens = dict(special_tokens)
+        self.ranks = ranks
+        self.n_vocab: int = self.encoding.n_vocab
+        self.eot_id: int = special_tokens[EOT]
+        self._rank_bytes = rank_file_bytes(ranks)
+        h = hashlib.sha256(self._rank_bytes)
+        h.update(b"\0" + pattern.encode() + b"\0")
+        h.update(json.dumps(self.special_tokens, sort_keys=True).encode())
+        self.hash: str = h.hexdigest()[:16]
+        ids = set(ranks.values()) | set(special_tokens.values())
+        self._gaps = frozenset(set(range(self.n_vocab)) - ids)  # cl100k has unused ids
+        self._lengths: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(name={self.name!r}, n_vocab={self.n_vocab}, hash={self.hash})"
+
+    # -- encode / decode ----------------------------------------------------------------------
+    def encode(self, text: str, allow_special: bool = False) -> list[int]:
+        if allow_special:
+            return self.encoding.encode(text, allowed_special="all")
+        return self.encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Ordinary (special text = plain text) encoding of several texts on tiktoken's threads."""
+        return self.encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+
+    def _valid(self, i: int) -> bool:
+        return 0 <= i < self.n_vocab and i not in self._gaps
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]  # accepts tensors / numpy arrays
+        if all(self._valid(i) for i in ids):
+            return self.encoding.decode(ids, errors="replace")
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, id: int) -> bytes:
+        """The bytes of one token (special tokens: their text); invalid ids: U+FFFD's bytes."""
+        id = int(id)
+        if not self._valid(id):
+            return "\ufffd".encode()
+        return self.encoding.decode_single_token_bytes(id)
+
+    def token_str(self, id: int) -> str:
+        """One token's text for labels: UTF-8 if it decodes, else with \\xNN escapes for the
+        partial bytes (a lone byte of a multi-byte character would otherwise show as U+FFFD)."""
+        return self.token_bytes(id).decode("utf-8", errors="backslashreplace")
+
+    def token_byte_lengths(self) -> np.ndarray:
+        """(n_vocab,) int64: UTF-8 bytes each id stands for in the corpus (specials and gaps 0)."""
+        if self._lengths is None:
+            lengths = np.zeros(self.n_vocab, dtype=np.int64)
+            for tok, r in self.ranks.items():
+                lengths[r] = len(tok)
+            self._lengths = lengths
+        return self._lengths
+
+    # -- persistence --------------------------------------------------------------------------
+    def sidecar(self) -> dict:
+        return {"format": FORMAT_VERSION, "name": self.name, "pattern": self.pattern,
+                "special_tokens": self.special_tokens, "n_ranks": len(self.ranks),
+                "n_vocab": self.n_vocab, "hash": self.hash}
+
+    def save(self, directory: Path) -> None:
+        """Write tokenizer.tiktoken then tokenizer.json (durably; the JSON marks completion)."""
+        directory = Path(directory)
+        atomic_write_bytes(directory / RANKS_FILE, self._rank_bytes)
+        atomic_write_bytes(directory / SIDECAR_FILE,
+                           (json.dumps(self.sidecar(), indent=2) + "\n").encode())
+
+    @classmethod
+    def load(cls, directory: Path) -> Tokenizer:
+        """Load a saved tokenizer; MinigptError if a file is missing, corrupt or mismatched."""
+        directory = Path(directory)
+        side_path, rank_path = directory / SIDECAR_FILE, directory / RANKS_FILE
+        for p in (side_path, rank_path):
+            if not p.is_file():
+                raise MinigptError(f"tokenizer file missing: {p}; the directory must hold "
+                                   f"{RANKS_FILE} and {SIDECAR_FILE} (saved by minigpt)")
+        try:
+            side = json.loads(side_path.read_text(encoding="utf-8"))
+            pattern, specials = side["pattern"], {str(k): int(v)
+                                                  for k, v in side["special_tokens"].items()}
+            name, expected = str(side["name"]), str(side["hash"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise MinigptError(f"{side_path}: corrupt tokenizer sidecar ({e.__class__.__name__})"
+                               "; re-save the tokenizer or retrain") from None
+        ranks = _read_ranks(rank_path)
+        tok = cls(ranks, pattern, specials, name)
+        if tok.hash != expected:
+            raise MinigptError(f"{rank_path}: does not match the hash in {side_path} "
+                               f"({tok.hash} != {expected}); the tokenizer files are corrupt")
+        return tok
+
+
+def _read_ranks(path: Path) -> dict[bytes, int]:
+    try:
+        ranks = tiktoken.load.load_tiktoken_bpe(str(path))
+    except (OSError, ValueError, IndexError) as e:
+        raise MinigptError(f"{path}: not a tiktoken rank file ({e.__class__.__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}); expected lines "
+                           "'<base64 token> <rank>'") from None
+    if not ranks:
+        raise MinigptError(f"{path}: empty tiktoken rank file")
+    return ranks
+
+
+# --------------------------------------------------------------------------------------------
+# Building from the config.
+
+
+def bytes_tokenizer(pattern: str = "gpt4") -> Tokenizer:
+    """256 single-byte ranks, no merges: ids 0..255 are the bytes, 256 is <|endoftext|>."""
+    ranks = {bytes([b]): b for b in range(256)}
+    return Tokenizer(ranks, PATTERNS[pattern], {EOT: 256}, "bytes")
+
+
+def build_tokenizer(cfg: Config, on_event: Callable[[object], None] | None = None) -> Tokenizer:
+    """The tokenizer the config asks for:
+
+    - `tokenizer.encoding` set: a named tiktoken encoding (from tiktoken's local cache only),
+      a `.tiktoken` file, or a directory holding a saved minigpt tokenizer;
+    - else `vocab_size: 256`: raw bytes;
+    - else a BPE trained with rustbpe on the corpus, cached under the cache dir by corpus
+      content hash + settings (a second call with the same corpus and settings loads it)."""
+    emit = on_event or (lambda ev: None)
+    tc = cfg.tokenizer
+    if tc.encoding:
+        return _from_encoding(tc.encoding, tc.pattern)
+    if tc.vocab_size == 256:
+        return bytes_tokenizer(tc.pattern)
+    if cfg.data.source == "induction":
+        raise MinigptError(
+            f"tokenizer.vocab_size: {tc.vocab_size} would train a BPE on the corpus, but "
+            "data.source is induction (synthetic ids); set tokenizer.vocab_size: 256")
+    return _trained(cfg, emit)
+
+
+def _trained(cfg: Config, emit: Callable[[object], None]) -> Tokenizer:
+    tc, dc = cfg.tokenizer, cfg.data
+    files = list_corpus(dc.corpus)
+    key_src = {"v": FORMAT_VERSION, "corpus": corpus_hash(files), "vocab_size": tc.vocab_size,
+               "pattern": tc.pattern, "train_max_bytes": tc.train_max_bytes,
+               "invalid_utf8": dc.invalid_utf8, "chunk": CHUNK_BYTES}
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
+    directory = cache_root(dc.cache_dir) / "tokenizers" / key
+    if (directory / SIDECAR_FILE).is_file():
+        try:
+            tok = Tokenizer.load(directory)
+            emit(TokenizerCacheHit(directory))
+            return tok
+        except MinigptError:
+            pass  # a corrupt cache entry is retrained and overwritten
+
+    limit = tc.train_max_bytes or None
+    total = sum(q.stat().st_size for q in files)
+    emit(TrainingBPE(dc.corpus, min(total, limit) if limit else total, tc.vocab_size))
+    seen = {"bytes": 0, "text": False}
+
+    def texts():
+        for q in files:
+            for text, n in iter_pieces(q, dc.invalid_utf8):
+                if limit is not None and seen["bytes"] >= limit:
+                    return
+                if limit is not None and seen["bytes"] + n > limit:
+                    # Truncate at a character boundary (approximately: chars, not bytes).
+                    text = text[: limit - seen["bytes"]]
+                seen["bytes"] += n
+                seen["text"] = seen["text"] or not text.isspace() and bool(text)
+                yield text
+
+    import rustbpe  # heavy-ish native module: only needed when training
+
+    t0 = time.perf_counter()
+    bpe = rustbpe.Tokenizer()
+    # buffer_size = pieces (~1 MB each) held at once: bounds memory for huge corpora.
+    bpe.train_from_iterator(texts(), tc.vocab_size, buffer_size=16, pattern=PATTERNS[tc.pattern])
+    if not seen["text"]:
+        raise empty_corpus_error(dc.corpus, files)
+    ranks = {bytes(tok): int(r) for tok, r in bpe.get_mergeable_ranks()}
+    tok = Tokenizer(ranks, PATTERNS[tc.pattern], {EOT: len(ranks)},
+                    f"bpe{len(ranks)}-{tc.pattern}")
+    tok.save(directory)
+    emit(BPETrained(len(ranks), time.perf_counter() - t0, directory))
+    return tok
+
+
+def _from_encoding(spec: str, pattern_name: str) -> Tokenizer:
+    if spec in NAMED_ENCODINGS:
+        return _named(spec)
+    p = resolve_path(spec)
+    if p.is_dir():
+        return Tokenizer.load(p)
+    if p.is_file():
+        side = p.parent / SIDECAR_FILE
+        if p.name == RANKS_FILE and side.is_file():
+            return Tokenizer.load(p.parent)
+        ranks = _read_ranks(p)
+        eot = max(ranks.values()) + 1
+        return Tokenizer(ranks, PATTERNS[pattern_name], {EOT: eot}, p.stem)
+    raise MinigptError(
+        f"tokenizer.encoding: '{spec}' is neither a tiktoken name ({', '.join(NAMED_ENCODINGS)}) "
+        "nor an existing .tiktoken file or tokenizer directory; use tokenizer.encoding: '' "
+        "to train a BPE on the corpus")
+
+
+def tiktoken_cache_dir() -> str:
+    """Where tiktoken caches downloads (same rule as tiktoken.load.read_file_cached)."""
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return os.environ["TIKTOKEN_CACHE_DIR"]
+    if "DATA_GYM_CACHE_DIR" in os.environ:
+        return os.environ["DATA_GYM_CACHE_DIR"]
+    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+
+
+def _named(name: str) -> Tokenizer:
+    """A named encoding, only if every file is already in tiktoken's cache with the right hash:
+    offline, tiktoken itself would retry the network for minutes."""
+    cache = tiktoken_cache_dir()
+    for url, sha in NAMED_ENCODINGS[name]:
+        path = os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()) if cache else ""
+        ok = bool(path) and os.path.isfile(path)
+        if ok:
+            with open(path, "rb") as fh:
+                ok = hashlib.sha256(fh.read()).hexdigest() == sha
+        if not ok:
+            raise MinigptError(
+                f"tokenizer.encoding: {name} is not in tiktoken's local cache ({cache or 'off'}); "
+                f"download it once online (python -c \"import tiktoken; "
+                f"tiktoken.get_encoding('{name}')\"), or use tokenizer.encoding: '' (BPE "
+                "trained on the corpus) or a local .tiktoken file")
+    import tiktoken_ext.openai_public as public
+
+    spec = getattr(public, name)()
+    return Tokenizer(spec["mergeable_ranks"], spec["pat_str"], spec["special_tokens"], name)

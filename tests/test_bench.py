@@ -1,0 +1,267 @@
+"""minigpt bench: flag parsing, the timing/memory harness, same-math of naive vs SDPA, the FLOP
+count behind MFU, and the result/JSON shape. No assertion here is about speed (benchmarks
+measure speed; tests check that figures exist, are sane and are labelled)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from minigpt import bench
+from minigpt.bench_attention import AttentionSettings, naive_attention, sdpa_attention
+from minigpt.bench_model import SampleSettings, TrainShape, gpu_peak_tflops, mfu
+from minigpt.bench_timing import Timing, memory_method, peak_memory_bytes, time_fn
+from minigpt.cli import app
+from minigpt.config import MinigptError, ModelConfig
+from minigpt.model import GPT, flops_per_token
+
+CPU = torch.device("cpu")
+
+# The documented JSON keys (bench.py module docstring): the contract for scripts.
+TOP_KEYS = {"schema", "environment", "suites", "summary"}
+ENV_KEYS = {"device", "device_name", "torch", "minigpt", "python", "platform", "cpu_count",
+            "threads", "interop_threads", "dtype", "quick", "load_avg", "timestamp"}
+TIMING_KEYS = {"median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats", "inner"}
+ATTN_ROW_KEYS = {"seq_len", "impl", "pass", "status", "reason", "ms", "timing", "peak_mem_mib",
+                 "speedup_vs_naive", "mem_ratio_vs_naive", "max_abs_diff"}
+TRAIN_ROW_KEYS = {"shape", "mode", "params", "ms_per_step", "timing", "tokens_per_s",
+                  "flops_per_token", "achieved_tflops", "mfu", "first_step_s"}
+SAMPLE_ROW_KEYS = {"kv_cache", "prompt_len", "new_tokens", "ttft_ms", "ttft", "decode",
+                   "prefill_tokens_per_s", "decode_tokens_per_s"}
+
+
+def _tiny_plan() -> bench.Plan:
+    """Smaller than --quick: the library path end to end in a couple of seconds."""
+    return bench.Plan(
+        AttentionSettings([32, 64], warmup=1, repeats=2, min_sample_ms=0.0, backends=False),
+        [TrainShape("tiny", 2, 32, 2, 16, 2, vocab_size=64)], 1, 2, 64,
+        SampleSettings(n_layer=1, n_embd=32, n_head=2, block_size=32, vocab_size=64,
+                       prompt_len=8, new_tokens=4, warmup=1, repeats=2))
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _check_document(doc: dict) -> None:
+    """Documented keys present, every figure positive and finite."""
+    assert set(doc) == TOP_KEYS and doc["schema"] == bench.SCHEMA
+    assert ENV_KEYS <= set(doc["environment"])
+    att, tr, sm = (doc["suites"][k] for k in ("attention", "train", "sample"))
+    assert att["memory_method"] and att["verdicts"]
+    ok = [r for r in att["rows"] if r["status"] == "ok"]
+    assert {(r["impl"], r["pass"]) for r in ok} >= {("naive", "fwd"), ("sdpa", "fwd+bwd")}
+    for r in att["rows"]:
+        assert set(r) == ATTN_ROW_KEYS
+    for r in ok:
+        assert set(r["timing"]) == TIMING_KEYS
+        assert _positive(r["ms"]) and _positive(r["peak_mem_mib"])
+        if r["impl"] != "naive":
+            assert _positive(r["speedup_vs_naive"]) and _positive(r["mem_ratio_vs_naive"])
+            assert 0 <= r["max_abs_diff"] < 1e-4
+    assert _positive(tr["peak"]["tflops"]) and tr["peak"]["source"] == "measured matmul"
+    for r in tr["rows"]:
+        assert TRAIN_ROW_KEYS <= set(r)
+        for k in ("params", "ms_per_step", "tokens_per_s", "flops_per_token", "achieved_tflops",
+                  "mfu", "first_step_s"):
+            assert _positive(r[k]), k
+    assert sm["same_tokens"] is True
+    assert [r["kv_cache"] for r in sm["rows"]] == [False, True]
+    for r in sm["rows"]:
+        assert SAMPLE_ROW_KEYS <= set(r)
+        for k in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"):
+            assert _positive(r[k]), k
+    s = doc["summary"]
+    assert s["suites"] == ["attention", "train", "sample"]
+    assert _positive(s["attention"]["sdpa_speedup_fwd"])
+    assert _positive(s["sample"]["kv_speedup"])
+    assert all(_positive(v["mfu"]) for v in s["train"].values())
+
+
+# -------------------------------------------------------------------------------------------
+# flags
+
+
+@pytest.mark.parametrize("text,expected", [("128", [128]), ("512, 128,256", [128, 256, 512]),
+                                           ("64,64", [64])])
+def test_parse_seq_lens(text, expected):
+    assert bench.parse_seq_lens(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "128,", "1", "-5", "1.5", "999999"])
+def test_parse_seq_lens_rejects(text):
+    with pytest.raises(MinigptError, match="--seq-lens"):
+        bench.parse_seq_lens(text)
+
+
+def test_dtype_and_suites():
+    assert bench.resolve_dtype("auto", CPU) == torch.float32
+    assert bench.resolve_dtype("bfloat16", CPU) == torch.bfloat16
+    with pytest.raises(MinigptError, match="--dtype"):
+        bench.resolve_dtype("fp8", CPU)
+    assert bench.parse_suites([]) == ["attention", "train", "sample"]
+    assert bench.parse_suites(["sample", "attention,sample"]) == ["sample", "attention"]
+    with pytest.raises(MinigptError, match="--suite"):
+        bench.parse_suites(["attn"])
+
+
+def _one_line_error(result, flag: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cli_cuda_without_cuda_fails_cleanly():
+    _one_line_error(CliRunner().invoke(app, ["bench", "--device", "cuda", "--quick"]),
+                    "--device cuda")
+
+
+@pytest.mark.parametrize("args,flag", [(["--seq-lens", "12x"], "--seq-lens"),
+                                       (["--dtype", "half"], "--dtype"),
+                                       (["--suite", "attn"], "--suite"),
+                                       (["--json", "/nonexistent-dir/b.json"], "--json")])
+def test_cli_bad_flags_fail_cleanly(args, flag):
+    _one_line_error(CliRunner().invoke(app, ["bench", "--device", "cpu", *args]), flag)
+
+
+# -------------------------------------------------------------------------------------------
+# harness
+
+
+def test_timing_quantiles_are_exact():
+    t = Timing.from_samples([5.0, 1.0, 4.0, 2.0, 3.0])
+    assert (t.min_ms, t.q1_ms, t.median_ms, t.q3_ms, t.max_ms) == (1.0, 2.0, 3.0, 4.0, 5.0)
+    assert t.iqr_ms == 2.0 and t.repeats == 5
+    assert Timing.from_samples([1.0, 2.0]).median_ms == 1.5
+
+
+def test_time_fn_warms_up_repeats_and_loops_tiny_calls():
+    calls = []
+    t = time_fn(lambda: calls.append(1), CPU, warmup=3, repeats=4, min_sample_ms=1.0)
+    assert t.repeats == 4 and t.inner > 1  # a no-op is far below 1 ms, so it is looped
+    assert len(calls) == 3 + 4 * t.inner
+    assert 0 < t.min_ms <= t.q1_ms <= t.median_ms <= t.q3_ms <= t.max_ms
+
+
+@pytest.mark.skipif(memory_method(CPU)[0] is None, reason="no resettable RSS peak here")
+def test_cpu_peak_memory_sees_a_temporary_allocation():
+    n = 8 * 2**20  # 8 Mi float32 = 32 MiB, touched, freed before fn returns
+
+    def alloc():
+        x = torch.ones(n)
+        return float(x[-1])
+
+    peak = peak_memory_bytes(alloc, CPU) / 2**20
+    assert 30 <= peak <= 40, peak
+    assert peak_memory_bytes(lambda: None, CPU) / 2**20 < 4
+
+
+# -------------------------------------------------------------------------------------------
+# same math
+
+
+@pytest.mark.parametrize("T", [1, 17, 64])
+def test_naive_and_sdpa_agree(T):
+    g = torch.Generator().manual_seed(T)
+    q, k, v, gout = (torch.randn(2, 3, T, 16, generator=g) for _ in range(4))
+    blocked = torch.ones(T, T, dtype=torch.bool).triu(1)
+    outs = {}
+    for name, fn in [("naive", lambda a, b, c: naive_attention(a, b, c, blocked)),
+                     ("sdpa", sdpa_attention),
+                     ("math", lambda a, b, c: sdpa_attention(a, b, c, "math"))]:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves)
+        outs[name] = (out, *torch.autograd.grad(out, leaves, gout))
+    for name in ("sdpa", "math"):
+        for a, b in zip(outs[name], outs["naive"]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # causal: the first query sees only the first key, so its output is v[..., 0, :]
+    torch.testing.assert_close(outs["naive"][0][..., 0, :], v[..., 0, :])
+
+
+# -------------------------------------------------------------------------------------------
+# FLOPs and MFU
+
+
+@pytest.mark.parametrize("shape,T,hand", [
+    # 4 layers x 12 * 128^2 = 786,432 block matmul weights + LM head 1024 * 128 = 131,072:
+    # N = 917,504; 6N = 5,505,024; attention 12 * 4 * 128 * 64 = 393,216.
+    ({"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 1024}, 64, 5_898_240),
+    # 6 x 12 * 384^2 = 10,616,832 + 1024 * 384 = 393,216: N = 11,010,048; 6N = 66,060,288;
+    # attention 12 * 6 * 384 * 256 = 7,077,888.
+    ({"n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 1024}, 256, 73_138_176),
+])
+def test_flops_per_token_matches_a_hand_count(shape, T, hand):
+    cfg = ModelConfig(block_size=T, **shape)
+    assert flops_per_token(cfg, T) == hand
+    # ...and N is the model's own count of matmul weights (tied head counted once as a matmul)
+    n = GPT(cfg).num_params()["matmul"]
+    assert flops_per_token(cfg, T) == 6 * n + 12 * cfg.n_layer * cfg.n_embd * T
+
+
+def test_mfu_formula_and_peak_table():
+    # 5,898,240 FLOP/token x 10,000 tokens/s = 5.898e10 FLOP/s of a 0.1 TFLOP/s peak
+    assert mfu(5_898_240, 10_000, 0.1) == pytest.approx(0.589824)
+    assert mfu(5_898_240, 10_000, None) is None
+    assert gpu_peak_tflops("NVIDIA A100-SXM4-80GB") == ("A100", 312.0)
+    assert gpu_peak_tflops("NVIDIA H100 80GB HBM3") == ("H100 SXM", 989.0)
+    assert gpu_peak_tflops("NVIDIA H100 PCIe") == ("H100 PCIe", 756.0)
+    assert gpu_peak_tflops("NVIDIA GeForce RTX 4090") == ("RTX 4090", 165.0)
+    assert gpu_peak_tflops("NVIDIA A10") == ("A10", 125.0)
+    for unknown in ("NVIDIA A10G", "Tesla T4", "NVIDIA GeForce GTX 1080"):
+        assert gpu_peak_tflops(unknown) is None  # "n/a", never a wrong number
+
+
+# -------------------------------------------------------------------------------------------
+# end to end
+
+
+def test_library_attention_and_sample_tiny_plan():
+    """Quick tier: the library path of two suites (the train suite's first AdamW step imports
+    torch._dynamo, ~4 s once per process, so the all-suite runs below are marked slow)."""
+    events = []
+    opts = bench.BenchOptions(device="cpu", suites=["attention", "sample"])
+    result = bench.run_bench(opts, events.append, _tiny_plan())
+    assert {e.suite for e in events} == {"attention", "sample"} and result.train is None
+    doc = result.as_dict()
+    assert set(doc["suites"]) == {"attention", "sample"}
+    for r in doc["suites"]["attention"]["rows"]:
+        assert set(r) == ATTN_ROW_KEYS and r["status"] == "ok"
+        assert _positive(r["ms"]) and _positive(r["peak_mem_mib"])
+        assert r["impl"] == "naive" or 0 <= r["max_abs_diff"] < 1e-4
+    assert doc["suites"]["sample"]["same_tokens"] is True
+    assert all(_positive(r["decode_tokens_per_s"]) for r in doc["suites"]["sample"]["rows"])
+    assert json.loads(json.dumps(doc["summary"]))["sample"]["kv_speedup"] > 0
+
+
+@pytest.mark.slow
+def test_library_run_tiny_plan_has_documented_keys(tmp_path):
+    events = []
+    result = bench.run_bench(bench.BenchOptions(device="cpu"), events.append, _tiny_plan())
+    assert {e.suite for e in events} == {"attention", "train", "sample"}
+    bench.write_json(tmp_path / "b.json", result)
+    doc = json.loads((tmp_path / "b.json").read_text())
+    _check_document(doc)
+    assert doc["summary"] == json.loads(json.dumps(result.summary()))
+    assert [p.name for p in tmp_path.iterdir()] == ["b.json"]  # no temp file left behind
+
+
+@pytest.mark.slow
+def test_cli_quick_run(tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, ["bench", "--device", "cpu", "--quick", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith("device cpu")  # environment first
+    summary = json.loads(lines[-1])  # the last stdout line is the compact JSON summary
+    doc = json.loads(out.read_text())
+    _check_document(doc)
+    assert summary == doc["summary"]
+    assert doc["environment"]["quick"] is True
+    assert any(line.startswith("verdict: sdpa") for line in lines)

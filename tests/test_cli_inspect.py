@@ -1,0 +1,129 @@
+"""`minigpt inspect-heads` through typer's CliRunner on a tiny random-init run (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from minigpt.checkpoint import save_checkpoint
+from minigpt.cli import app
+from minigpt.config import from_dict
+from minigpt.model import GPT
+from minigpt.tokenizer import bytes_tokenizer
+
+BLOCK = 24
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tok = bytes_tokenizer()
+    cfg = from_dict({"model": {"n_layer": 2, "n_head": 3, "n_embd": 24, "block_size": BLOCK,
+                               "vocab_size": tok.n_vocab, "mlp": False},
+                     "tokenizer": {"vocab_size": 256},
+                     "data": {"source": "induction", "induction_vocab": 50}})
+    run = tmp_path_factory.mktemp("runs") / "tiny"
+    save_checkpoint(run, step=5, model=GPT.from_config(cfg, seed=0), cfg=cfg, tokenizer=tok,
+                    trainer_state={"step": 5})
+    return run
+
+
+def invoke(run_dir: Path, *args: str):
+    return CliRunner().invoke(app, ["inspect-heads", "--run", str(run_dir), "--device", "cpu",
+                                    *args], catch_exceptions=False)
+
+
+def error_line(result) -> str:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # one line, no traceback
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_default_prints_summary_and_the_parity_check(run_dir):
+    r = invoke(run_dir)
+    assert r.exit_code == 0, r.stderr
+    assert "type" in r.stdout and "ind" in r.stdout and "diffuse" in r.stdout
+    assert r.stdout.count("\n") > 6
+    assert "explicit vs SDPA logits: max |diff| = " in r.stderr and "ok" in r.stderr
+    assert "--layer L --head H" in r.stderr  # 6 heads: no weight tables, a hint instead
+    assert not (run_dir / "heads").exists()  # table only: no files
+
+
+def test_one_head_shows_its_weights(run_dir):
+    r = invoke(run_dir, "--layer", "1", "--head", "2", "--text", "To be, [bold]or[/bold] not")
+    assert r.exit_code == 0, r.stderr
+    assert "layer 1 head 2" in r.stdout
+    assert "[bold]" in r.stdout or "[bol" in r.stdout  # token text printed literally, no markup
+    assert "100" in r.stdout  # query 0 puts all its attention on key 0
+    assert "·" in r.stdout  # spaces made visible
+
+
+def test_json_on_stdout(run_dir):
+    r = invoke(run_dir, "--probe", "induction", "--json", "--layer", "1")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(h["layer"], h["head"]) for h in doc["heads"]] == [(1, 0), (1, 1), (1, 2)]
+    assert doc["source"] == "probe:induction" and doc["n_tokens"] == BLOCK
+    assert all(0 <= t < 50 for t in doc["tokens"])  # the ids the run was trained on
+    assert doc["tokens"][: BLOCK // 2] == doc["tokens"][BLOCK // 2:]
+    assert doc["parity_ok"] is True and doc["heads"][0]["induction"] is not None
+
+
+def test_every_file_format_under_out(run_dir, tmp_path):
+    out = tmp_path / "o"
+    r = invoke(run_dir, "--format", "png,html", "--format", "safetensors", "--format", "json",
+               "--out", str(out), "--layer", "0", "--head", "1", "--probe", "previous")
+    assert r.exit_code == 0, r.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["attention.html", "attention.safetensors", "attention_L0_H1.png",
+                     "attention_grid.png", "scores.json"]
+    for name in names:
+        assert f"wrote {out / name}" in r.stderr
+    assert r.stdout == ""  # no table asked for
+
+
+def test_files_default_to_the_run_dir(run_dir):
+    r = invoke(run_dir, "--format", "json", "--text", "abcabc")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads((run_dir / "heads" / "scores.json").read_text())
+    assert doc["token_strs"] == list("abcabc") and len(doc["heads"]) == 6
+
+
+def test_long_text_is_cut_with_a_note(run_dir):
+    r = invoke(run_dir, "--text", "x" * 100, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert f"note: the text has 100 tokens; inspecting the first {BLOCK}" in r.stderr
+    assert json.loads(r.stdout)["n_tokens"] == BLOCK
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--text", ""], "--text: the text is empty"),
+    (["--layer", "2"], "--layer 2: out of range; valid: 0..1"),
+    (["--head", "3"], "--head 3: out of range; valid: 0..2"),
+    (["--probe", "bogus"], "valid: induction, previous, duplicate"),
+    (["--format", "gif"], "valid: table, png, html, safetensors, json"),
+    (["--max-tokens", "1000"], f"valid: 2..{BLOCK}"),
+    (["--text", "a", "--probe", "induction"], "exclude each other"),
+])
+def test_bad_input_is_one_line_exit_2(run_dir, args, expect):
+    assert expect in error_line(invoke(run_dir, *args))
+
+
+def test_unwritable_out_dir(run_dir, tmp_path):
+    (tmp_path / "f").write_text("x")
+    line = error_line(invoke(run_dir, "--format", "png", "--out", str(tmp_path / "f" / "d")))
+    assert "cannot write there" in line
+
+
+def test_missing_run_dir(tmp_path):
+    line = error_line(invoke(tmp_path / "nope"))
+    assert "nope" in line
+
+
+def test_binary_text_file(run_dir, tmp_path):
+    (tmp_path / "b.bin").write_bytes(b"\x00\xff\xfe")
+    assert "not UTF-8" in error_line(invoke(run_dir, "--text-file", str(tmp_path / "b.bin")))

@@ -1,0 +1,248 @@
+"""`minigpt sample` through typer's CliRunner on a tiny random-init run (no training)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from minigpt.checkpoint import latest_checkpoint_dir, save_checkpoint
+from minigpt.cli import app
+from minigpt.config import from_dict
+from minigpt.model import GPT
+from minigpt.tokenizer import bytes_tokenizer
+
+BLOCK = 16
+
+
+def make_run(run_dir: Path, pos_encoding: str = "rope", weights_cfg: dict | None = None) -> Path:
+    """Save a random-init model as a committed checkpoint. `weights_cfg` builds the saved model
+    from a different model section than the config records (weights that do not match)."""
+    tok = bytes_tokenizer()
+    model_sec = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK,
+                 "vocab_size": tok.n_vocab, "pos_encoding": pos_encoding}
+    cfg = from_dict({"model": model_sec, "tokenizer": {"vocab_size": 256}})
+    wcfg = from_dict({"model": {**model_sec, **(weights_cfg or {})}}) if weights_cfg else cfg
+    model = GPT.from_config(wcfg, seed=0)
+    save_checkpoint(run_dir, step=7, model=model, cfg=cfg, tokenizer=tok,
+                    trainer_state={"step": 7})
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+
+
+def invoke(*args: str):
+    """CliRunner keeps stdout and stderr apart (click >= 8.2)."""
+    return CliRunner().invoke(app, ["sample", *args], catch_exceptions=False)
+
+
+def error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # one line, no traceback
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+def test_json_per_sample_parses_and_stdout_has_nothing_else(run_dir):
+    r = invoke("--run", str(run_dir), "-p", "To be", "-n", "12", "--num-samples", "3",
+               "--seed", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [d["sample"] for d in docs] == [0, 1, 2]
+    for d in docs:
+        assert d["prompt"] == "To be" and isinstance(d["text"], str)
+        assert 1 <= d["tokens"] <= 12 and d["tokens_per_s"] > 0
+        assert d["seed"] == 1
+    assert "tokens/s" in r.stderr and "step 7" in r.stderr  # timings go to stderr
+
+
+def test_same_seed_same_text_and_greedy_is_deterministic(run_dir):
+    a = invoke("--run", str(run_dir), "-n", "20", "--seed", "3", "--json")
+    b = invoke("--run", str(run_dir), "-n", "20", "--seed", "3", "--json")
+    assert json.loads(a.stdout)["text"] == json.loads(b.stdout)["text"]
+    g1 = invoke("--run", str(run_dir), "-n", "20", "-t", "0", "--seed", "1", "--json")
+    g2 = invoke("--run", str(run_dir), "-n", "20", "-t", "0", "--seed", "2", "--json")
+    assert json.loads(g1.stdout)["text"] == json.loads(g2.stdout)["text"]
+
+
+def test_stream_and_no_stream_print_the_same_text(run_dir):
+    common = ("--run", str(run_dir), "-p", "abc", "-n", "25", "--seed", "4")
+    streamed = invoke(*common, "--stream")
+    whole = invoke(*common, "--no-stream")
+    as_json = json.loads(invoke(*common, "--json").stdout)
+    assert streamed.exit_code == whole.exit_code == 0
+    assert streamed.stdout == whole.stdout == as_json["text"] + "\n"
+
+
+def test_no_kv_cache_gives_the_same_tokens(run_dir):
+    common = ("--run", str(run_dir), "-n", "40", "--seed", "5", "--json")  # 40 > block_size
+    a = json.loads(invoke(*common).stdout)
+    b = json.loads(invoke(*common, "--no-kv-cache").stdout)
+    assert a["text"] == b["text"] and a["tokens"] == b["tokens"]
+
+
+def test_stop_text_ends_the_sample_and_is_not_printed(run_dir):
+    common = ("--run", str(run_dir), "-n", "30", "--seed", "6", "--json")
+    full = json.loads(invoke(*common).stdout)["text"]
+    stop = full[10:12]
+    assert len(stop) == 2
+    cut = json.loads(invoke(*common, "--stop", stop, "--stop", "never-there").stdout)
+    assert cut["text"] == full[:full.find(stop)] and cut["finish_reason"] == "stop"
+
+
+def test_long_prompt_is_left_truncated_with_a_note(run_dir):
+    r = invoke("--run", str(run_dir), "-p", "x" * 100 + "tail", "-n", "3", "--seed", "0")
+    assert r.exit_code == 0
+    assert f"using its last {BLOCK} tokens" in r.stderr
+
+
+def test_num_samples_are_separated(run_dir):
+    r = invoke("--run", str(run_dir), "-n", "5", "--num-samples", "2", "--no-stream")
+    assert r.exit_code == 0
+    assert "----- sample 2/2 -----" in r.stdout
+
+
+def test_latest_run_under_runs_is_used_and_named(run_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_run(tmp_path / "runs" / "only")
+    r = invoke("-n", "3", "--seed", "0")
+    assert r.exit_code == 0, r.stderr
+    assert "the latest run" in r.stderr and "only" in r.stderr
+
+
+def test_special_token_text_is_plain_unless_allowed(run_dir):
+    common = ("--run", str(run_dir), "-p", "<|endoftext|>", "-n", "1", "-t", "0", "--json")
+    plain = json.loads(invoke(*common).stdout)
+    special = json.loads(invoke(*common, "--allow-special").stdout)
+    bare = json.loads(invoke("--run", str(run_dir), "-n", "1", "-t", "0", "--json").stdout)
+    assert plain["prompt_tokens"] == len("<|endoftext|>")  # bytes tokenizer: one id per byte
+    assert special["prompt_tokens"] == bare["prompt_tokens"] == 1
+    assert special["text"] == bare["text"]  # no prompt = start from <|endoftext|>
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: one line on stderr, exit code 2
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-t", "-1"], "--temperature"),
+    (["-t", "nan"], "--temperature"),
+    (["-t", "inf"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--top-k", "-2"], "--top-k"),
+    (["-n", "0"], "--max-new-tokens"),
+    (["-n", "100000000000"], "--max-new-tokens"),
+    (["--num-samples", "0"], "--num-samples"),
+    (["--device", "cuda"], "--device cuda"),
+    (["-p", "a", "--prompt-file", "x.txt"], "give one of them"),
+])
+def test_bad_flags(run_dir, args, needle):
+    if needle == "--device cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = invoke("--run", str(run_dir), *args)
+    assert r.exit_code == 2 and needle in error_line(r)
+    assert r.stdout == ""
+
+
+def test_prompt_file_missing_empty_and_good(run_dir, tmp_path):
+    missing = invoke("--run", str(run_dir), "--prompt-file", str(tmp_path / "nope.txt"))
+    assert missing.exit_code == 2 and "no such file" in error_line(missing)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    r = invoke("--run", str(run_dir), "--prompt-file", str(empty))
+    assert r.exit_code == 2 and "empty" in error_line(r)
+    good = tmp_path / "p.txt"
+    good.write_text("hello")
+    r = invoke("--run", str(run_dir), "--prompt-file", str(good), "-n", "2", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["prompt"] == "hello"
+
+
+def test_no_run_found_says_where_and_how(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke("-n", "2")
+    line = error_line(r)
+    assert r.exit_code == 2 and "runs" in line and "minigpt train" in line
+
+
+def test_run_dir_that_does_not_exist(tmp_path):
+    r = invoke("--run", str(tmp_path / "nowhere"))
+    assert r.exit_code == 2 and "does not exist" in error_line(r)
+
+
+def broken_run(tmp_path: Path, name: str = "run") -> tuple[Path, Path]:
+    run = make_run(tmp_path / name)
+    return run, latest_checkpoint_dir(run)
+
+
+@pytest.mark.parametrize("missing", ["model.safetensors", "config.yaml", "tokenizer.tiktoken",
+                                     "tokenizer.json"])
+def test_run_missing_a_file(tmp_path, missing):
+    run, ckpt = broken_run(tmp_path)
+    (ckpt / missing).unlink()
+    r = invoke("--run", str(run))
+    line = error_line(r)
+    assert r.exit_code == 2 and missing in line and "missing" in line
+
+
+def test_weights_not_matching_config_name_the_tensor(tmp_path):
+    run = make_run(tmp_path / "run", weights_cfg={"n_embd": 48})
+    r = invoke("--run", str(run))
+    line = error_line(r)
+    assert r.exit_code == 2 and "tensor '" in line and "[" in line
+
+
+def test_corrupted_weights(tmp_path):
+    run, ckpt = broken_run(tmp_path)
+    path = ckpt / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # flip bits inside tensor data: header still valid
+    path.write_bytes(bytes(data))
+    r = invoke("--run", str(run))
+    assert r.exit_code == 2 and "corrupted" in error_line(r)
+
+
+def test_truncated_weights(tmp_path):
+    run, ckpt = broken_run(tmp_path)
+    path = ckpt / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+    r = invoke("--run", str(run))
+    line = error_line(r)
+    assert r.exit_code == 2 and "model.safetensors" in line and "truncated" in line
+
+
+@pytest.mark.parametrize("kind", ["pickle", "zip"])
+def test_pickle_or_torch_zip_in_place_of_weights_is_never_loaded(tmp_path, kind):
+    run, ckpt = broken_run(tmp_path)
+    path = ckpt / "model.safetensors"
+    if kind == "pickle":
+        # Loading this would create a file: the test proves it is never unpickled.
+        marker = tmp_path / "pwned"
+        payload = pickle.dumps(_Boom(str(marker)))
+        path.write_bytes(payload)
+    else:
+        torch.save({"w": torch.zeros(2)}, path)  # a PyTorch zip archive
+    r = invoke("--run", str(run))
+    line = error_line(r)
+    assert r.exit_code == 2 and ("pickle" in line or "zip" in line)
+    if kind == "pickle":
+        assert not (tmp_path / "pwned").exists()
+
+
+class _Boom:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))

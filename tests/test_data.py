@@ -1,0 +1,307 @@
+"""Corpus pipeline: listing, streaming, the token cache, splits, batches, induction, bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from minigpt.config import DATA_DIR, Config, MinigptError, from_dict
+from minigpt.corpus import iter_pieces, list_corpus
+from minigpt.data import Dataset, DatasetReady, TokenizingFile, prepare_dataset
+from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
+
+SHAKESPEARE = (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGPT_CACHE", str(tmp_path / "cache"))
+
+
+def cfg_for(corpus, block_size=16, **data) -> Config:
+    return from_dict({"model": {"block_size": block_size},
+                      "tokenizer": {"vocab_size": 256},
+                      "data": {"corpus": str(corpus), **data}})
+
+
+def write(path: Path, content: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        content = content.encode("utf-8")
+    path.write_bytes(content)
+    return path
+
+
+def prepare(cfg: Config, tok: Tokenizer | None = None, events: list | None = None) -> Dataset:
+    return prepare_dataset(cfg, tok or bytes_tokenizer(),
+                           events.append if events is not None else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Corpus listing and streaming.
+
+
+def test_list_corpus_file_directory_and_glob(tmp_path):
+    a = write(tmp_path / "d" / "b.txt", "b")
+    b = write(tmp_path / "d" / "sub" / "a.txt", "a")
+    c = write(tmp_path / "d" / "a.txt", "a")
+    write(tmp_path / "d" / "notes.md", "ignored")
+    assert list_corpus(str(a)) == [a]
+    assert list_corpus(str(tmp_path / "d")) == [c, a, b]  # sorted by relative path
+    assert list_corpus(str(tmp_path / "d" / "*.txt")) == [c, a]
+    assert list_corpus(str(tmp_path / "d" / "**" / "*.txt")) == [c, a, b]
+
+
+def test_bundled_corpus_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    files = list_corpus("data/tinyshakespeare.txt")
+    assert files == [DATA_DIR / "tinyshakespeare.txt"]
+    assert files[0].stat().st_size == 1_115_394
+
+
+@pytest.mark.parametrize("chunk", [5, 7, 64, 300])
+def test_iter_pieces_streams_the_exact_text(tmp_path, chunk):
+    text = ("héllo wörld 日本語 👍🏽\n  indented\nno-newline-" + "é" * 40 + " end\n") * 5
+    path = write(tmp_path / "t.txt", text)
+    pieces = list(iter_pieces(path, chunk_bytes=chunk))
+    assert "".join(t for t, _ in pieces) == text
+    assert sum(n for _, n in pieces) == len(text.encode())
+    assert len(pieces) > 1
+
+
+def test_chunked_tokenization_equals_whole_text(tmp_path):
+    tok = build_tokenizer(from_dict({"tokenizer": {"vocab_size": 300},
+                                     "data": {"corpus": str(write(tmp_path / "s.txt",
+                                                                  SHAKESPEARE[:50_000]))}}))
+    path = write(tmp_path / "t.txt", SHAKESPEARE[:20_000])
+    ids = [i for t, _ in iter_pieces(path, chunk_bytes=512) for i in tok.encode(t)]
+    assert ids == tok.encode(SHAKESPEARE[:20_000])
+
+
+# --------------------------------------------------------------------------------------------
+# The token cache and the split.
+
+
+def test_tokens_split_and_bytes_per_token(tmp_path):
+    path = write(tmp_path / "c.txt", SHAKESPEARE[:10_000])
+    events: list = []
+    ds = prepare(cfg_for(path, val_fraction=0.25), events=events)
+    full = np.concatenate([ds.train, ds.val])
+    assert full.tolist() == [256] + list(SHAKESPEARE[:10_000].encode())
+    assert len(ds.val) == round(len(full) * 0.25)  # the last quarter
+    assert ds.train.dtype == np.uint16 and isinstance(ds.train, np.memmap)
+    assert ds.bytes_per_token == 1.0
+    assert isinstance(events[0], TokenizingFile) and events[0].n_bytes == 10_000
+    assert isinstance(events[-1], DatasetReady) and not events[-1].cached
+
+
+def test_bpe_bytes_per_token_is_measured_on_val(tmp_path):
+    path = write(tmp_path / "c.txt", SHAKESPEARE[:60_000])
+    cfg = from_dict({"model": {"block_size": 16}, "tokenizer": {"vocab_size": 350},
+                     "data": {"corpus": str(path)}})
+    tok = build_tokenizer(cfg)
+    ds = prepare_dataset(cfg, tok)
+    val_bytes = len(tok.decode(ds.val.tolist()).encode("utf-8"))
+    assert ds.bytes_per_token == pytest.approx(val_bytes / len(ds.val))
+    assert ds.bytes_per_token > 1.5
+
+
+def test_multiple_files_each_start_with_eot(tmp_path):
+    write(tmp_path / "d" / "2.txt", "second file " * 10)
+    write(tmp_path / "d" / "1.txt", f"first {EOT} file " * 10)
+    ds = prepare(cfg_for(tmp_path / "d", block_size=8, val_fraction=0.1))
+    full = np.concatenate([ds.train, ds.val]).tolist()
+    assert full.count(256) == 2 and full[0] == 256  # the literal EOT text stays bytes
+    text = bytes_tokenizer().decode(full)
+    assert text == EOT + f"first {EOT} file " * 10 + EOT + "second file " * 10
+
+
+def test_uint32_cache_for_large_vocabularies(tmp_path):
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks.update({bytes([a, b]): 256 + 256 * a + b for a in range(256) for b in range(256)})
+    big = Tokenizer(ranks, bytes_tokenizer().pattern, {EOT: len(ranks)}, "big")
+    assert big.n_vocab > 65536
+    path = write(tmp_path / "c.txt", SHAKESPEARE[:4000])
+    ds = prepare(cfg_for(path), big)
+    assert ds.train.dtype == np.uint32
+    assert big.decode(np.concatenate([ds.train, ds.val]).tolist()) == EOT + SHAKESPEARE[:4000]
+
+
+def test_cache_reused_and_invalidated(tmp_path):
+    path = write(tmp_path / "c.txt", SHAKESPEARE[:5000])
+    events: list = []
+    first = prepare(cfg_for(path), events=events)
+    assert events[-1].cached is False
+    events.clear()
+    again = prepare(cfg_for(path), events=events)
+    assert [type(e) for e in events] == [DatasetReady] and events[0].cached
+    assert np.array_equal(again.val, first.val)
+
+    def rebuilt(cfg, tok=None) -> Dataset:
+        events.clear()
+        ds = prepare(cfg, tok, events)
+        assert events[-1].cached is False and events[-1].cache_path != first.info["cache"]
+        return ds
+
+    rebuilt(cfg_for(path, val_fraction=0.2))
+    bpe_cfg = from_dict({"model": {"block_size": 16}, "tokenizer": {"vocab_size": 300},
+                         "data": {"corpus": str(path)}})
+    rebuilt(cfg_for(path), build_tokenizer(bpe_cfg))
+    path.write_text(SHAKESPEARE[:5000].replace("First", "Second"))  # same size, new contents
+    changed = rebuilt(cfg_for(path))
+    assert not np.array_equal(np.concatenate([changed.train, changed.val]),
+                              np.concatenate([first.train, first.val]))
+
+
+def test_truncated_cache_is_rebuilt(tmp_path):
+    path = write(tmp_path / "c.txt", SHAKESPEARE[:5000])
+    ds = prepare(cfg_for(path))
+    cache = Path(ds.info["cache"])
+    del ds
+    with open(cache, "r+b") as fh:
+        fh.truncate(100)
+    events: list = []
+    ds = prepare(cfg_for(path), events=events)
+    assert events[-1].cached is False and len(ds.train) + len(ds.val) == 5001
+
+
+def test_split_is_deterministic(tmp_path):
+    path = write(tmp_path / "c.txt", SHAKESPEARE[:8000])
+    a = prepare(cfg_for(path, cache_dir=str(tmp_path / "one")))
+    b = prepare(cfg_for(path, cache_dir=str(tmp_path / "two")))
+    assert a.info["cache"] != b.info["cache"]
+    assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
+
+
+# --------------------------------------------------------------------------------------------
+# Batches.
+
+
+def test_offsets_reproducible_from_generator_state(tmp_path):
+    ds = prepare(cfg_for(write(tmp_path / "c.txt", SHAKESPEARE[:20_000])))
+    g = torch.Generator().manual_seed(123)
+    ds.sample_offsets("train", 5, g)  # advance: the saved state is mid-run
+    state = g.get_state()
+    first = ds.sample_offsets("train", 64, g)
+    g2 = torch.Generator()
+    g2.set_state(state)
+    assert torch.equal(ds.sample_offsets("train", 64, g2), first)
+    assert first.dtype == torch.long and first.shape == (64,)
+    assert int(first.min()) >= 0 and int(first.max()) <= len(ds.train) - ds.block_size - 1
+    x, y = ds.get_batch("train", first, "cpu")
+    assert x.shape == y.shape == (64, 16) and x.dtype == torch.long
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    o = int(first[0])
+    assert x[0].tolist() == ds.train[o: o + 16].tolist()
+    assert y[0, -1].item() == ds.train[o + 16]
+
+
+def test_induction_batches_repeat(tmp_path):
+    cfg = from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256},
+                     "data": {"source": "induction", "induction_vocab": 20,
+                              "corpus": str(tmp_path / "never-read.txt")}})
+    ds = prepare_dataset(cfg, bytes_tokenizer())
+    assert ds.source == "induction" and ds.bytes_per_token == 1.0
+    g = torch.Generator().manual_seed(0)
+    offsets = ds.sample_offsets("train", 8, g)
+    x, y = ds.get_batch("train", offsets)
+    assert x.shape == y.shape == (8, 32)
+    assert torch.equal(x[:, :16], x[:, 16:])          # [r, r]
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, 0])
+    assert int(x.min()) >= 0 and int(x.max()) < 20
+    assert len({tuple(row) for row in x[:, :16].tolist()}) == 8
+    x2, _ = ds.get_batch("train", offsets)
+    assert torch.equal(x, x2)                          # a function of the offsets
+    xv, _ = ds.get_batch("val", offsets)
+    assert not torch.equal(x, xv)
+
+
+def test_induction_odd_block_size():
+    cfg = from_dict({"model": {"block_size": 9}, "tokenizer": {"vocab_size": 256},
+                     "data": {"source": "induction", "induction_vocab": 5}})
+    ds = prepare_dataset(cfg, bytes_tokenizer())
+    x, y = ds.get_batch("val", ds.sample_offsets("val", 3, torch.Generator().manual_seed(1)))
+    assert x.shape == y.shape == (3, 9)
+    assert torch.equal(x[:, :4], x[:, 4:8]) and torch.equal(x[:, 8], x[:, 0])
+    assert torch.equal(y[:, :8], x[:, 1:]) and torch.equal(y[:, 8], x[:, 1])
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: one line, naming the file and the fix.
+
+
+def _error(cfg: Config) -> str:
+    with pytest.raises(MinigptError) as err:
+        prepare(cfg)
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_path(tmp_path):
+    msg = _error(cfg_for(tmp_path / "nope.txt"))
+    assert "nope.txt" in msg and "not found" in msg
+
+
+def test_directory_without_txt(tmp_path):
+    write(tmp_path / "d" / "a.md", "x")
+    assert "no .txt files" in _error(cfg_for(tmp_path / "d"))
+
+
+def test_glob_matching_nothing(tmp_path):
+    assert "matches no files" in _error(cfg_for(tmp_path / "*.txt"))
+
+
+def test_dangling_symlink(tmp_path):
+    os.symlink(tmp_path / "gone.txt", tmp_path / "link.txt")
+    msg = _error(cfg_for(tmp_path / "link.txt"))
+    assert "link.txt" in msg and "dangling symlink" in msg
+    write(tmp_path / "d" / "ok.txt", SHAKESPEARE[:1000])
+    os.symlink(tmp_path / "gone.txt", tmp_path / "d" / "bad.txt")
+    assert "bad.txt" in _error(cfg_for(tmp_path / "d"))
+
+
+@pytest.mark.parametrize("content", ["", "  \n\t\n   \r\n"])
+def test_empty_or_whitespace_corpus(tmp_path, content):
+    msg = _error(cfg_for(write(tmp_path / "empty.txt", content)))
+    assert "empty.txt" in msg and "empty" in msg
+
+
+def test_empty_corpus_when_training_bpe(tmp_path):
+    path = write(tmp_path / "blank.txt", "\n\n  \n")
+    cfg = from_dict({"tokenizer": {"vocab_size": 300}, "data": {"corpus": str(path)}})
+    with pytest.raises(MinigptError, match="blank.txt.*empty"):
+        build_tokenizer(cfg)
+
+
+def test_split_too_short(tmp_path):
+    path = write(tmp_path / "short.txt", "x" * 200)
+    msg = _error(cfg_for(path, block_size=64, val_fraction=0.1))
+    assert "short.txt" in msg and "val split of 20 tokens" in msg and "65" in msg
+    assert "model.block_size" in msg and "data.val_fraction" in msg
+    msg = _error(cfg_for(path, block_size=64, val_fraction=0.9))
+    assert "train split of 20 tokens" in msg
+
+
+def test_invalid_utf8_names_offset_and_switch(tmp_path):
+    good = "fine text\n" * 300  # 3000 bytes: the bad byte is past the first small chunk
+    path = write(tmp_path / "latin1.txt", good.encode() + "café\n".encode("latin-1") + b"ok\n")
+    msg = _error(cfg_for(path))
+    assert "latin1.txt" in msg and f"byte offset {3000 + 3}" in msg
+    assert "data.invalid_utf8: replace" in msg
+    list(iter_pieces(path, chunk_bytes=64, invalid_utf8="replace"))
+    with pytest.raises(MinigptError, match=f"offset {3003}"):
+        list(iter_pieces(path, chunk_bytes=64))
+    ds = prepare(cfg_for(path, invalid_utf8="replace"))
+    text = bytes_tokenizer().decode(np.concatenate([ds.train, ds.val]).tolist())
+    assert text.endswith("caf\ufffd\nok\n")
+
+
+def test_binary_file_rejected(tmp_path):
+    path = write(tmp_path / "model.bin", b"PK\x03\x04\x00\x00binary" * 10)
+    msg = _error(cfg_for(path))
+    assert "model.bin" in msg and "binary" in msg

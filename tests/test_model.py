@@ -1,0 +1,304 @@
+"""GPT: both attention paths, KV cache vs recompute, positions, causality, counts and FLOPs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from minigpt.config import Config, MinigptError, ModelConfig
+from minigpt.model import GPT, KVCache, flops_per_token
+
+ENCODINGS = ["rope", "learned", "sinusoidal", "none"]
+
+
+def tiny(**kw) -> ModelConfig:
+    base = {"n_layer": 2, "n_head": 4, "n_embd": 32, "block_size": 32, "vocab_size": 50}
+    return ModelConfig(**{**base, **kw})
+
+
+def build(seed: int = 0, **kw) -> GPT:
+    return GPT.from_config(tiny(**kw), seed=seed)
+
+
+def tokens(b: int, t: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+# ---- the two paths -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_sdpa_and_explicit_models_agree_on_logits_and_gradients(pos, norm):
+    idx, tgt = tokens(3, 20), tokens(3, 20, seed=1)
+    results = []
+    for impl in ("sdpa", "explicit"):
+        model = build(pos_encoding=pos, norm=norm, attn_impl=impl, bias=True)
+        logits, loss = model(idx, tgt)
+        loss.backward()
+        results.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    (l1, g1), (l2, g2) = results
+    assert torch.allclose(l1, l2, atol=1e-5)
+    assert g1.keys() == g2.keys()
+    for name in g1:
+        assert torch.allclose(g1[name], g2[name], atol=1e-5), name
+    assert any(g.abs().max() > 1e-4 for g in g1.values())  # gradients are not trivially zero
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_sdpa_and_explicit_agree_with_kv_cache(pos):
+    idx = tokens(2, 24)
+    outs = []
+    for impl in ("sdpa", "explicit"):
+        model = build(pos_encoding=pos, attn_impl=impl).eval()
+        cache = model.new_kv_cache(2)
+        with torch.no_grad():  # prefill 10, a chunk of 5, then single tokens
+            parts = [model(idx[:, :10], kv_cache=cache)[0], model(idx[:, 10:15], kv_cache=cache)[0]]
+            parts += [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(15, 24)]
+        outs.append(torch.cat(parts, dim=1))
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+
+
+def test_forward_with_attention_matches_forward_and_probs_are_causal_rows():
+    model = build().eval()
+    idx = tokens(2, 12)
+    logits, probs = model.forward_with_attention(idx)
+    assert torch.allclose(logits, model(idx)[0], atol=1e-5)
+    assert len(probs) == 2
+    for p in probs:
+        assert p.shape == (2, 4, 12, 12)
+        assert torch.allclose(p.sum(-1), torch.ones(2, 4, 12))
+        assert (p.triu(1) == 0).all()
+    _, flat = model.forward_with_attention(idx, scale=0.0)  # scale 0 -> uniform over the past
+    row = flat[0][0, 0, 3]
+    assert torch.allclose(row[:4], torch.full((4,), 0.25)) and (row[4:] == 0).all()
+
+
+# ---- KV cache ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_kv_cache_logits_equal_full_recompute_at_every_step_of_200(pos):
+    """200 decode steps, comparing logits (not greedy tokens) with a full forward each step.
+    rope/sinusoidal/none run past block_size=64 (tables grow); learned needs block_size >= 201."""
+    block = 256 if pos == "learned" else 64
+    model = build(pos_encoding=pos, block_size=block, n_layer=2, n_embd=16, n_head=2).eval()
+    seq = tokens(1, 201, seed=3)
+    cache = model.new_kv_cache(1, max_len=201)
+    worst = 0.0
+    with torch.no_grad():
+        cached, _ = model(seq[:, :1], kv_cache=cache)
+        for t in range(1, 201):
+            full, _ = model(seq[:, :t])
+            worst = max(worst, (cached[0, -1] - full[0, -1]).abs().max().item())
+            cached, _ = model(seq[:, t:t + 1], kv_cache=cache)
+    assert cache.length == 201
+    assert worst < 1e-5
+
+
+def test_kv_cache_full_raises_and_reset_reprefill_matches_cropped_forward():
+    model = build(block_size=16).eval()
+    seq = tokens(1, 30)
+    cache = model.new_kv_cache(1)
+    assert cache.max_len == 16
+    with torch.no_grad():
+        model(seq[:, :16], kv_cache=cache)
+        with pytest.raises(MinigptError, match="KV cache full"):
+            model(seq[:, 16:17], kv_cache=cache)
+        assert cache.length == 16  # nothing was written
+        # The documented way on: crop, reset, prefill again (positions restart at 0).
+        cache.reset()
+        window = seq[:, 17 - 15:17]
+        got, _ = model(window, kv_cache=cache)
+        assert torch.allclose(got, model(window)[0], atol=1e-5)
+
+
+def test_kv_cache_object_shapes_and_batch_check():
+    model = build()
+    cache = model.new_kv_cache(3, max_len=10)
+    assert isinstance(cache, KVCache)
+    assert len(cache.k) == 2 and cache.k[0].shape == (3, 4, 10, 8) and cache.length == 0
+    with torch.no_grad(), pytest.raises(ValueError):
+        model(tokens(2, 4), kv_cache=cache)
+
+
+# ---- positions -----------------------------------------------------------------------------
+
+
+def test_learned_positions_beyond_block_size_is_a_clear_error():
+    model = build(pos_encoding="learned", block_size=8)
+    with pytest.raises(MinigptError, match="block_size=8"):
+        model(tokens(1, 9))
+    cache = model.new_kv_cache(1, max_len=20)
+    with torch.no_grad():
+        model(tokens(1, 8), kv_cache=cache)
+        with pytest.raises(MinigptError, match="learned"):
+            model(tokens(1, 1), kv_cache=cache)
+    model(tokens(1, 8))  # exactly block_size is fine
+
+
+@pytest.mark.parametrize("pos", ["rope", "sinusoidal", "none"])
+def test_other_encodings_run_past_block_size(pos):
+    model = build(pos_encoding=pos, block_size=8).eval()
+    idx = tokens(1, 20)
+    logits, _ = model(idx)
+    assert logits.shape == (1, 20, 50) and torch.isfinite(logits).all()
+    # growing the tables does not change positions inside block_size
+    assert torch.allclose(model(idx[:, :8])[0], logits[:, :8], atol=1e-5)
+
+
+def test_position_tables_are_not_saved():
+    for pos in ENCODINGS:
+        keys = set(build(pos_encoding=pos).state_dict())
+        assert not any(k.endswith(("cos", "sin", ".pe")) or k == "pe" for k in keys), keys
+    assert "wpe.weight" in build(pos_encoding="learned").state_dict()
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_permutation_equivariance_only_without_positions(pos):
+    """No causal mask: with `none`, permuting tokens permutes logits and attention rows/columns
+    the same way; any position encoding breaks that."""
+    model = build(pos_encoding=pos).eval()
+    idx = tokens(1, 10)
+    perm = torch.randperm(10, generator=torch.Generator().manual_seed(0))
+    logits, probs = model.forward_with_attention(idx, causal=False)
+    plogits, pprobs = model.forward_with_attention(idx[:, perm], causal=False)
+    same = torch.allclose(plogits, logits[:, perm], atol=1e-5)
+    same_attn = torch.allclose(pprobs[0], probs[0][:, :, perm][:, :, :, perm], atol=1e-6)
+    if pos == "none":
+        assert same and same_attn
+    else:
+        assert not same and not same_attn
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_causality_changing_token_t_never_changes_earlier_logits(pos):
+    model = build(pos_encoding=pos).eval()
+    idx = tokens(2, 16)
+    base, _ = model(idx)
+    for t in (0, 5, 15):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1) % 50
+        out, _ = model(changed)
+        assert torch.equal(out[:, :t], base[:, :t]) or torch.allclose(out[:, :t], base[:, :t],
+                                                                      atol=1e-6)
+        assert (out[:, t] - base[:, t]).abs().max() > 1e-4
+
+
+# ---- multi-head mechanics (notebook 004) ---------------------------------------------------
+
+
+def test_head_i_uses_columns_i_dk_to_i_plus_1_dk():
+    """d_model = 4, h = 2, W_Q = W_K = W_V = I: head i attends with columns [2i, 2i+2) of X."""
+    model = GPT.from_config(ModelConfig(n_layer=1, n_head=2, n_embd=4, vocab_size=4,
+                                        block_size=4, pos_encoding="none", mlp=False), seed=0)
+    attn = model.blocks[0].attn
+    x = torch.tensor([[1.0, 0.2, 0.0, 0.5], [0.9, 0.4, 0.1, 0.0],
+                      [0.0, 0.3, 1.0, 0.8], [0.2, 0.0, 0.7, 1.0]])[None]  # (1, T=4, 4)
+    with torch.no_grad():
+        attn.c_attn.weight.copy_(torch.cat([torch.eye(4)] * 3))  # Q = K = V = X
+        attn.c_proj.weight.copy_(torch.eye(4))  # W_O = I: the output is the concatenation
+        out, probs = attn(x, None, None, 0, "explicit", return_probs=True, causal=False)
+    assert probs.shape == (1, 2, 4, 4)
+    for i in range(2):
+        cols = x[0, :, 2 * i:2 * i + 2]  # (T, d_k)
+        expected = (cols @ cols.T / math.sqrt(2)).softmax(-1)
+        assert torch.allclose(probs[0, i], expected, atol=1e-6)
+        assert torch.allclose(out[0, :, 2 * i:2 * i + 2], expected @ cols, atol=1e-6)
+    assert not torch.allclose(probs[0, 0], probs[0, 1])  # two heads, two views
+
+
+def test_multi_head_has_the_parameter_count_of_one_head_with_dk_d():
+    for n_head in (2, 4, 8):
+        assert build(n_head=n_head).num_params() == build(n_head=1).num_params()
+
+
+# ---- parameters, init, options -------------------------------------------------------------
+
+
+def test_num_params_counts_tied_head_once_and_adds_up():
+    m = build(pos_encoding="learned", bias=True)
+    n = m.num_params()
+    assert n["total"] == sum(p.numel() for p in m.parameters())
+    assert n["lm_head"] == 0 and m.lm_head.weight is m.wte.weight
+    parts = ("embedding", "position", "lm_head", "attention", "mlp", "norm")
+    assert sum(n[k] for k in parts) == n["total"]
+    assert n["embedding"] == 50 * 32 and n["position"] == 32 * 32
+    # per layer: 3C^2 + C^2 (+ 4C biases) attention, 8C^2 (+ 5C) MLP, 2 LayerNorms of 2C
+    assert n["attention"] == 2 * (4 * 32 * 32 + 4 * 32)
+    assert n["mlp"] == 2 * (8 * 32 * 32 + 5 * 32)
+    assert n["norm"] == 2 * 2 * 2 * 32 + 2 * 32
+    untied = build(tie_weights=False).num_params()
+    assert untied["total"] == build().num_params()["total"] + 50 * 32 == \
+        sum(p.numel() for p in build(tie_weights=False).parameters())
+
+
+def test_attention_only_model_has_no_mlp():
+    m = build(mlp=False)
+    assert m.num_params()["mlp"] == 0 and all(b.mlp is None for b in m.blocks)
+    logits, loss = m(tokens(2, 8), tokens(2, 8, seed=1))
+    assert logits.shape == (2, 8, 50) and loss.item() > 0
+
+
+def test_gpt2_init_and_initial_loss():
+    m = build(n_layer=8, n_embd=64, vocab_size=512)
+    assert abs(m.blocks[0].mlp.c_fc.weight.std().item() - 0.02) < 0.002
+    assert abs(m.blocks[0].attn.c_proj.weight.std().item() - 0.02 / 4) < 0.0005  # sqrt(2*8)=4
+    assert abs(m.blocks[0].mlp.c_proj.weight.std().item() - 0.02 / 4) < 0.0005
+    _, loss = m(tokens(4, 32, vocab=512), tokens(4, 32, vocab=512, seed=1))
+    assert abs(loss.item() - math.log(512)) < 0.1  # near-uniform predictions at init
+
+
+def test_from_config_is_seeded_and_does_not_mutate():
+    cfg = Config()
+    cfg.model.n_layer, cfg.model.n_embd = 1, 16
+    a = GPT.from_config(cfg, vocab_size=30, seed=5)
+    b = GPT.from_config(cfg, vocab_size=30, seed=5)
+    assert cfg.model.vocab_size == 0
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert a.cfg.vocab_size == 30 and isinstance(a.cfg, ModelConfig)
+    with pytest.raises(MinigptError, match="vocab_size"):
+        GPT.from_config(cfg)
+
+
+def test_logits_are_float32_and_ignore_index():
+    m = build()
+    tgt = tokens(2, 8, seed=1)
+    tgt[:, :4] = -1
+    logits, loss = m(tokens(2, 8), tgt)
+    assert logits.dtype == torch.float32
+    expected = torch.nn.functional.cross_entropy(logits[:, 4:].reshape(-1, 50),
+                                                 tgt[:, 4:].reshape(-1))
+    assert torch.allclose(loss, expected)
+
+
+def test_dropout_only_in_training():
+    m = build(dropout=0.5)
+    idx = tokens(1, 8)
+    assert not torch.allclose(m(idx)[0], m(idx)[0])
+    m.eval()
+    assert torch.equal(m(idx)[0], m(idx)[0])
+
+
+def test_param_groups_cover_each_parameter_once():
+    m = build(bias=True)
+    groups = m.param_groups(0.1)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(m.parameters()))
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0.0
+
+
+# ---- FLOPs ---------------------------------------------------------------------------------
+
+
+def test_flops_per_token_hand_count():
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=8, vocab_size=10, block_size=4)
+    # per layer: qkv 8x24 = 192, W_O 64, MLP 8x32 + 32x8 = 512 -> 768; LM head 10 x 8 = 80
+    n = 2 * 768 + 80  # 1616 matmul weights
+    attn = 2 * 2 * 2 * 8 * 4 * 3  # layers x (QK^T + AV) x 2 FLOPs/MAC x C x T x (fwd + 2 bwd)
+    assert flops_per_token(cfg, 4) == 6 * n + attn == 10464
+    assert flops_per_token(dataclasses.replace(cfg, mlp=False), 4) == 6 * (2 * 256 + 80) + 768
+    assert GPT(cfg).num_params()["matmul"] == n

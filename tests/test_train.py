@@ -1,0 +1,198 @@
+"""The training loop through the library API: schedule, optimizer groups, exact resume,
+the NaN stop, the run lock, resume rules, and DDP == single process (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minigpt.checkpoint import load_run
+from minigpt.config import ConfigError, MinigptError, load_config
+from minigpt.model import GPT
+from minigpt.rundir import RunLock
+from minigpt.schedule import build_optimizer, lr_at
+from minigpt.train import (
+    CheckpointEvent,
+    DoneEvent,
+    EvalEvent,
+    StepEvent,
+    TrainingDiverged,
+    resume_config,
+    train,
+)
+
+
+def write_corpus(path: Path) -> Path:
+    rng = random.Random(0)
+    words = "the king spoke to his son and the queen sat by a fire while rain fell".split()
+    lines = (" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) for _ in range(500))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def tiny_sets(tmp: Path, **over) -> list[str]:
+    """A 1-layer, 32-wide byte model that trains a step in a few ms."""
+    base = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 16,
+            "model.dropout": 0.1, "tokenizer.vocab_size": 256, "train.batch_size": 4,
+            "train.max_steps": 6, "train.warmup_steps": 2, "train.learning_rate": 1e-2,
+            "train.min_lr": 1e-3, "train.eval_interval": 3, "train.eval_batches": 1,
+            "train.log_interval": 1, "train.checkpoint_interval": 3, "train.sample_tokens": 2,
+            "data.corpus": str(write_corpus(tmp / "corpus.txt")),
+            "data.cache_dir": str(tmp / "cache")}
+    base.update(over)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def losses(run: Path) -> list[tuple]:
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("loss"), r.get("val_loss")) for r in recs]
+
+
+def test_lr_schedule_shape():
+    t = load_config(None, ["train.max_steps=100", "train.warmup_steps=10",
+                           "train.learning_rate=1e-3", "train.min_lr=1e-4"]).train
+    lrs = [lr_at(i, t) for i in range(100)]
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warm-up rises to the peak
+    assert lrs[10] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then only decays
+    assert lrs[99] == pytest.approx(1e-4) and lr_at(500, t) == pytest.approx(1e-4)
+    assert lrs[55] == pytest.approx((1e-3 + 1e-4) / 2, rel=0.02)  # cosine midpoint
+
+
+def test_optimizer_groups_decay_only_matrices():
+    cfg = load_config(None, ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+                             "model.bias=true"])
+    cfg.model.vocab_size = 50
+    model = GPT(cfg.model)
+    opt, names = build_optimizer(model, cfg.train, torch.device("cpu"))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == cfg.train.weight_decay and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2
+                                                             for p in no_decay["params"])
+    assert len(names) == len(set(names)) == len(list(model.parameters()))  # tied weight once
+    assert "lm_head.weight" not in names
+
+
+def test_exact_resume_is_bit_identical(tmp_path):
+    """6 steps straight == 3 steps (stop) + resume to 6: same weights, same logged losses."""
+    sets = tiny_sets(tmp_path)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    events = []
+    train(load_config(None, sets), straight, on_event=events.append)
+    first = train(load_config(None, sets), split, stop_after=4)
+    assert first.reason == "stopped" and first.step == 4
+    done = train(resume_config(split, []), split, resume=True)
+    assert done.step == 6 and done.reason == "finished"
+    a, b = load_file(straight / "model.safetensors"), load_file(split / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa = load_file(straight / "optimizer.safetensors")
+    ob = load_file(split / "optimizer.safetensors")
+    assert all(torch.equal(oa[k], ob[k]) for k in oa)
+    assert losses(straight) == losses(split)
+    kinds = {type(e) for e in events}
+    assert {StepEvent, EvalEvent, CheckpointEvent, DoneEvent} <= kinds
+    ev = [e for e in events if isinstance(e, EvalEvent)][-1]
+    assert ev.val_bpb == pytest.approx(ev.val_loss / math.log(2))  # bytes: 1 byte per token
+    assert ev.samples and ev.samples[0][0] == ""
+    state = json.loads((split / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["tokens_seen"] == 6 * 4 * 16
+    assert load_run(split, "cpu").step == 6
+
+
+def test_nan_stops_with_knobs_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    sets = tiny_sets(tmp_path, **{"train.max_steps": 8, "train.checkpoint_interval": 2})
+    real = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, kv_cache=None):
+        logits, loss = real(self, idx, targets, kv_cache)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] == 3:  # the third training step
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingDiverged, match=r"step 3.*train\.learning_rate.*train\.precision"
+                                               r".*step-000002"):
+        train(load_config(None, sets), run)
+    assert load_run(run, "cpu").step == 2
+    # The lock was released: the run can be resumed (the poison is gone by now).
+    monkeypatch.setattr(GPT, "forward", real)
+    assert train(resume_config(run, []), run, resume=True).step == 8
+
+
+def test_lock_refuses_a_second_trainer(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with RunLock(run), pytest.raises(MinigptError, match=f"in use by process {os.getpid()}"):
+        train(load_config(None, tiny_sets(tmp_path)), run, resume=True)
+
+
+def test_fresh_run_never_overwrites(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "precious.txt").write_text("keep")
+    with pytest.raises(MinigptError, match="already exists.*--resume"):
+        train(load_config(None, tiny_sets(tmp_path)), run)
+    assert sorted(p.name for p in run.iterdir()) == ["precious.txt"]
+
+
+def test_resume_rules(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(MinigptError, match="does not exist"):
+        resume_config(run, [])
+    run.mkdir()
+    (run / "config.yaml").write_text("train:\n  max_steps: 10\n")
+    with pytest.raises(ConfigError, match="model.n_layer cannot change on --resume"):
+        resume_config(run, ["model.n_layer=3"])
+    with pytest.raises(ConfigError, match="train.batch_size cannot change"):
+        resume_config(run, ["train.batch_size=3"])
+    cfg = resume_config(run, ["train.max_steps=20", "train.eval_interval=5"], device="cpu")
+    assert (cfg.train.max_steps, cfg.train.eval_interval, cfg.run.device) == (20, 5, "cpu")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one(tmp_path):
+    """torchrun, 2 CPU processes on gloo, global batch 4 (2 per rank, micro 1 = accumulation)
+    gives the loss curve of one process with the same global batch."""
+    sets = tiny_sets(tmp_path, **{"model.dropout": 0.0, "train.max_steps": 5})
+    single = tmp_path / "single"
+    train(load_config(None, sets), single)
+    ddp = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "minigpt", "train",
+           "--out", str(ddp), "--device", "cpu", "--set", "train.micro_batch_size=1"]
+    for s in sets:
+        cmd += ["--set", s]
+    env = {**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(single), losses(ddp)
+    assert [x[0] for x in a] == [x[0] for x in b]
+    for (_, la, va), (_, lb, vb) in zip(a, b):
+        assert (la is None) == (lb is None) and (va is None) == (vb is None)
+        if la is not None:
+            assert la == pytest.approx(lb, rel=1e-5, abs=1e-6)
+        if va is not None:
+            assert va == pytest.approx(vb, rel=1e-5, abs=1e-6)
+    wa, wb = load_file(single / "model.safetensors"), load_file(ddp / "model.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+    assert "x 2 processes" in r.stderr
