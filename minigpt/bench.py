@@ -256,7 +256,9 @@ def train_verdicts(rows: list[TrainRow], peak: Peak) -> list[str]:
 def sample_verdicts(rows: list[SampleRow], same: bool) -> list[str]:
     by = {r.kv_cache: r for r in rows}
     c, n = by[True], by[False]
-    kv = (f"KV cache decodes {c.decode_tokens_per_s / n.decode_tokens_per_s:.1f}x faster than "
+    ratio = c.decode_tokens_per_s / n.decode_tokens_per_s
+    speed = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x SLOWER"
+    kv = (f"KV cache decodes {speed} than "
           f"recomputing the context ({c.decode_tokens_per_s:,.0f} vs "
           f"{n.decode_tokens_per_s:,.0f} tokens/s, prompt {c.prompt_len} + {c.new_tokens} "
           f"new); greedy tokens {'identical' if same else 'DIFFER'} with and without it")

@@ -591,8 +591,11 @@ def _bench_render(result) -> None:
     out_console.print("note: medians of repeated timings, spread = q1-q3 (IQR); on a shared or "
                       "busy machine they are noisy", markup=False, soft_wrap=True)
 
+    def g(x: float) -> str:  # 3 significant digits, no exponent for big numbers
+        return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
     def spread(t) -> str:
-        return f"{t.q1_ms:.3g}-{t.q3_ms:.3g}"
+        return f"{g(t.q1_ms)}-{g(t.q3_ms)}"
 
     def num(x, fmt: str = "{:.3g}") -> str:
         return "n/a" if x is None else fmt.format(x)
@@ -601,17 +604,18 @@ def _bench_render(result) -> None:
     if a is not None:
         c = a.config
         t = Table(title=f"attention: batch {c['batch']}, {c['n_head']} heads, head_dim "
-                  f"{c['head_dim']}, causal, {c['dtype']}", box=box.SIMPLE_HEAD,
-                  caption="ratios vs naive; MiB = peak memory above the inputs")
-        for col in ("T", "impl", "pass", "ms", "q1-q3", "MiB", "faster", "less mem",
-                    "max diff"):
-            t.add_column(col, justify="left" if col in ("impl", "pass") else "right")
+                  f"{c['head_dim']}, causal, {c['dtype']}", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="faster / less mem: ratios vs naive; MiB: peak memory above the "
+                  "inputs; diff: max |out - naive| (fwd) or |grad - naive| (fwd+bwd)")
+        for col in ("T", "impl", "pass", "ms", "q1-q3", "MiB", "faster", "less mem", "diff"):
+            t.add_column(col, justify="left" if col in ("impl", "pass") else "right",
+                         no_wrap=True)
         for r in a.rows:
             if r.status != "ok":
                 t.add_row(str(r.seq_len), r.impl, r.pass_, "skipped", r.reason[:60], "", "", "",
                           "")
                 continue
-            t.add_row(str(r.seq_len), r.impl, r.pass_, f"{r.timing.median_ms:.3g}",
+            t.add_row(str(r.seq_len), r.impl, r.pass_, g(r.timing.median_ms),
                       spread(r.timing), num(r.peak_mem_mib), num(r.speedup_vs_naive, "{:.2f}x"),
                       num(r.mem_ratio_vs_naive, "{:.1f}x"), num(r.max_abs_diff, "{:.1e}"))
         out_console.print(t)
@@ -624,16 +628,20 @@ def _bench_render(result) -> None:
         p = tr.peak
         peak = f"{p.tflops:.3g} TFLOP/s ({p.source})" if p.tflops else f"n/a ({p.note})"
         t = Table(title=f"train step (AdamW, random tokens): MFU vs peak {peak}",
-                  box=box.SIMPLE_HEAD, caption="1st s = first step (compilation for compile)")
-        for col in ("shape", "mode", "params", "BxT", "ms/step", "q1-q3", "tok/s", "TFLOP/s",
-                    "MFU", "1st s"):
-            t.add_column(col, justify="left" if col in ("shape", "mode") else "right")
+                  box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="1st s = first step in seconds (includes compilation for compile); "
+                  + ", ".join(f"{r.shape.name} = {r.shape.n_layer} layers x {r.shape.n_embd}, "
+                              f"{r.params / 1e6:.2f}M params" for r in tr.rows
+                              if r.mode == "eager"))
+        for col in ("shape", "mode", "BxT", "ms/step", "q1-q3", "tok/s", "TFLOP/s", "MFU",
+                    "1st s"):
+            t.add_column(col, justify="left" if col in ("shape", "mode") else "right",
+                         no_wrap=True)
         for r in tr.rows:
             s = r.shape
-            t.add_row(s.name, r.mode, f"{r.params / 1e6:.2f}M",
-                      f"{s.batch_size}x{s.block_size}", f"{r.timing.median_ms:.3g}",
+            t.add_row(s.name, r.mode, f"{s.batch_size}x{s.block_size}", g(r.timing.median_ms),
                       spread(r.timing), f"{r.tokens_per_s:,.0f}", f"{r.achieved_tflops:.3g}",
-                      num(r.mfu, "{:.1%}"), f"{r.first_step_s:.2f}")
+                      num(r.mfu, "{:.1%}"), g(r.first_step_s))
         out_console.print(t)
         for dt, m in p.measured.items():
             out_console.print(f"measured {m['n']}x{m['n']} {dt} matmul: {m['tflops']:.3g} "
@@ -644,13 +652,13 @@ def _bench_render(result) -> None:
     if sm is not None:
         s = sm.settings
         t = Table(title=f"greedy decoding, batch 1: {s.n_layer}L {s.n_embd}d, prompt "
-                  f"{s.prompt_len} + {s.new_tokens} new tokens", box=box.SIMPLE_HEAD)
+                  f"{s.prompt_len} + {s.new_tokens} new tokens", box=box.SIMPLE_HEAD, pad_edge=False)
         for col in ("KV cache", "TTFT ms", "prefill tok/s", "decode ms/tok", "q1-q3",
                     "decode tok/s"):
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", no_wrap=True)
         for r in sm.rows:
-            t.add_row("yes" if r.kv_cache else "no", f"{r.ttft.median_ms:.3g}",
-                      f"{r.prefill_tokens_per_s:,.0f}", f"{r.decode.median_ms:.3g}",
+            t.add_row("yes" if r.kv_cache else "no", g(r.ttft.median_ms),
+                      f"{r.prefill_tokens_per_s:,.0f}", g(r.decode.median_ms),
                       spread(r.decode), f"{r.decode_tokens_per_s:,.0f}")
         out_console.print(t)
         for v in sm.verdicts:

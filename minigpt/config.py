@@ -120,6 +120,9 @@ class DataConfig:
                           choices=("error", "replace"))
     cache_dir: str = f("", "token cache directory; '' = $MINIGPT_CACHE or ~/.cache/minigpt")
     induction_vocab: int = f(64, "induction source: token ids drawn from [0, induction_vocab)", min=2)
+    induction_min_period: int = f(
+        0, "induction source: 0 = period block_size//2; else per row from [this, block_size//2]",
+        min=0)
 
 
 @dataclass
@@ -342,6 +345,10 @@ def _validate_cross(cfg: Config) -> None:
         raise ConfigError(
             f"data.induction_vocab: {cfg.data.induction_vocab} exceeds model.vocab_size="
             f"{m.vocab_size}")
+    if cfg.data.induction_min_period > max(1, m.block_size // 2):
+        raise ConfigError(
+            f"data.induction_min_period: {cfg.data.induction_min_period} exceeds "
+            f"model.block_size//2={m.block_size // 2} (the longest period); lower it or use 0")
     if cfg.data.source == "induction" and cfg.data.induction_vocab > cfg.tokenizer.vocab_size:
         raise ConfigError(
             f"data.induction_vocab: {cfg.data.induction_vocab} exceeds tokenizer.vocab_size="

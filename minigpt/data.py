@@ -82,6 +82,7 @@ class Dataset:
     bytes_per_token: float     # UTF-8 bytes / tokens on the val split (1.0 for induction)
     block_size: int
     induction_vocab: int = 0   # > 0: synthetic induction data, ids in [0, induction_vocab)
+    induction_min_period: int = 0  # > 0: each row's period drawn from [this, block_size // 2]
     info: dict = field(default_factory=dict)  # corpus/cache facts for logs (JSON-safe)
 
     @property
@@ -118,7 +119,11 @@ class Dataset:
         return x.contiguous().to(device), y.contiguous().to(device)
 
     def _induction_rows(self, split: str, offsets: torch.Tensor) -> torch.Tensor:
-        """(n, block_size + 1): row i repeats seed i's random block of block_size // 2 ids."""
+        """(n, block_size + 1): row i repeats seed i's random block of block_size // 2 ids.
+
+        With induction_min_period > 0, row i repeats only the first p ids of its block, p drawn
+        from [induction_min_period, block_size // 2] by the same seed: a fixed period lets a
+        head attend to a fixed offset instead of learning induction (content matching)."""
         self._split(split)
         half = max(1, self.block_size // 2)
         salt = 0 if split == "train" else 1  # train and val draw from different streams
@@ -127,6 +132,12 @@ class Dataset:
         for seed in offsets.tolist():
             g.manual_seed(int(seed) * 2 + salt)
             rows.append(torch.randint(self.induction_vocab, (half,), generator=g))
+            if self.induction_min_period:
+                p = int(torch.randint(self.induction_min_period, half + 1, (1,), generator=g))
+                reps_p = math.ceil((self.block_size + 1) / p)
+                rows[-1] = rows[-1][:p].repeat(reps_p)[: self.block_size + 1]
+        if self.induction_min_period:
+            return torch.stack(rows)                           # (n, block_size + 1)
         r = torch.stack(rows)                                  # (n, half)
         reps = math.ceil((self.block_size + 1) / half)
         return r.repeat(1, reps)[:, : self.block_size + 1]     # (n, block_size + 1)
@@ -147,6 +158,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
         empty = np.zeros(0, dtype=np.uint16)
         emit(DatasetReady(None, 0, 0, cached=False))
         return Dataset(empty, empty, 1.0, T, induction_vocab=dc.induction_vocab,
+                       induction_min_period=dc.induction_min_period,
                        info={"source": "induction", "induction_vocab": dc.induction_vocab})
 
     files = list_corpus(dc.corpus)

@@ -45,9 +45,7 @@ def _png_bytes(fig) -> bytes:
 def _cmap():
     import matplotlib
 
-    cmap = matplotlib.colormaps[CMAP].copy()
-    cmap.set_bad("white")
-    return cmap
+    return matplotlib.colormaps[CMAP].with_extremes(bad="white")
 
 
 def grid_png(insp: Inspection) -> bytes:

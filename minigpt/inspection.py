@@ -315,11 +315,13 @@ def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
     if not tokens:
         raise MinigptError("the input has no tokens; give some text")
     attn, diff = attention_maps(model, tokens, device)
+    # probes are random ids: their "whitespace/punctuation" tokens are no sentence structure
+    strs_for_scores = None if source.startswith("probe:") else token_strs
     dev = torch.device(device)
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
     return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
-                      scores=score_heads(attn, tokens, token_strs), parity_max_diff=diff,
+                      scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
                       parity_tol=tol, source=source, run=run, step=step)
 
 

@@ -51,7 +51,7 @@ from minigpt.data import prepare_dataset
 from minigpt.device import resolve_device
 from minigpt.distributed import DistInfo, agree, all_reduce_sum, main_first, setup, teardown
 from minigpt.model import GPT
-from minigpt.rundir import RunLock, atomic_write_text, check_fresh_run_dir
+from minigpt.rundir import LOCK_NAME, RunLock, atomic_write_text, check_fresh_run_dir
 from minigpt.runstate import (
     METRICS_FILE,
     SUMMARY_FILE,
@@ -277,37 +277,64 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
     lock = RunLock(run_dir)
     try:
         ckpt = main_first(lambda: _open_run_dir(run_dir, resume, lock, info), info)
-        return _train(cfg, run_dir, ckpt, device, info, emit, stop_after)
+        done = read_trainer_state(ckpt)["step"] if ckpt is not None else 0
+        if done >= cfg.train.max_steps:
+            raise MinigptError(f"--resume: the run is already at step {done} of "
+                               f"train.max_steps={cfg.train.max_steps}; raise it, e.g. --set "
+                               f"train.max_steps={cfg.train.max_steps * 2}")
+        claim = (lambda: None) if resume else (lambda: _claim_fresh(run_dir, lock, info))
+        return _train(cfg, run_dir, ckpt, device, info, emit, stop_after, claim)
     finally:
         lock.release()
         teardown(info)
 
 
 def _open_run_dir(run_dir: Path, resume: bool, lock: RunLock, info: DistInfo):
-    """Rank 0 checks and locks the run dir; every rank then finds the checkpoint to resume."""
-    if info.is_main:
-        if resume:
-            if not run_dir.is_dir():
-                raise MinigptError(f"--resume: run directory {run_dir} does not exist")
-        else:
+    """Resume: rank 0 locks the run dir, every rank finds the checkpoint (None = none yet).
+    Fresh: only a read-only check here; the directory is created by _claim_fresh once the
+    tokenizer and data are ready, so a bad corpus leaves no half-made run behind."""
+    if not resume:
+        if info.is_main:
             check_fresh_run_dir(run_dir)
-            try:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise MinigptError(f"cannot create run directory {run_dir}: {e.strerror}; "
-                                   "choose a writable --out") from None
+        return None
+    if info.is_main:
+        if not run_dir.is_dir():
+            raise MinigptError(f"--resume: run directory {run_dir} does not exist")
         lock.acquire()
-    if resume and latest_checkpoint_dir(run_dir) is not None:
+    if latest_checkpoint_dir(run_dir) is not None:
         return find_checkpoint(run_dir, need=(MODEL_FILE, OPTIM_FILE))
     return None
 
 
+def _claim_fresh(run_dir: Path, lock: RunLock, info: DistInfo) -> None:
+    """Create and lock a fresh run dir; re-check it under the lock (another trainer may have
+    started in it meanwhile)."""
+    if info.is_main:
+        check_fresh_run_dir(run_dir)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MinigptError(f"cannot create run directory {run_dir}: {e.strerror}; "
+                               "choose a writable --out") from None
+        lock.acquire()
+        if any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+            check_fresh_run_dir(run_dir)
+
+
 def _train(cfg: Config, run_dir: Path, ckpt, device: torch.device, info: DistInfo, emit,
-           stop_after: int | None) -> DoneEvent:
+           stop_after: int | None, claim: Callable[[], None]) -> DoneEvent:
     t = cfg.train
     seed = cfg.run.seed
     torch.manual_seed(seed)
     main = info.is_main
+
+    # Batch geometry: global batch -> per rank -> micro-batches.
+    micro = t.micro_batch_size or t.batch_size // info.world_size
+    if micro == 0 or t.batch_size % (info.world_size * micro):
+        raise ConfigError(
+            f"train.batch_size: {t.batch_size} must be a multiple of world size "
+            f"({info.world_size}) x train.micro_batch_size ({micro or t.micro_batch_size})")
+    n_micro = t.batch_size // (info.world_size * micro)
 
     # Tokenizer and data (cached by their modules; rank 0 fills the caches first).
     if ckpt is not None:
@@ -320,14 +347,8 @@ def _train(cfg: Config, run_dir: Path, ckpt, device: torch.device, info: DistInf
         raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the "
                           f"tokenizer's {tokenizer.n_vocab} ids; set it to 0 (automatic)")
     dataset = main_first(lambda: prepare_dataset(cfg, tokenizer, emit if main else None), info)
+    main_first(claim, info)  # only now does a fresh run dir appear
 
-    # Batch geometry: global batch -> per rank -> micro-batches.
-    micro = t.micro_batch_size or t.batch_size // info.world_size
-    if micro == 0 or t.batch_size % (info.world_size * micro):
-        raise ConfigError(
-            f"train.batch_size: {t.batch_size} must be a multiple of world size "
-            f"({info.world_size}) x train.micro_batch_size ({micro or t.micro_batch_size})")
-    n_micro = t.batch_size // (info.world_size * micro)
     T = cfg.model.block_size
 
     model = GPT.from_config(cfg, seed=seed).to(device)
@@ -347,10 +368,6 @@ def _train(cfg: Config, run_dir: Path, ckpt, device: torch.device, info: DistInf
             torch.manual_seed(seed + 7919 * info.rank + state["step"])
     elif info.enabled:
         torch.manual_seed(seed + 7919 * info.rank)
-    if state["step"] >= t.max_steps:
-        raise MinigptError(f"--resume: the run is already at step {state['step']} of "
-                           f"train.max_steps={t.max_steps}; raise it, e.g. --set "
-                           f"train.max_steps={t.max_steps * 2}")
 
     if main:  # the resolved config, tokenizer and (on resume) the metrics log up to the step
         atomic_write_text(run_dir / CONFIG_FILE, to_yaml(cfg))

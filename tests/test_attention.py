@@ -10,6 +10,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minigpt.attention import (
     apply_rope,
@@ -211,3 +213,19 @@ def test_rope_fast_complex_path_equals_real_arithmetic_with_gradients():
                                                 requires_grad=True))
     half = apply_rope(x.detach().bfloat16(), cos4, sin4)
     assert half.dtype == torch.bfloat16 and torch.allclose(half.double(), a, atol=0.05)
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 3), h=st.integers(1, 4), t_q=st.integers(1, 9), past=st.integers(0, 9),
+       d=st.sampled_from([2, 4, 8, 16]), causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_paths_agree_on_random_shapes(b, h, t_q, past, d, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, t_q, d, generator=g)
+    k, v = (torch.randn(b, h, past + t_q, d, generator=g) for _ in range(2))
+    out1, _ = attention(q, k, v, causal=causal, past_length=past, impl="sdpa")
+    out2, probs = attention(q, k, v, causal=causal, past_length=past, impl="explicit",
+                            return_probs=True)
+    assert torch.allclose(out1, out2, atol=1e-5)
+    assert torch.allclose(probs.sum(-1), torch.ones(b, h, t_q), atol=1e-6)
+    if causal:  # query i (absolute position past + i) never sees a later key
+        assert (probs.masked_select(~causal_mask(t_q, past + t_q, past)) == 0).all()

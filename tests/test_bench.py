@@ -185,6 +185,19 @@ def test_naive_and_sdpa_agree(T):
     torch.testing.assert_close(outs["naive"][0][..., 0, :], v[..., 0, :])
 
 
+def test_unsupported_backend_is_a_skipped_row_with_a_reason():
+    """The CUDA path forces each SDPA backend; one that cannot run is reported, not fatal.
+    On CPU the memory-efficient kernel does not exist, which exercises the same branch."""
+    from minigpt.bench_attention import _run_case
+
+    q = torch.randn(1, 2, 16, 8)
+    row = _run_case(16, "sdpa[efficient]", "fwd",
+                    lambda a, b, c: sdpa_attention(a, b, c, "efficient"), (q, q, q, q), CPU,
+                    AttentionSettings([16]), None, {})
+    assert row.status == "skipped" and row.timing is None and row.reason
+    assert set(row.as_dict()) == ATTN_ROW_KEYS
+
+
 # -------------------------------------------------------------------------------------------
 # FLOPs and MFU
 

@@ -59,7 +59,7 @@ def saved(tmp_path):
 
 
 def test_round_trip_and_tied_weights_stored_once(saved):
-    run, cfg, model, opt, names = saved
+    run, _, model, _, _ = saved
     from safetensors import safe_open
     with safe_open(run / "model.safetensors", "pt") as f:
         keys = set(f.keys())
@@ -111,7 +111,7 @@ man = json.loads((run / "manifest.json").read_text())
 assert state["step"] == 5 and "model.safetensors" in man["files"]
 assert not any(m.startswith("minigpt") for m in sys.modules)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd="/")
     assert r.returncode == 0, r.stderr
 
 

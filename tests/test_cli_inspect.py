@@ -54,12 +54,29 @@ def test_default_prints_summary_and_the_parity_check(run_dir):
 
 
 def test_one_head_shows_its_weights(run_dir):
-    r = invoke(run_dir, "--layer", "1", "--head", "2", "--text", "To be, [bold]or[/bold] not")
+    r = invoke(run_dir, "--layer", "1", "--head", "2", "--text", "To be, or not")
     assert r.exit_code == 0, r.stderr
     assert "layer 1 head 2" in r.stdout
-    assert "[bold]" in r.stdout or "[bol" in r.stdout  # token text printed literally, no markup
-    assert "100" in r.stdout  # query 0 puts all its attention on key 0
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert ["0", "T", "100"] in rows  # query 0 puts all its attention on key 0
+    assert ["1", "o", "50", "50"] in rows  # random init: nearly uniform over the keys so far
     assert "·" in r.stdout  # spaces made visible
+
+
+def test_token_text_is_not_rich_markup(run_dir):
+    from rich.console import Console
+
+    from minigpt.cli import _attention_table, _heads_summary_table
+    from minigpt.inspection import inspect
+
+    strs = ["[bold]a[/bold]", "[red]", "\n", "x"]
+    insp = inspect(GPT.from_config(from_dict({"model": {"vocab_size": 50}}), seed=0),
+                   [1, 2, 3, 4], strs)
+    console = Console(record=True, width=200, color_system=None)
+    console.print(_heads_summary_table(insp, [0], [0]))
+    console.print(_attention_table(insp, 0, 0, 200))
+    text = console.export_text()
+    assert "[bold]a" in text and "[red]" in text
 
 
 def test_json_on_stdout(run_dir):

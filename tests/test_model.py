@@ -62,6 +62,25 @@ def test_sdpa_and_explicit_agree_with_kv_cache(pos):
     assert torch.allclose(outs[0], outs[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_sdpa_and_explicit_agree_on_gradients_of_a_cached_decode_step(pos):
+    """Prefill without grad, then a 3-token chunk with grad: the chunk's queries sit at
+    positions 10..12 (offset RoPE/tables, bottom-right mask) on both paths."""
+    idx = tokens(2, 13)
+    grads = []
+    for impl in ("sdpa", "explicit"):
+        model = build(pos_encoding=pos, attn_impl=impl)
+        cache = model.new_kv_cache(2)
+        with torch.no_grad():
+            model(idx[:, :10], kv_cache=cache)
+        logits, _ = model(idx[:, 10:], kv_cache=cache)
+        (logits * torch.linspace(-1, 1, 50)).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
+    assert grads[0]["blocks.0.attn.c_attn.weight"].abs().max() > 1e-4
+
+
 def test_forward_with_attention_matches_forward_and_probs_are_causal_rows():
     model = build().eval()
     idx = tokens(2, 12)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import os
 import random
 import shutil
 
@@ -14,6 +16,7 @@ import tiktoken.load
 from minigpt.config import DATA_DIR, Config, MinigptError, from_dict
 from minigpt.tokenizer import (
     EOT,
+    NAMED_ENCODINGS,
     PATTERNS,
     RANKS_FILE,
     SIDECAR_FILE,
@@ -23,6 +26,7 @@ from minigpt.tokenizer import (
     TrainingBPE,
     build_tokenizer,
     bytes_tokenizer,
+    tiktoken_cache_dir,
 )
 
 TEXTS = {
@@ -213,10 +217,6 @@ def test_named_encoding_offline_fails_fast(tmp_path, monkeypatch):
             build_tokenizer(cfg)
         assert "\n" not in str(err.value)
     # A cached file with the wrong contents is refused too (tiktoken would delete + refetch).
-    import hashlib
-
-    from minigpt.tokenizer import NAMED_ENCODINGS
-
     url = NAMED_ENCODINGS["cl100k_base"][0][0]
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / hashlib.sha1(url.encode()).hexdigest()).write_bytes(b"truncated")
@@ -237,11 +237,6 @@ def test_named_encoding_from_local_cache():
 
 
 def _gpt2_cached() -> bool:
-    import hashlib
-    import os
-
-    from minigpt.tokenizer import NAMED_ENCODINGS, tiktoken_cache_dir
-
     return all(os.path.isfile(os.path.join(tiktoken_cache_dir(),
                                            hashlib.sha1(url.encode()).hexdigest()))
                for url, _ in NAMED_ENCODINGS["gpt2"])

@@ -1,0 +1,183 @@
+"""`minigpt train` through the CLI: --print-config, refusals, plain progress off a terminal,
+and (slow, in subprocesses) SIGINT/SIGTERM and kill -9 in the middle of a checkpoint save."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from minigpt.checkpoint import load_run
+from minigpt.cli import app
+from minigpt.config import load_config, to_yaml
+from minigpt.rundir import RunLock
+
+
+def tiny_sets(tmp: Path, **over) -> list[str]:
+    """A 1-layer, 32-wide byte model on a small generated corpus (as in test_train.py)."""
+    corpus = tmp / "corpus.txt"
+    words = ["the", "king", "spoke", "to", "his", "son", "and", "the", "queen", "sat", "by",
+             "a", "fire", "while", "rain", "fell"]
+    corpus.write_text("\n".join(" ".join(words[(i * 7 + j * 3) % len(words)]
+                                         for j in range(4 + i % 9)) for i in range(500)) + "\n")
+    base = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 16,
+            "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 6,
+            "train.warmup_steps": 2, "train.learning_rate": 1e-2, "train.min_lr": 1e-3,
+            "train.eval_interval": 3, "train.eval_batches": 1, "train.log_interval": 1,
+            "train.checkpoint_interval": 3, "train.sample_tokens": 2,
+            "data.corpus": str(corpus), "data.cache_dir": str(tmp / "cache")}
+    base.update(over)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["train", *args], catch_exceptions=False)
+
+
+def with_sets(sets: list[str]) -> list[str]:
+    return [x for s in sets for x in ("--set", s)]
+
+
+def error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_print_config_round_trips(tmp_path):
+    sets = tiny_sets(tmp_path)
+    r = invoke("--print-config", *with_sets(sets))
+    assert r.exit_code == 0 and r.stderr == ""
+    (tmp_path / "printed.yaml").write_text(r.stdout)
+    again = load_config(tmp_path / "printed.yaml")
+    assert to_yaml(again) == r.stdout == to_yaml(load_config(None, sets))
+    assert not (tmp_path / "runs").exists()  # printing does no work
+
+
+def test_non_tty_progress_is_plain_and_run_is_complete(tmp_path):
+    run = tmp_path / "run"
+    r = invoke("--out", str(run), *with_sets(tiny_sets(tmp_path)))
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == ""  # everything goes to stderr
+    assert not CONTROL.search(r.stderr), repr(r.stderr)
+    assert re.search(r"^step 6/6 \| loss \d+\.\d+ \| lr ", r.stderr, re.MULTILINE)
+    assert re.search(r"^eval step 6: val loss .* bits/byte", r.stderr, re.MULTILINE)
+    assert f"minigpt sample --run {run}" in r.stderr
+    for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json", "model.safetensors",
+                 "optimizer.safetensors", "trainer_state.json", "manifest.json", "metrics.jsonl",
+                 "summary.md"):
+        assert (run / name).is_file(), name
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "elapsed"} <= recs[0].keys()
+    ev = [r for r in recs if r["kind"] == "eval"]
+    assert [r["step"] for r in ev] == [3, 6] and {"val_loss", "val_ppl", "val_bpb"} <= ev[0].keys()
+    cfg = load_config(run / "config.yaml")
+    assert cfg.model.vocab_size == 257  # filled in from the tokenizer
+    assert load_run(run, "cpu").step == 6
+    # Finished run + --resume without raising max_steps: a clear refusal.
+    line = error_line(invoke("--out", str(run), "--resume"))
+    assert "already at step 6" in line and "train.max_steps" in line
+
+
+def test_existing_run_dir_is_not_touched(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    line = error_line(invoke("--out", str(run), *with_sets(tiny_sets(tmp_path))))
+    assert "already exists" in line and "--resume" in line
+    assert [p.name for p in run.iterdir()] == ["notes.txt"]
+
+
+def test_refusals(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(load_config(None, tiny_sets(tmp_path))))
+    assert "model.n_embd cannot change on --resume" in error_line(
+        invoke("--out", str(run), "--resume", "--set", "model.n_embd=64"))
+    assert "--config cannot be combined with --resume" in error_line(
+        invoke("--out", str(run), "--resume", "--config", "bytes"))
+    assert "--device" in error_line(invoke("--out", str(run), "--device", "tpu"))
+    assert "train.nope" in error_line(invoke("--set", "train.nope=1", "--print-config"))
+    with RunLock(run):
+        assert "in use by process" in error_line(invoke("--out", str(run), "--resume"))
+    bad = tmp_path / "bad"  # a data error leaves no half-made run directory behind
+    sets = tiny_sets(tmp_path, **{"data.corpus": str(tmp_path / "missing.txt")})
+    assert "data.corpus" in error_line(invoke("--out", str(bad), *with_sets(sets)))
+    assert not bad.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Subprocesses: signals and kill -9.
+
+
+def _spawn(tmp_path: Path, run: Path, sets: list[str], *extra: str, env: dict | None = None):
+    cmd = [sys.executable, "-m", "minigpt", "train", "--out", str(run), *with_sets(sets), *extra]
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, cwd=tmp_path)
+
+
+def _wait_for_line(proc, pattern: str, timeout: float = 120) -> list[str]:
+    seen, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError(f"never saw {pattern!r}; stderr: {''.join(seen)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_saves_checkpoint_and_resume_finishes(tmp_path, sig, code):
+    run = tmp_path / "run"
+    sets = tiny_sets(tmp_path, **{"train.max_steps": 100000, "train.checkpoint_interval": 100000,
+                                  "train.eval_interval": 100000})
+    proc = _spawn(tmp_path, run, sets)
+    _wait_for_line(proc, r"^step 3/")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert f"minigpt train --out {run} --resume" in err and "checkpoint saved in" in err
+    step = load_run(run, "cpu").step
+    assert step >= 3
+    r = invoke("--out", str(run), "--resume", "--set", f"train.max_steps={step + 2}")
+    assert r.exit_code == 0, r.stderr
+    assert load_run(run, "cpu").step == step + 2
+
+
+@pytest.mark.slow
+def test_kill_9_during_save_then_resume(tmp_path):
+    """The process SIGKILLs itself in the middle of writing the step-4 checkpoint: the step-2
+    checkpoint stays committed and loadable, and --resume finishes the run."""
+    run = tmp_path / "run"
+    sets = tiny_sets(tmp_path, **{"train.checkpoint_interval": 2})
+    proc = _spawn(tmp_path, run, sets, env={"MINIGPT_TEST_DIE_DURING_SAVE": "4"})
+    proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    leftovers = [p.name for p in (run / "checkpoints").iterdir()]
+    assert any(n.startswith(".tmp-step-000004") for n in leftovers)  # the torn save
+    assert load_run(run, "cpu").step == 2
+    r = invoke("--out", str(run), "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert load_run(run, "cpu").step == 6
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000006"]
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["step"], r["kind"]) for r in recs]
+    steps = [k[0] for k in keys]
+    assert steps == sorted(steps) and len(keys) == len(set(keys))  # no duplicates after resume
+    assert keys[-2:] == [(6, "train"), (6, "eval")]
