@@ -83,7 +83,9 @@ def train(config: str, out: Path, sets: list[str]) -> None:
     for s in sets:
         cmd += ["--set", s]
     print("$", " ".join(cmd), file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True, env={**os.environ})
+    code = subprocess.run(cmd, check=False, env={**os.environ}).returncode
+    if code:  # e.g. Ctrl-C (130): report what the run logged so far
+        print(f"note: {config} exited with {code}; its table is partial", file=sys.stderr)
 
 
 def main() -> None:
@@ -109,7 +111,7 @@ def main() -> None:
     print("| run | steps | seconds | steps/s | tokens/s | final bpb | bpb at 218 s | "
           "s to 2.72 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    fmt = lambda v, f="{:.3f}": "n/a" if v is None else f.format(v)  # noqa: E731
+    fmt = lambda v, f="{:.3f}": "n/a" if v is None else f.format(v)
     for s in summaries:
         print(f"| {s['run']} | {s['steps']} | {s['seconds']} | {s['steps_per_s']} | "
               f"{s['tokens_per_s']} | {fmt(s['final_bpb'])} | {fmt(s['bpb_at_218s'])} | "

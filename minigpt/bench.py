@@ -18,6 +18,9 @@ JSON (`--json PATH`, `BenchResult.as_dict()`), schema "minigpt-bench/1":
   prompt_len, new_tokens, ttft_ms, ttft, decode, prefill_tokens_per_s, decode_tokens_per_s}.
 - every `timing`: {median_ms, q1_ms, q3_ms, min_ms, max_ms, repeats, inner}.
 - `summary`: the compact line the CLI prints last (see `BenchResult.summary`).
+Units: times in ms (`*_ms`, `ms`, `ms_per_step`), `first_step_s` in s, memory in MiB above the
+inputs, rates in tokens/s and TFLOP/s, `mfu` a fraction (0.12 = 12%), ratios are naive / fused
+(> 1 = the fused kernel wins), `max_abs_diff` in output units. null = not measured / n/a.
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ class Plan:
 def make_plan(opts: BenchOptions) -> Plan:
     seq = parse_seq_lens(opts.seq_lens) if opts.seq_lens is not None else None
     if opts.quick:
-        return Plan(AttentionSettings(seq or SEQ_LENS_QUICK, warmup=1, repeats=3,
+        return Plan(AttentionSettings(seq or SEQ_LENS_QUICK, warmup=1, repeats=5,
                                       min_sample_ms=2.0, backends=False),
                     TRAIN_SHAPES_QUICK, 1, 3, 512,
                     SampleSettings(block_size=128, prompt_len=32, new_tokens=32, warmup=1,

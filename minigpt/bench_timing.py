@@ -114,9 +114,11 @@ def time_fn(fn: Callable[[], object], device: torch.device, *, warmup: int = 2,
 # with glibc told to mmap every allocation >= 64 KiB so a freed tensor's pages go back to the
 # kernel instead of being silently reused (which would hide growth from the RSS counter).
 
-CPU_RSS_METHOD = ("rss-hwm: resident-set growth (VmHWM after - VmRSS before) per case, "
-                  "in-process, peak reset via /proc/self/clear_refs, glibc mmap threshold 64 KiB")
-CUDA_METHOD = "cuda: torch.cuda.max_memory_allocated() - memory_allocated() before the case"
+CPU_RSS_METHOD = ("rss-hwm: resident-set growth (VmHWM after - VmRSS before, inputs excluded), "
+                  "in-process, peak reset via /proc/self/clear_refs, glibc mmap threshold "
+                  "64 KiB, median of 3 calls; page-counter granularity ~0.25 MiB")
+CUDA_METHOD = ("cuda: torch.cuda.max_memory_allocated() - memory_allocated() before the call, "
+               "median of 3 calls")
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter number (malloc.h)
 

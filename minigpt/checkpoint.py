@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -249,7 +250,12 @@ def latest_checkpoint_dir(run_dir: Path) -> Path | None:
     """The committed checkpoint directory of a run, or None if none was ever committed."""
     root = Path(run_dir) / CKPT_DIR
     target = _latest_target(root)
-    return root / target if target else None
+    if target is None:
+        return None
+    if not re.fullmatch(r"step-\d{6,}", target):  # never follow a pointer out of the run
+        raise MinigptError(f"{root / LATEST} points to '{target}', not a step-NNNNNN directory; "
+                           "the run directory was tampered with")
+    return root / target
 
 
 def verify_checkpoint(ckpt_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> Checkpoint:
@@ -341,6 +347,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
     """Restore AdamW moments saved by optimizer_tensors (validated against the params)."""
     path = ckpt.path / OPTIM_FILE
     header, _ = read_header(path, "optimizer state")
+    if not header:  # saved before the first step: nothing to restore
+        return
     params = [p for g in optimizer.param_groups for p in g["params"]]
     keys = sorted({k.rsplit(".", 1)[1] for k in header}) or ["exp_avg", "exp_avg_sq", "step"]
     expected = {}
@@ -362,8 +370,9 @@ def read_trainer_state(ckpt: Checkpoint) -> dict:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         raise MinigptError(f"{path} is missing or not valid JSON") from None
-    if not isinstance(state, dict) or "step" not in state:
-        raise MinigptError(f"{path} is not a minigpt trainer state")
+    if (not isinstance(state, dict) or not isinstance(state.get("step"), int)
+            or isinstance(state["step"], bool) or state["step"] < 0):
+        raise MinigptError(f"{path} is not a minigpt trainer state (no valid 'step')")
     return state
 
 

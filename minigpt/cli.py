@@ -111,7 +111,9 @@ def _train_cli(config, sets, out, resume, device, print_config, stop_after) -> i
         view.close()
     if view.quiet:
         return {"SIGINT": 130, "SIGTERM": 143}.get(done.signal, 0)
-    resume_cmd = f"minigpt train --out {run_dir} --resume"
+    import shlex
+
+    resume_cmd = f"minigpt train --out {shlex.quote(str(run_dir))} --resume"
     if done.reason == "interrupted":
         err_console.print(f"interrupted by {done.signal} after step {done.step}; checkpoint "
                           f"saved in {done.checkpoint}\nresume with: {resume_cmd}",
@@ -259,7 +261,8 @@ def sample_command(
     num_samples: Annotated[int, typer.Option(
         "--num-samples", help="Independent samples to draw.")] = 1,
     stop: Annotated[list[str] | None, typer.Option(
-        "--stop", help="End a sample when this text appears (not printed); repeatable.")] = None,
+        "--stop", metavar="TEXT",
+        help="End a sample when this text appears (not printed); repeatable.")] = None,
     stream: Annotated[bool | None, typer.Option(
         "--stream/--no-stream", help="Print tokens as they come. Default: on a terminal.")] = None,
     no_kv_cache: Annotated[bool, typer.Option(
@@ -284,11 +287,11 @@ def _sample(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p,
     import os
     import time
 
+    t_start = time.perf_counter()  # before torch is imported: "first token N s after start"
     from minigpt import sample as smp
     from minigpt.checkpoint import load_run
     from minigpt.device import resolve_device
 
-    t_start = time.perf_counter()
     smp.check_sampling_args(temperature, top_k, top_p, max_new_tokens, num_samples)
     if prompt is not None and prompt_file is not None:
         raise MinigptError("--prompt and --prompt-file: give one of them, not both")
@@ -335,8 +338,16 @@ def _sample(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p,
         if r.index + 1 < num_samples and not json_out:
             sys.stdout.write(f"----- sample {r.index + 2}/{num_samples} -----\n")
 
+    import torch
+
+    threads = torch.get_num_threads()
     t_gen = time.perf_counter()
     try:
+        if dev.type == "cpu":
+            # Batch-1 decoding is a chain of tiny ops: a second intra-op thread adds a
+            # fork/join per matmul, and when other processes share the cores each join waits
+            # for a time slice (measured: ~10x slower with 2 threads on a busy 2-core machine).
+            torch.set_num_threads(1)
         smp.sample(loaded.model, ids, tok.decode, max_new_tokens=max_new_tokens,
                    num_samples=num_samples, temperature=temperature, top_k=top_k, top_p=top_p,
                    seed=seed, stops=stops, stop_ids=[tok.eot_id],
@@ -345,6 +356,11 @@ def _sample(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p,
         sys.stdout.write("\n")
         sys.stdout.flush()
         raise typer.Exit(130) from None
+    except BrokenPipeError:  # `minigpt sample | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    finally:
+        torch.set_num_threads(threads)  # in-process callers (tests, notebooks) keep theirs
 
 
 # ==== inspect-heads ===========================================================================
@@ -581,6 +597,7 @@ def bench_command(
 def _bench_render(result) -> None:
     from rich import box
     from rich.table import Table
+    from rich.text import Text  # plain cells: "sdpa[math]" is not rich markup
 
     env = result.environment
     load = "/".join(str(x) for x in env.get("load_avg", [])) or "n/a"
@@ -588,14 +605,15 @@ def _bench_render(result) -> None:
         f"device {env['device']} ({env['device_name']}) | torch {env['torch']} | threads "
         f"{env['threads']} of {env['cpu_count']} cpus | dtype {env['dtype']} | load {load}"
         + (" | quick" if env["quick"] else ""), markup=False, soft_wrap=True)
-    out_console.print("note: medians of repeated timings, spread = q1-q3 (IQR); on a shared or "
-                      "busy machine they are noisy", markup=False, soft_wrap=True)
+    out_console.print("note: times are medians after warm-up; IQR = (q3 - q1) / median of the "
+                      "repeats (quartiles in --json); on a shared or busy machine timings are "
+                      "noisy", markup=False, soft_wrap=True)
 
     def g(x: float) -> str:  # 3 significant digits, no exponent for big numbers
         return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
-    def spread(t) -> str:
-        return f"{g(t.q1_ms)}-{g(t.q3_ms)}"
+    def spread(t) -> str:  # interquartile range relative to the median
+        return f"{100 * (t.q3_ms - t.q1_ms) / t.median_ms:.0f}%" if t.median_ms > 0 else "n/a"
 
     def num(x, fmt: str = "{:.3g}") -> str:
         return "n/a" if x is None else fmt.format(x)
@@ -607,17 +625,17 @@ def _bench_render(result) -> None:
                   f"{c['head_dim']}, causal, {c['dtype']}", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="faster / less mem: ratios vs naive; MiB: peak memory above the "
                   "inputs; diff: max |out - naive| (fwd) or |grad - naive| (fwd+bwd)")
-        for col in ("T", "impl", "pass", "ms", "q1-q3", "MiB", "faster", "less mem", "diff"):
+        for col in ("T", "impl", "pass", "ms", "IQR", "MiB", "faster", "less mem", "diff"):
             t.add_column(col, justify="left" if col in ("impl", "pass") else "right",
                          no_wrap=True)
         for r in a.rows:
             if r.status != "ok":
-                t.add_row(str(r.seq_len), r.impl, r.pass_, "skipped", r.reason[:60], "", "", "",
-                          "")
+                t.add_row(str(r.seq_len), Text(r.impl), r.pass_, "skipped", Text(r.reason[:60]),
+                          "", "", "", "")
                 continue
-            t.add_row(str(r.seq_len), r.impl, r.pass_, g(r.timing.median_ms),
+            t.add_row(str(r.seq_len), Text(r.impl), r.pass_, g(r.timing.median_ms),
                       spread(r.timing), num(r.peak_mem_mib), num(r.speedup_vs_naive, "{:.2f}x"),
-                      num(r.mem_ratio_vs_naive, "{:.1f}x"), num(r.max_abs_diff, "{:.1e}"))
+                      num(r.mem_ratio_vs_naive, "{:.1f}x"), num(r.max_abs_diff, "{:.0e}"))
         out_console.print(t)
         out_console.print(f"memory method: {a.memory_method or a.memory_note}", markup=False,
                           soft_wrap=True)
@@ -633,13 +651,13 @@ def _bench_render(result) -> None:
                   + ", ".join(f"{r.shape.name} = {r.shape.n_layer} layers x {r.shape.n_embd}, "
                               f"{r.params / 1e6:.2f}M params" for r in tr.rows
                               if r.mode == "eager"))
-        for col in ("shape", "mode", "BxT", "ms/step", "q1-q3", "tok/s", "TFLOP/s", "MFU",
+        for col in ("shape", "mode", "BxT", "ms/step", "IQR", "tok/s", "TFLOP/s", "MFU",
                     "1st s"):
             t.add_column(col, justify="left" if col in ("shape", "mode") else "right",
                          no_wrap=True)
         for r in tr.rows:
             s = r.shape
-            t.add_row(s.name, r.mode, f"{s.batch_size}x{s.block_size}", g(r.timing.median_ms),
+            t.add_row(Text(s.name), r.mode, f"{s.batch_size}x{s.block_size}", g(r.timing.median_ms),
                       spread(r.timing), f"{r.tokens_per_s:,.0f}", f"{r.achieved_tflops:.3g}",
                       num(r.mfu, "{:.1%}"), g(r.first_step_s))
         out_console.print(t)
@@ -653,7 +671,7 @@ def _bench_render(result) -> None:
         s = sm.settings
         t = Table(title=f"greedy decoding, batch 1: {s.n_layer}L {s.n_embd}d, prompt "
                   f"{s.prompt_len} + {s.new_tokens} new tokens", box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("KV cache", "TTFT ms", "prefill tok/s", "decode ms/tok", "q1-q3",
+        for col in ("KV cache", "TTFT ms", "prefill tok/s", "decode ms/tok", "IQR",
                     "decode tok/s"):
             t.add_column(col, justify="right", no_wrap=True)
         for r in sm.rows:

@@ -153,7 +153,7 @@ class TrainConfig:
 class RunConfig:
     name: str = f("", "run name; '' = the config file's name")
     out_dir: str = f("runs", "parent directory of run directories")
-    seed: int = f(1337, "seed for weights, batches and sampling", min=0)
+    seed: int = f(1337, "seed for weights, batches and sampling", min=0, max=2**63 - 1)
     device: str = f("auto", "auto = cuda, then mps, then cpu", choices=("auto", "cpu", "cuda", "mps"))
 
 

@@ -61,6 +61,9 @@ def list_corpus(spec: str) -> list[Path]:
         if q.is_symlink() and not q.exists():
             raise MinigptError(f"data.corpus: {q} is a dangling symlink (to {os.readlink(q)}); "
                                "remove it or fix its target")
+        if not q.is_file():  # a device (/dev/zero), FIFO or socket: endless or read-once
+            raise MinigptError(f"data.corpus: {q} is not a regular file (a device, pipe or "
+                               "socket); the corpus is read more than once, so give a text file")
         if not os.access(q, os.R_OK):
             raise MinigptError(f"data.corpus: cannot read {q} (permission denied)")
     return files
@@ -195,6 +198,18 @@ def atomic_file(path: Path):
             pass
         raise
     _fsync_dir(path.parent)
+
+
+@contextmanager
+def cache_writes(directory: Path):
+    """Writing a cache entry under `directory`: an OSError (unwritable or missing parent, disk
+    full) becomes a one-line MinigptError naming the cache and the setting that moves it."""
+    try:
+        yield
+    except OSError as e:
+        raise MinigptError(f"cannot write the cache {directory}: {e.strerror or e}; set "
+                           "data.cache_dir (or $MINIGPT_CACHE) to a writable directory with "
+                           "free space") from None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

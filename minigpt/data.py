@@ -34,6 +34,7 @@ from minigpt.corpus import (
     atomic_file,
     atomic_write_bytes,
     cache_root,
+    cache_writes,
     corpus_hash,
     empty_corpus_error,
     iter_pieces,
@@ -172,10 +173,11 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
     meta = _read_meta(meta_path, bin_path)
     cached = meta is not None
     if meta is None:
-        meta = _build(files, dc.corpus, dc.invalid_utf8, dc.val_fraction, tokenizer, bin_path,
-                      emit)
-        meta.update(key_src)
-        atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
+        with cache_writes(directory):
+            meta = _build(files, dc.corpus, dc.invalid_utf8, dc.val_fraction, tokenizer,
+                          bin_path, emit)
+            meta.update(key_src)
+            atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
     if not meta["has_text"]:
         raise empty_corpus_error(dc.corpus, files)
 

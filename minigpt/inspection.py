@@ -31,7 +31,9 @@ t to key j, T the number of tokens, `x` the token ids:
 Dominant type (`dominant_type`): the pattern score (induction, previous, duplicate, first, self,
 delimiter) with the highest value if it is >= DOMINANT_THRESHOLD; otherwise `diffuse` if
 entropy >= DIFFUSE_ENTROPY (close to uniform); otherwise `local` if the local score is
->= DOMINANT_THRESHOLD; otherwise `mixed`. Ties go to the earlier type in that list.
+>= DOMINANT_THRESHOLD; otherwise `mixed`. Ties go to the earlier type in that list. `n/a`
+when no score applies (a single token). Thresholds: DOMINANT_THRESHOLD = 0.4, DIFFUSE_ENTROPY =
+0.7, LOCAL_WINDOW = 3.
 """
 
 from __future__ import annotations
@@ -154,6 +156,8 @@ def dominant_type(scores: dict[str, float]) -> str:
         v = scores.get(name, float("nan"))
         return -1.0 if v is None or math.isnan(v) else float(v)
 
+    if all(val(n) < 0 for n in SCORE_NAMES):
+        return "n/a"  # a single token: nothing to score
     best = max(PATTERN_SCORES, key=lambda n: (val(n), -PATTERN_SCORES.index(n)))
     if val(best) >= DOMINANT_THRESHOLD:
         return best

@@ -4,8 +4,9 @@ Three layers, each usable alone:
 
 - `filter_logits` / `sample_token`: temperature, top-k and top-p on one logits vector.
 - `generate`: an iterator of new token ids for one prompt. With the KV cache it prefills the
-  context once and then feeds one token per step; without it, every step recomputes the
-  whole context (the reference the cache is tested against).
+  context once (GPT.forward) and then feeds one token per step (`DecodeStep`, a lean copy of
+  GPT.forward for one token, tested equal to it); without the cache, every step recomputes
+  the whole context (the reference the cache is tested against).
 - `TextStream`: turns a stream of token ids into text that is safe to print as it arrives
   (never half a UTF-8 character) and applies `--stop` strings, which live in text space
   because a stop string need not fall on token boundaries.
@@ -43,6 +44,7 @@ from pathlib import Path
 import torch
 
 from minigpt.config import MinigptError
+from minigpt.model import GPT
 
 # Generation past this many tokens per sample is refused: a typo such as `-n 10000000000`
 # should fail at once, not run for days. A million tokens is hours of CPU sampling.
@@ -78,7 +80,9 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0
 
     `softmax` of the result is the distribution `sample_token` draws from. temperature must
     be > 0 here (greedy decoding never calls this)."""
-    logits = logits.float() / temperature
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     vocab = logits.size(-1)
     if 0 < top_k < vocab:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1)
@@ -101,11 +105,108 @@ def sample_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
     if temperature == 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    # Inverse-CDF draw (4 small ops; torch.multinomial costs ~3x more per call). u lies in
+    # [0, cdf[-1]), so the first index with cdf > u exists and has probability > 0: a token
+    # filtered out (probability exactly 0 adds nothing to the cumsum) is never chosen.
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.rand(1, generator=generator, device=probs.device) * cdf[-1]
+    return int(torch.searchsorted(cdf, u, right=True))
 
 
 # --------------------------------------------------------------------------------------------
 # The decoding loop.
+
+
+class DecodeStep:
+    """One decode step of a minigpt GPT for batch 1: logits (V,) for the token after the
+    cached ones, written into the same KVCache as `GPT.forward(idx, kv_cache=cache)` writes.
+
+    It computes exactly what GPT.forward computes for one new token (same weights, kernels
+    and RoPE convention; tests compare the two at every step), with about half of its CPU
+    time at small widths: the module-call overhead is gone, the weights are looked up once,
+    q and k are rotated in one complex multiply, and no mask is built (one query at the end
+    sees every cached key). Generation of small models on CPU is bound by this per-op
+    overhead, not by arithmetic. Models it does not recognise use GPT.forward instead.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        if type(model) is not GPT:
+            raise TypeError("DecodeStep needs a minigpt GPT")
+        cfg = model.cfg
+        self.model, self.cfg = model, cfg
+        self.n_head, self.head_dim, self.n_embd = cfg.n_head, cfg.head_dim, cfg.n_embd
+        self.layers = []
+        for blk in model.blocks:
+            a = blk.attn
+            mlp = None
+            if blk.mlp is not None:
+                mlp = (self._norm(blk.ln_2), blk.mlp.c_fc.weight, blk.mlp.c_fc.bias,
+                       blk.mlp.c_proj.weight, blk.mlp.c_proj.bias)
+            self.layers.append((self._norm(blk.ln_1), a.c_attn.weight, a.c_attn.bias,
+                                a.c_proj.weight, a.c_proj.bias, mlp))
+        self.ln_f = self._norm(model.ln_f)
+        self.wte, self.head = model.wte.weight, model.lm_head.weight
+        self._cache, self._kv = None, []
+        self.rot = None
+        if model.rotary is not None:
+            # e^{i m theta_i} per position m: (block_size, D/2) complex64. The window never
+            # holds more than block_size positions, which the model's tables already cover.
+            cos, sin = model.rotary.tables(0, cfg.block_size)  # each (P, 1, D/2)
+            self.rot = torch.complex(cos[:, 0], sin[:, 0])
+
+    @staticmethod
+    def _norm(mod: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        if type(mod) is torch.nn.LayerNorm:
+            shape, w, b, eps = mod.normalized_shape, mod.weight, mod.bias, mod.eps
+            return lambda x: torch.layer_norm(x, shape, w, b, eps)  # skips F's dispatch checks
+        if type(mod) is torch.nn.RMSNorm:
+            shape, w, eps = mod.normalized_shape, mod.weight, mod.eps
+            return lambda x: torch.rms_norm(x, shape, w, eps)
+        return mod.forward
+
+    def __call__(self, token: torch.Tensor, cache) -> torch.Tensor:
+        """token (1, 1) long -> logits (V,) float32; appends the token's k/v to `cache`."""
+        F = torch.nn.functional
+        H, D, C = self.n_head, self.head_dim, self.n_embd
+        pos = cache.length
+        if pos >= cache.max_len:
+            raise MinigptError(f"KV cache full ({cache.max_len} tokens): crop the context")
+        if cache is not self._cache:  # per-layer (H, max_len, D) views, made once per cache
+            self._cache = cache
+            self._kv = [(k, v, k[0], v[0]) for k, v in zip(cache.k, cache.v)]
+        x = F.embedding(token.view(1), self.wte)  # (1,) -> (1, C)
+        if self.model.wpe is not None:
+            x = x + self.model.wpe.weight[pos]
+        elif self.cfg.pos_encoding == "sinusoidal":
+            x = x + self.model.pe[pos]
+        rot = self.rot[pos] if self.rot is not None else None  # (D/2,) complex
+        n = pos + 1  # keys after this token
+        for (ln_1, w_attn, b_attn, w_proj, b_proj, mlp), (k_buf, v_buf, k_hd, v_hd) in zip(
+                self.layers, self._kv):
+            qkv = F.linear(ln_1(x), w_attn, b_attn).view(3, H, D)  # q | k | v, head-major
+            if rot is not None:  # rotate q and k together: pairs (2i, 2i+1) as complex numbers
+                pairs = torch.view_as_complex(qkv[:2].view(2, H, D // 2, 2))
+                q, k = torch.view_as_real(pairs * rot).view(2, H, D).unbind(0)  # each (H, D)
+            else:
+                q, k = qkv[0], qkv[1]
+            k_hd.select(1, pos).copy_(k)  # cache[layer][0, :, pos] = k
+            v_hd.select(1, pos).copy_(qkv[2])
+            y = F.scaled_dot_product_attention(q.view(1, H, 1, D), k_buf.narrow(2, 0, n),
+                                               v_buf.narrow(2, 0, n))  # (1, H, 1, D)
+            x = x + F.linear(y.reshape(1, C), w_proj, b_proj)
+            if mlp is not None:
+                ln_2, w_fc, b_fc, w_out, b_out = mlp
+                x = x + F.linear(F.gelu(F.linear(ln_2(x), w_fc, b_fc)), w_out, b_out)
+        cache.advance(1)
+        return F.linear(self.ln_f(x), self.head).view(-1).float()
+
+
+def make_decode_step(model: torch.nn.Module) -> Callable | None:
+    """DecodeStep for a plain minigpt GPT, None for anything else (use model.forward)."""
+    try:
+        return DecodeStep(model)
+    except TypeError:
+        return None
 
 
 def context_keep(block_size: int) -> int:
@@ -152,6 +253,7 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: 
     try:
         start = max(0, len(ids) - block)  # first id of the model's current window
         cache = model.new_kv_cache(1, block) if use_kv_cache else None
+        step = make_decode_step(model) if use_kv_cache else None
         step_in = torch.empty((1, 1), dtype=torch.long, device=device)  # reused decode input
 
         def window_logits() -> torch.Tensor:
@@ -177,7 +279,8 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: 
                 logits = window_logits()
             else:
                 step_in.fill_(tok)
-                logits = model(step_in, kv_cache=cache)[0][0, -1]
+                logits = (step(step_in, cache) if step is not None
+                          else model(step_in, kv_cache=cache)[0][0, -1])
     finally:
         model.train(was_training)
 
@@ -199,8 +302,8 @@ class TextStream:
     `text` is everything released so far. `decode` must never raise (errors="replace").
     """
 
-    # An incomplete character is at most 3 bytes, so it spans at most 3 tokens; a trailing
-    # U+FFFD that survives more tokens than this is a genuinely invalid byte: print it.
+    # An incomplete character lacks at most 3 bytes, so at most 3 more tokens complete it; a
+    # trailing U+FFFD that survives more tokens than this is a genuinely invalid byte.
     MAX_HELD_TOKENS = 4
 
     def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str] = ()):
@@ -209,6 +312,7 @@ class TextStream:
         self._longest_stop = max((len(s) for s in self._stops), default=0)
         self._pending: list[int] = []  # ids whose decoded text is not all released yet
         self._pending_done = 0  # chars of decode(_pending) already passed on
+        self._stalled = 0  # consecutive pushes that made no printable progress
         self._held = ""  # whole characters held back as a possible stop-string prefix
         self.text = ""
         self.stopped = False
@@ -221,9 +325,12 @@ class TextStream:
         end = len(s)
         while end > self._pending_done and s[end - 1] == _REPLACEMENT:
             end -= 1
-        if end == len(s) or len(self._pending) > self.MAX_HELD_TOKENS:
+        # Tokens in a row that added nothing printable: a character still incomplete after
+        # more than MAX_HELD_TOKENS of them is broken, not pending.
+        self._stalled = 0 if end > self._pending_done else self._stalled + 1
+        if end == len(s) or self._stalled > self.MAX_HELD_TOKENS:
             new = s[self._pending_done:]
-            self._pending, self._pending_done = [], 0
+            self._pending, self._pending_done, self._stalled = [], 0, 0
         else:
             new = s[self._pending_done:end]
             self._pending_done = end
@@ -236,7 +343,7 @@ class TextStream:
         out = ""
         if self._pending:
             out = self._release(self._decode(self._pending)[self._pending_done:])
-            self._pending, self._pending_done = [], 0
+            self._pending, self._pending_done, self._stalled = [], 0, 0
         if not self.stopped and self._held:
             out += self._held
             self.text += self._held

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-import tiktoken.load
 
 from minigpt.config import Config, MinigptError, resolve_path
 from minigpt.corpus import (
     CHUNK_BYTES,
     atomic_write_bytes,
     cache_root,
+    cache_writes,
     corpus_hash,
     empty_corpus_error,
     iter_pieces,
@@ -209,12 +209,22 @@ class Tokenizer:
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:
+    """Parse a tiktoken rank file (`<base64 token> <rank>` per line, as
+    tiktoken.load.load_tiktoken_bpe does). Not through tiktoken itself: it copies every file it
+    reads, local ones too, into its download cache ($TMPDIR/data-gym-cache), which would write
+    outside the run and cache directories on every load."""
+    line_no = 0
     try:
-        ranks = tiktoken.load.load_tiktoken_bpe(str(path))
-    except (OSError, ValueError, IndexError) as e:
-        raise MinigptError(f"{path}: not a tiktoken rank file ({e.__class__.__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}); expected lines "
-                           "'<base64 token> <rank>'") from None
+        ranks: dict[bytes, int] = {}
+        for line_no, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+            if line:
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+    except OSError as e:
+        raise MinigptError(f"{path}: cannot read the tiktoken rank file ({e.strerror})") from None
+    except ValueError:  # also binascii.Error (bad base64)
+        raise MinigptError(f"{path}: not a tiktoken rank file (line {line_no} is not "
+                           "'<base64 token> <rank>')") from None
     if not ranks:
         raise MinigptError(f"{path}: empty tiktoken rank file")
     return ranks
@@ -295,7 +305,8 @@ def _trained(cfg: Config, emit: Callable[[object], None]) -> Tokenizer:
     ranks = {bytes(tok): int(r) for tok, r in bpe.get_mergeable_ranks()}
     tok = Tokenizer(ranks, PATTERNS[tc.pattern], {EOT: len(ranks)},
                     f"bpe{len(ranks)}-{tc.pattern}")
-    tok.save(directory)
+    with cache_writes(directory):
+        tok.save(directory)
     emit(BPETrained(len(ranks), time.perf_counter() - t0, directory))
     return tok
 

@@ -37,7 +37,7 @@ SAMPLE_ROW_KEYS = {"kv_cache", "prompt_len", "new_tokens", "ttft_ms", "ttft", "d
 def _tiny_plan() -> bench.Plan:
     """Smaller than --quick: the library path end to end in a couple of seconds."""
     return bench.Plan(
-        AttentionSettings([32, 64], warmup=1, repeats=2, min_sample_ms=0.0, backends=False),
+        AttentionSettings([32, 64], warmup=1, repeats=2, min_sample_ms=0.0),  # + sdpa[math]
         [TrainShape("tiny", 2, 32, 2, 16, 2, vocab_size=64)], 1, 2, 64,
         SampleSettings(n_layer=1, n_embd=32, n_head=2, block_size=32, vocab_size=64,
                        prompt_len=8, new_tokens=4, warmup=1, repeats=2))
@@ -235,7 +235,7 @@ def test_mfu_formula_and_peak_table():
 # end to end
 
 
-def test_library_attention_and_sample_tiny_plan():
+def test_library_attention_and_sample_tiny_plan(capsys):
     """Quick tier: the library path of two suites (the train suite's first AdamW step imports
     torch._dynamo, ~4 s once per process, so the all-suite runs below are marked slow)."""
     events = []
@@ -251,6 +251,12 @@ def test_library_attention_and_sample_tiny_plan():
     assert doc["suites"]["sample"]["same_tokens"] is True
     assert all(_positive(r["decode_tokens_per_s"]) for r in doc["suites"]["sample"]["rows"])
     assert json.loads(json.dumps(doc["summary"]))["sample"]["kv_speedup"] > 0
+    from minigpt.cli import _bench_render
+
+    _bench_render(result)
+    shown = capsys.readouterr().out
+    assert shown.startswith("device cpu") and "sdpa[math]" in shown  # not eaten as markup
+    assert "verdict: same math" in shown and "verdict: KV cache" in shown
 
 
 @pytest.mark.slow

@@ -253,3 +253,12 @@ def test_run_dirs_without_checkpoint(tmp_path):
         ck.load_run(empty, "cpu")
     with pytest.raises(MinigptError, match="does not exist"):
         ck.load_run(tmp_path / "nope", "cpu")
+
+
+def test_latest_pointer_never_leaves_the_run(saved):
+    run = saved[0]
+    latest = run / "checkpoints" / "latest"
+    latest.unlink()
+    os.symlink("/etc", latest)
+    with pytest.raises(MinigptError, match="not a step-NNNNNN directory"):
+        ck.load_run(run, "cpu")

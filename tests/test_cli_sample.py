@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,15 @@ from minigpt.model import GPT
 from minigpt.tokenizer import bytes_tokenizer
 
 BLOCK = 16
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models decode fastest on one thread (and the CLI sets one): restore afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def make_run(run_dir: Path, pos_encoding: str = "rope", weights_cfg: dict | None = None) -> Path:
@@ -246,3 +257,28 @@ class _Boom:
 
     def __reduce__(self):
         return (open, (self.path, "w"))
+
+
+def console(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minigpt", "sample", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_console_entry_point_exits_2_with_one_line(tmp_path):
+    """Through `python -m minigpt` (main(), not CliRunner) a MinigptError is exit code 2."""
+    p = console(["-t", "-1"], tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: --temperature") and len(p.stderr.splitlines()) == 1
+    assert p.stdout == ""
+
+
+@pytest.mark.slow
+def test_console_entry_point_usage_error_exits_2(tmp_path):
+    p = console(["--bogus"], tmp_path)
+    assert p.returncode == 2 and "No such option" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_in_process_thread_count_is_restored(run_dir):
+    torch.set_num_threads(2)  # the autouse fixture restores the original afterwards
+    assert invoke("--run", str(run_dir), "-n", "2", "--seed", "0").exit_code == 0
+    assert torch.get_num_threads() == 2

@@ -6,24 +6,35 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minigpt.config import MinigptError, ModelConfig
 from minigpt.model import GPT
 from minigpt.sample import (
     MAX_NEW_TOKENS,
+    DecodeStep,
     TextStream,
     check_sampling_args,
     context_keep,
     filter_logits,
     generate,
+    make_decode_step,
     sample,
     sample_token,
     truncate_prompt,
 )
 
 POS_ENCODINGS = ("rope", "learned", "sinusoidal", "none")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models decode fastest on one thread (and the CLI sets one): restore afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def tiny_gpt(pos_encoding: str = "rope", block_size: int = 16, vocab_size: int = 64,
@@ -124,6 +135,22 @@ def test_off_values_leave_the_distribution_alone():
     logits = torch.randn(20)
     assert torch.equal(filter_logits(logits, 1.0, 0, 1.0), logits)
     assert torch.equal(filter_logits(logits, 1.0, 20, 1.0), logits)  # k >= V = off
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_draws_follow_the_distribution(temperature):
+    """20k draws from a known 5-token distribution: frequencies within 4 sigma."""
+    base = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    logits = base.log()  # log 0 = -inf: must never be drawn
+    probs = base ** (1 / temperature)
+    probs = probs / probs.sum()  # softmax(logits / T)
+    gen = torch.Generator().manual_seed(6)
+    n = 20000
+    counts = torch.bincount(torch.tensor([sample_token(logits, temperature, 0, 1.0, gen)
+                                          for _ in range(n)]), minlength=5).float()
+    sigma = (n * probs * (1 - probs)).sqrt()
+    assert counts[4] == 0
+    assert torch.all((counts - n * probs).abs() <= 4 * sigma + 1e-6), counts
 
 
 def test_temperature_zero_is_argmax_and_draws_nothing():
@@ -305,6 +332,7 @@ def test_stop_at_the_very_start():
 @given(text=st.text(alphabet="ab\u00e9\u20ac\U0001f600\n", max_size=30),
        stop=st.text(alphabet="ab\u00e9\n", min_size=1, max_size=4),
        cuts=st.lists(st.integers(1, 5), max_size=40))
+@example(text="éé\n€€", stop="a", cuts=[3, 3, 1, 2, 1])  # a char split after progress
 def test_stream_equals_batch_decode_then_cut_at_stop(text, stop, cuts):
     """Any split of the bytes into tokens: the released text is the full text cut before the
     first stop occurrence, and no piece ever contains a replacement character."""
@@ -357,3 +385,54 @@ def test_sample_stop_ids_report_eot():
     r = sample(model, [0], utf8_decode, max_new_tokens=10, temperature=0.0,
                stop_ids=[greedy[2]])[0]
     assert r.finish_reason == "eot" and r.token_ids == greedy[:greedy.index(greedy[2]) + 1]
+
+
+# --------------------------------------------------------------------------------------------
+# DecodeStep: the lean one-token path against GPT.forward with the same cache
+
+
+@pytest.mark.parametrize("kw", [
+    {"pos_encoding": "rope"}, {"pos_encoding": "learned"}, {"pos_encoding": "sinusoidal"},
+    {"pos_encoding": "none"}, {"norm": "rmsnorm", "bias": True},
+    {"mlp": False, "tie_weights": False}, {"attn_impl": "explicit", "bias": True},
+])
+def test_decode_step_equals_model_forward_with_cache(kw):
+    model = tiny_gpt(block_size=24, **kw)
+    step = DecodeStep(model)
+    gen = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, 64, (1, 5), generator=gen)
+    with torch.inference_mode():
+        ref_cache, fast_cache = model.new_kv_cache(1), model.new_kv_cache(1)
+        model(prompt, kv_cache=ref_cache)
+        model(prompt, kv_cache=fast_cache)
+        for t in torch.randint(0, 64, (19,), generator=gen).tolist():  # fills the cache
+            tok = torch.tensor([[t]])
+            want = model(tok, kv_cache=ref_cache)[0][0, -1]
+            got = step(tok, fast_cache)
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, atol=1e-5, rtol=0)
+        assert fast_cache.length == ref_cache.length == 24
+        for a, b in zip(ref_cache.k + ref_cache.v, fast_cache.k + fast_cache.v):
+            assert torch.allclose(a, b, atol=1e-5, rtol=0)
+        with pytest.raises(MinigptError, match="full"):
+            step(tok, fast_cache)
+
+
+def test_decode_step_only_for_plain_gpt():
+    class Other(GPT):
+        pass
+
+    assert make_decode_step(tiny_gpt()) is not None
+    assert make_decode_step(Other(tiny_gpt().cfg)) is None
+
+
+def test_generate_without_decode_step_uses_model_forward(monkeypatch):
+    """Models DecodeStep does not know decode through GPT.forward with the cache: same tokens."""
+    import minigpt.sample as smp
+
+    model = tiny_gpt("rope", block_size=12)
+    fast, fast_logits = run(model, [1, 2], 30, temperature=0.0)
+    monkeypatch.setattr(smp, "make_decode_step", lambda m: None)
+    slow, slow_logits = run(model, [1, 2], 30, temperature=0.0)
+    assert fast == slow
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(fast_logits, slow_logits))

@@ -198,3 +198,23 @@ def test_ddp_two_processes_equal_one(tmp_path):
     wa, wb = load_file(single / "model.safetensors"), load_file(ddp / "model.safetensors")
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
     assert "x 2 processes" in r.stderr
+
+
+def test_resume_without_rng_state_is_a_clear_error(tmp_path):
+    """A checkpoint written without trainer RNG state (e.g. by another tool) cannot be
+    resumed exactly: one-line error, no traceback, nothing changed."""
+    from minigpt.checkpoint import save_checkpoint
+    from minigpt.config import to_yaml
+    from minigpt.tokenizer import bytes_tokenizer
+
+    cfg = load_config(None, tiny_sets(tmp_path))
+    cfg.model.vocab_size = 257
+    model = GPT(cfg.model)
+    opt, names = build_optimizer(model, cfg.train, torch.device("cpu"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    save_checkpoint(run, step=2, model=model, cfg=cfg, tokenizer=bytes_tokenizer(),
+                    trainer_state={"step": 2}, optimizer=opt, param_names=names)
+    with pytest.raises(MinigptError, match="trainer_state.json: the RNG .* cannot be resumed"):
+        train(resume_config(run, []), run, resume=True)
