@@ -286,14 +286,27 @@ def verify_checkpoint(ckpt_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> 
             raise MinigptError(f"{path} is missing from the checkpoint")
         if path.suffix == ".safetensors":
             read_header(path, "weights")  # pickle/zip/truncation get their own message
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        if not isinstance(info, dict) or digest != info.get("sha256"):
+        # Size first (cheap, and a huge crafted file is never read), then hash in 1 MiB chunks.
+        if not isinstance(info, dict) or ("bytes" in info and
+                                          path.stat().st_size != info["bytes"]):
+            raise MinigptError(f"{path} is corrupted: its size does not match {MANIFEST_FILE}; "
+                               "restore it or retrain")
+        digest = _sha256_file(path)
+        if digest != info.get("sha256"):
             raise MinigptError(f"{path} is corrupted: its sha256 does not match {MANIFEST_FILE}; "
                                "restore it or retrain")
     cpath = ckpt_dir / CONFIG_FILE
     cfg = from_dict(parse_yaml(cpath.read_text(encoding="utf-8", errors="replace"), str(cpath)),
                     str(cpath))
     return Checkpoint(path=ckpt_dir, step=step, cfg=cfg, files=files)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def find_checkpoint(run_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> Checkpoint:

@@ -207,8 +207,11 @@ class _TrainView:
         elif type(e).__name__ == "TrainingBPE":
             self.line("training the BPE tokenizer on the corpus (cached for next time) ...")
         elif type(e).__name__ == "DatasetReady":
-            self.line(f"data: {getattr(e, 'n_train', 0):,} train / {getattr(e, 'n_val', 0):,} "
-                      f"val tokens" + (" (cached)" if getattr(e, "cached", False) else ""))
+            self.line(f"data: {e.n_train:,} train / {e.n_val:,} val tokens"
+                      + (" (cached)" if e.cached else ""))
+            if e.corpus_files:  # say what the config's paths resolved to
+                more = f" (+{len(e.corpus_files) - 1} more files)" if len(e.corpus_files) > 1 else ""
+                self.line(f"data: corpus {e.corpus_files[0]}{more}; token cache {e.cache_path}")
 
     def close(self) -> None:
         if self.progress is not None:
@@ -293,6 +296,8 @@ def _sample(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p,
     from minigpt.device import resolve_device
 
     smp.check_sampling_args(temperature, top_k, top_p, max_new_tokens, num_samples)
+    if seed is not None:
+        smp.check_seed(seed)
     if prompt is not None and prompt_file is not None:
         raise MinigptError("--prompt and --prompt-file: give one of them, not both")
     text = smp.read_prompt_file(prompt_file) if prompt_file is not None else (prompt or "")
@@ -689,6 +694,9 @@ def main() -> None:
     try:
         # Non-standalone click *returns* the code of a typer.Exit raised in a command (fail()).
         code = app(standalone_mode=False)
+        if code == 130:  # typer turns a KeyboardInterrupt outside the training loop into 130
+            err_console.print("interrupted (Ctrl-C); anything already saved is kept",
+                              markup=False)
         if isinstance(code, int) and code:
             sys.exit(code)
     except MinigptError as e:

@@ -71,6 +71,7 @@ class DatasetReady:
     n_train: int
     n_val: int
     cached: bool               # True when an existing cache was reused
+    corpus_files: tuple[Path, ...] = ()  # the resolved corpus files (empty for induction)
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
             raise MinigptError(
                 f"data.corpus: {where} gives a {name} split of {len(arr)} tokens, but "
                 f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
-    emit(DatasetReady(bin_path, len(train), len(val), cached=cached))
+    emit(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
     info = {"source": "text", "corpus": dc.corpus, "n_files": len(files), "corpus_hash": chash,
             "cache": str(bin_path), "n_train": len(train), "n_val": len(val)}
     return Dataset(train, val, meta["bytes_per_token"], T, info=info)

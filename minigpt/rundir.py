@@ -71,7 +71,9 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     """A new run may only go into a missing or empty directory: never overwrite a run."""
     if run_dir.exists() and not run_dir.is_dir():
         raise MinigptError(f"--out {run_dir}: exists and is not a directory; choose another --out")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    # A dir holding only a train.lock nobody holds is what a kill right after creating the run
+    # left behind: nothing to lose, so it counts as empty (a held lock refuses, below).
+    if run_dir.is_dir() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
         raise MinigptError(
             f"run directory {run_dir} already exists and is not empty: continue it with "
             f"`minigpt train --out {run_dir} --resume`, or choose another --out / run.name")

@@ -70,6 +70,12 @@ def check_sampling_args(temperature: float, top_k: int, top_p: float,
         raise MinigptError(f"--num-samples: must be >= 1, got {num_samples}")
 
 
+def check_seed(seed: int) -> None:
+    """torch generators take seeds in [0, 2**64); say so instead of an overflow traceback."""
+    if not 0 <= seed < 2**64:
+        raise MinigptError(f"--seed: must be in [0, 2**64), got {seed}")
+
+
 # --------------------------------------------------------------------------------------------
 # Filtering and sampling one step.
 

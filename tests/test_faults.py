@@ -205,11 +205,6 @@ def test_second_trainer_refuses_and_a_killed_trainers_lock_does_not_stick(tmp_pa
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="rundir.py (train owner at work): a kill -9 after the "
-                   "run dir is created and locked but before config.yaml is written leaves a "
-                   "dir holding only train.lock; a fresh start refuses ('already exists ... "
-                   "--resume') and --resume refuses ('config.yaml is missing ... start a new run "
-                   "elsewhere'): stuck. check_fresh_run_dir should ignore an unlocked train.lock")
 def test_run_dir_with_only_a_stale_lock_can_be_started(tmp_path, corpus):
     run = tmp_path / "run"
     run.mkdir()
@@ -285,11 +280,6 @@ def test_double_sigint_exits_130_and_keeps_a_loadable_run(tmp_path, corpus):
     assert load_run(run, "cpu").step == step + 2
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py main() (lead) / train section (owner at work): "
-                   "typer returns 130 for a KeyboardInterrupt in non-standalone mode, so main() "
-                   "exits 130 with NOTHING on stderr (its 'aborted' branch never runs): a second "
-                   "Ctrl-C during a save, or Ctrl-C during data prep, gives no message saying "
-                   "which checkpoint is kept and how to resume")
 def test_ctrl_c_outside_the_loop_exits_130_with_a_message(monkeypatch, capsys, tmp_path):
     import minigpt.train as train_mod
     from minigpt import cli

@@ -443,8 +443,6 @@ CASES = [
 
 # Cases that reveal a bug in a module whose owner is still at work: {id: reason}.
 XFAIL: dict[str, str] = {
-    "sample-seed-huge": "sample.py (owner at work): --seed >= 2**64 raises ValueError "
-    "'Overflow when unpacking long long' (traceback); check_sampling_args should bound it",
 }
 
 

@@ -221,11 +221,6 @@ def _memory_capped_cli(args: list[str], cwd: Path, cap_bytes: int = 6 << 30):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="checkpoint.py (train owner at work): verify_checkpoint "
-                   "hashes each file with path.read_bytes() before checking its size against "
-                   "manifest.json 'bytes', so a weights file that is huge (here a 4 TiB sparse "
-                   "file with a valid header) is read whole: MemoryError traceback. Fix: compare "
-                   "st_size with the manifest first and hash in chunks")
 def test_huge_sparse_weights_in_a_run_are_rejected_by_the_cli(good_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(good_run, run, symlinks=True)
@@ -319,9 +314,6 @@ def test_relative_config_paths_are_resolved_and_named_in_errors(tmp_path, monkey
     assert "data/tinyshakespeare.txt" in r.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="train CLI section / train.py (owner at work): a training "
-                   "run never says which corpus file (resolved from data.corpus) and which token "
-                   "cache it used; the DatasetReady event has the cache path but it is not shown")
 def test_train_reports_the_resolved_corpus_and_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.txt").write_text("to be or not to be, that is the question\n" * 40)
