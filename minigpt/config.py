@@ -143,7 +143,7 @@ class TrainConfig:
     log_interval: int = f(10, "log a metrics line every this many steps", min=1)
     checkpoint_interval: int = f(500, "checkpoint every this many steps (and at the end)", min=1)
     sample_tokens: int = f(100, "tokens sampled at each evaluation; 0 = none", min=0)
-    sample_prompts: list[str] = f([""], "prompts sampled at each evaluation ('' = start of text)")
+    sample_prompts: list[str] = f([""], "prompts sampled at each evaluation ('' = start of text)")  # noqa: RUF009 - f() returns a field(default_factory=...)
     precision: str = f("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere",
                        choices=("auto", "fp32", "bf16"))
     compile: str = f("auto", "torch.compile: auto = on for CUDA only", choices=("auto", "true", "false"))
@@ -219,7 +219,7 @@ _StrictLoader.add_constructor(
 def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text strictly; errors become one-line ConfigErrors naming `source` and line."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_StrictLoader)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     except yaml.MarkedYAMLError as e:

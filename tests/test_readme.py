@@ -30,7 +30,7 @@ def test_quick_start_main_job_is_there():
 
 
 def test_every_command_the_readme_shows_exists():
-    shown = set(re.findall(r"^### `minigpt ([a-z-]+)`", README, flags=re.M))
+    shown = set(re.findall(r"^### `minigpt ([a-z-]+)`", README, flags=re.MULTILINE))
     assert shown == {"train", "sample", "inspect-heads", "bench"}
     for name in shown:
         result = CliRunner().invoke(app, [name, "--help"])
