@@ -127,11 +127,13 @@ def run_trial(index: int, kind: str, rng: random.Random, work: Path, corpus: Pat
     last_ckpt = ckpts[-1] if ckpts else "-"
     tr.killed_at = f"step {steps[-1] if steps else 0}, last checkpoint {last_ckpt}"
 
-    if not run.exists():  # killed before the run directory was created
-        r = CliRunner().invoke(app, ["train", "--out", str(run), "--resume"])
-        if r.exit_code != 2 or "does not exist" not in r.stderr:
-            tr.note = f"resume of a never-created run: exit {r.exit_code}: {r.stderr[-300:]}"
-            return _done(tr, t0)
+    only_lock = run.is_dir() and [p.name for p in run.iterdir()] == ["train.lock"]
+    if not run.exists() or only_lock:  # killed before anything of the run was written
+        if not only_lock:
+            r = CliRunner().invoke(app, ["train", "--out", str(run), "--resume"])
+            if r.exit_code != 2 or "does not exist" not in r.stderr:
+                tr.note = f"resume of a never-created run: exit {r.exit_code}: {r.stderr[-300:]}"
+                return _done(tr, t0)
         r = CliRunner().invoke(app, ["train", "--out", str(run), *tiny_sets(corpus, cache, 6)])
         tr.ok = r.exit_code == 0 and load_run(run, "cpu").step == 6
         tr.resumed_to, tr.note = 6, "killed before the run existed; fresh start worked"
