@@ -121,8 +121,10 @@ class DataConfig:
     cache_dir: str = f("", "token cache directory; '' = $MINIGPT_CACHE or ~/.cache/minigpt")
     induction_vocab: int = f(64, "induction source: token ids drawn from [0, induction_vocab)", min=2)
     induction_min_period: int = f(
-        0, "induction source: 0 = period block_size//2; else per row from [this, block_size//2]",
-        min=0)
+        0, "induction source: 0 = [r, r] with r of block_size//2 ids; else rows of back-to-back "
+        "segment pairs (s, s), segment lengths from [this, induction_max_period]", min=0)
+    induction_max_period: int = f(
+        0, "induction source: longest segment of a pair; 0 = block_size//2", min=0)
 
 
 @dataclass
@@ -345,10 +347,16 @@ def _validate_cross(cfg: Config) -> None:
         raise ConfigError(
             f"data.induction_vocab: {cfg.data.induction_vocab} exceeds model.vocab_size="
             f"{m.vocab_size}")
-    if cfg.data.induction_min_period > max(1, m.block_size // 2):
+    d, half = cfg.data, max(1, m.block_size // 2)
+    if d.induction_max_period > half:
         raise ConfigError(
-            f"data.induction_min_period: {cfg.data.induction_min_period} exceeds "
-            f"model.block_size//2={m.block_size // 2} (the longest period); lower it or use 0")
+            f"data.induction_max_period: {d.induction_max_period} exceeds model.block_size//2="
+            f"{half} (a segment and its copy must fit in a row); lower it or use 0")
+    if d.induction_min_period > (d.induction_max_period or half):
+        raise ConfigError(
+            f"data.induction_min_period: {d.induction_min_period} exceeds the longest segment "
+            f"({d.induction_max_period or half}: data.induction_max_period, or "
+            f"model.block_size//2 when that is 0); lower it or use 0")
     if cfg.data.source == "induction" and cfg.data.induction_vocab > cfg.tokenizer.vocab_size:
         raise ConfigError(
             f"data.induction_vocab: {cfg.data.induction_vocab} exceeds tokenizer.vocab_size="

@@ -10,10 +10,16 @@ Batches: `sample_offsets` draws start offsets from a caller-owned torch.Generato
 saves its state for an exact resume); `get_batch` turns offsets into x, y = tokens[o : o+T],
 tokens[o+1 : o+T+1], shapes (n, T) with T = block_size.
 
-Induction (`data.source: induction`): no corpus. An "offset" is a per-sequence seed; sequence i
-is a random row r of block_size // 2 ids in [0, induction_vocab) (drawn from its seed) repeated
-periodically and cut to block_size + 1 ids, so x = [r, r] (plus r[0] when block_size is odd)
-and y is x shifted by one; the second half of x is fully predictable from the first.
+Induction (`data.source: induction`): no corpus. An "offset" is a per-sequence seed; each row
+of block_size + 1 ids in [0, induction_vocab) is drawn from its seed. Two layouts:
+- induction_min_period = 0: a random block r of block_size // 2 ids repeated, x = [r, r] (plus
+  r[0] when block_size is odd); the second half is predictable from the first.
+- induction_min_period = m > 0: back-to-back pairs (s, s) of random segments, each segment's
+  length drawn from [m, induction_max_period or block_size // 2] (the last one shortened to fit,
+  at least 2; a tail too short for that stays random). The distance between a token and its
+  copy changes from pair to pair, so only content matching (an induction head) predicts the
+  copies: one fixed period, or a sequence repeated periodically, can be predicted by heads that
+  attend at fixed offsets, which is not induction.
 """
 
 from __future__ import annotations
@@ -84,7 +90,8 @@ class Dataset:
     bytes_per_token: float     # UTF-8 bytes / tokens on the val split (1.0 for induction)
     block_size: int
     induction_vocab: int = 0   # > 0: synthetic induction data, ids in [0, induction_vocab)
-    induction_min_period: int = 0  # > 0: each row's period drawn from [this, block_size // 2]
+    induction_min_period: int = 0  # > 0: pairs layout, segment lengths from [this, max_period]
+    induction_max_period: int = 0  # 0: block_size // 2
     info: dict = field(default_factory=dict)  # corpus/cache facts for logs (JSON-safe)
 
     @property
@@ -121,28 +128,28 @@ class Dataset:
         return x.contiguous().to(device), y.contiguous().to(device)
 
     def _induction_rows(self, split: str, offsets: torch.Tensor) -> torch.Tensor:
-        """(n, block_size + 1): row i repeats seed i's random block of block_size // 2 ids.
-
-        With induction_min_period > 0, row i repeats only the first p ids of its block, p drawn
-        from [induction_min_period, block_size // 2] by the same seed: a fixed period lets a
-        head attend to a fixed offset instead of learning induction (content matching)."""
+        """(n, block_size + 1) ids: row i is drawn from seed offsets[i] (module docstring)."""
         self._split(split)
+        T1 = self.block_size + 1
         half = max(1, self.block_size // 2)
+        lo, hi = self.induction_min_period, self.induction_max_period or half
         salt = 0 if split == "train" else 1  # train and val draw from different streams
         g = torch.Generator()
-        rows = []
-        for seed in offsets.tolist():
+        rows = torch.empty(len(offsets), T1, dtype=torch.long)
+        for i, seed in enumerate(offsets.tolist()):
             g.manual_seed(int(seed) * 2 + salt)
-            rows.append(torch.randint(self.induction_vocab, (half,), generator=g))
-            if self.induction_min_period:
-                p = int(torch.randint(self.induction_min_period, half + 1, (1,), generator=g))
-                reps_p = math.ceil((self.block_size + 1) / p)
-                rows[-1] = rows[-1][:p].repeat(reps_p)[: self.block_size + 1]
-        if self.induction_min_period:
-            return torch.stack(rows)                           # (n, block_size + 1)
-        r = torch.stack(rows)                                  # (n, half)
-        reps = math.ceil((self.block_size + 1) / half)
-        return r.repeat(1, reps)[:, : self.block_size + 1]     # (n, block_size + 1)
+            if not lo:  # [r, r]: one block of `half` ids repeated
+                r = torch.randint(self.induction_vocab, (half,), generator=g)
+                rows[i] = r.repeat(math.ceil(T1 / half))[:T1]
+                continue
+            row = torch.randint(self.induction_vocab, (T1,), generator=g)
+            pos = 0
+            while (T1 - pos) // 2 >= 2:
+                n = min(int(torch.randint(lo, hi + 1, (1,), generator=g)), (T1 - pos) // 2)
+                row[pos + n: pos + 2 * n] = row[pos: pos + n]  # the copy of this segment
+                pos += 2 * n
+            rows[i] = row
+        return rows
 
 
 def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
@@ -161,6 +168,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
         emit(DatasetReady(None, 0, 0, cached=False))
         return Dataset(empty, empty, 1.0, T, induction_vocab=dc.induction_vocab,
                        induction_min_period=dc.induction_min_period,
+                       induction_max_period=dc.induction_max_period,
                        info={"source": "induction", "induction_vocab": dc.induction_vocab})
 
     files = list_corpus(dc.corpus)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -228,6 +229,63 @@ def test_induction_odd_block_size():
     assert x.shape == y.shape == (3, 9)
     assert torch.equal(x[:, :4], x[:, 4:8]) and torch.equal(x[:, 8], x[:, 0])
     assert torch.equal(y[:, :8], x[:, 1:]) and torch.equal(y[:, 8], x[:, 1])
+
+
+def _pair_lengths(row: list[int], lo: int, hi: int) -> list[int]:
+    """Segment lengths of a pairs-layout row, parsed back: at each position the shortest n with
+    row[pos+n : pos+2n] == row[pos : pos+n] that is in [lo, hi] or is the shortened last one."""
+    lengths, pos = [], 0
+    while (len(row) - pos) // 2 >= 2:
+        rem = len(row) - pos
+        n = next(n for n in range(2, rem // 2 + 1)
+                 if (lo <= n <= hi or n == rem // 2) and row[pos + n: pos + 2 * n] == row[pos: pos + n])
+        lengths.append(n)
+        pos += 2 * n
+    return lengths
+
+
+def test_induction_pairs_layout_defeats_fixed_offset_heads():
+    """induction_min_period > 0: rows are back-to-back (segment, copy) pairs of varying lengths,
+    so no single attention offset predicts the copies (a fixed-offset head is no induction)."""
+    def batch(**data):
+        cfg = from_dict({"model": {"block_size": 64}, "tokenizer": {"vocab_size": 256},
+                         "data": {"source": "induction", "induction_vocab": 64, **data}})
+        ds = prepare_dataset(cfg, bytes_tokenizer())
+        return ds.get_batch("train", ds.sample_offsets("train", 64, torch.Generator()
+                                                       .manual_seed(0)))
+
+    x, y = batch(induction_min_period=4, induction_max_period=24)
+    assert x.shape == (64, 64) and torch.equal(x[:, 1:], y[:, :-1])
+    rows = torch.cat([x, y[:, -1:]], 1).tolist()  # the full block_size + 1 ids
+    all_lengths = [_pair_lengths(r, 4, 24) for r in rows]
+    assert all(sum(2 * n for n in ls) >= 62 for ls in all_lengths)  # tail of <= 3 random ids
+    flat = [n for ls in all_lengths for n in ls]
+    assert max(flat) <= 24 and len(set(flat)) > 10
+    assert sum(len(set(ls)) > 1 for ls in all_lengths) > 32  # distances vary inside rows
+    # copy targets: position t inside the copy of a pair; the best fixed offset d misses most
+    targets = []
+    for r, ls in zip(rows, all_lengths):
+        pos = 0
+        for n in ls:
+            targets += [(r, t) for t in range(pos + n, pos + 2 * n)]
+            pos += 2 * n
+    best = max(sum(r[t] == r[t - d] for r, t in targets if t >= d) / len(targets)
+               for d in range(1, 33))
+    assert best < 0.3
+    assert torch.equal(x, batch(induction_min_period=4, induction_max_period=24)[0])
+    x0, _ = batch()  # min_period 0 keeps the classic [r, r]
+    assert torch.equal(x0[:, :32], x0[:, 32:])
+
+
+@pytest.mark.parametrize("data, msg", [
+    ({"induction_min_period": 17}, "data.induction_min_period: 17 exceeds the longest segment"),
+    ({"induction_min_period": 9, "induction_max_period": 8},
+     "data.induction_min_period: 9 exceeds the longest segment (8"),
+    ({"induction_max_period": 17}, "data.induction_max_period: 17 exceeds model.block_size//2=16"),
+])
+def test_induction_period_bounds_are_checked(data, msg):
+    with pytest.raises(MinigptError, match=re.escape(msg)):
+        from_dict({"model": {"block_size": 32}, "data": data})
 
 
 # --------------------------------------------------------------------------------------------

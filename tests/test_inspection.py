@@ -357,29 +357,3 @@ def test_default_text_is_cut_to_a_tiny_context():
     # the default text must fit a tiny context: truncated with a note, not an error
     inp = ins.prepare_input(cfg_for(block=8), bytes_tokenizer())
     assert len(inp.tokens) == 8 and inp.notes
-
-
-def test_variable_period_induction_data_defeats_the_fixed_offset_shortcut():
-    """data.induction_min_period (added for the induction demo): each row repeats with its own
-    period, so no fixed-offset head can predict the second copy; default rows are unchanged."""
-    from minigpt.data import prepare_dataset
-
-    def batch(**data):
-        cfg = from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256},
-                         "data": {"source": "induction", "induction_vocab": 20, **data}})
-        ds = prepare_dataset(cfg, bytes_tokenizer())
-        return ds.get_batch("train", ds.sample_offsets("train", 16, torch.Generator()
-                                                       .manual_seed(0)))
-
-    x0, _ = batch()
-    assert torch.equal(x0[:, :16], x0[:, 16:])
-    x, y = batch(induction_min_period=4)
-    assert torch.equal(x[:, 1:], y[:, :-1])
-    periods = set()
-    for row in x.tolist():
-        p = next(p for p in range(4, 17) if row[p:] == row[:-p])
-        periods.add(p)
-    assert len(periods) > 3
-    assert torch.equal(x, batch(induction_min_period=4)[0])  # a function of the offsets
-    with pytest.raises(MinigptError, match="data.induction_min_period: 17 exceeds"):
-        from_dict({"model": {"block_size": 32}, "data": {"induction_min_period": 17}})
