@@ -21,13 +21,7 @@ from minigpt.tokenizer import bytes_tokenizer
 BLOCK = 16
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models decode fastest on one thread (and the CLI sets one): restore afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make_run(run_dir: Path, pos_encoding: str = "rope", weights_cfg: dict | None = None) -> Path:

@@ -28,13 +28,7 @@ from minigpt.sample import (
 POS_ENCODINGS = ("rope", "learned", "sinusoidal", "none")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models decode fastest on one thread (and the CLI sets one): restore afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_gpt(pos_encoding: str = "rope", block_size: int = 16, vocab_size: int = 64,
