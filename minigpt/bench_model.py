@@ -19,6 +19,7 @@ import torch
 from minigpt.bench_timing import BenchEvent, OnEvent, Timing, synchronize, time_fn
 from minigpt.config import ModelConfig
 from minigpt.model import GPT, flops_per_token
+from minigpt.sample import make_decode_step
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks, TFLOP/s, from vendor datasheets. Order
 # matters: the first pattern that matches the device name wins. GeForce figures are NVIDIA's
@@ -214,23 +215,27 @@ class SampleRow:
 
 def _generate(model: GPT, prompt: torch.Tensor, n: int, use_cache: bool,
               device: torch.device, dtype: torch.dtype) -> tuple[float, float, list[int]]:
-    """Greedy-generate n tokens: (seconds to first token, seconds for the other n-1, tokens)."""
+    """Greedy-generate n tokens: (seconds to first token, seconds for the other n-1, tokens).
+    With the cache in fp32, decode steps go through `DecodeStep`, as `minigpt sample` does."""
+    step = make_decode_step(model) if use_cache and dtype == torch.float32 else None
     with torch.inference_mode(), autocast(device, dtype):
         synchronize(device)
         t0 = time.perf_counter()
         cache = model.new_kv_cache(1, prompt.shape[1] + n) if use_cache else None
         logits, _ = model(prompt, kv_cache=cache)  # prefill: (1, P, V)
-        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        nxt = logits[0, -1].argmax().view(1, 1)  # (1, 1)
         synchronize(device)
         t1 = time.perf_counter()
         out, ctx = [nxt], prompt
         for _ in range(n - 1):
-            if use_cache:
-                logits, _ = model(nxt, kv_cache=cache)  # one new position: (1, 1, V)
+            if step is not None:
+                last = step(nxt, cache)  # one new position: (V,)
+            elif use_cache:
+                last = model(nxt, kv_cache=cache)[0][0, -1]  # (1, 1, V) -> (V,)
             else:
-                ctx = torch.cat([ctx, nxt], dim=1)  # recompute the whole context: (1, P+i, V)
-                logits, _ = model(ctx)
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
+                ctx = torch.cat([ctx, nxt], dim=1)  # recompute the whole context: (1, P+i)
+                last = model(ctx)[0][0, -1]
+            nxt = last.argmax().view(1, 1)
             out.append(nxt)
         synchronize(device)
         t2 = time.perf_counter()
