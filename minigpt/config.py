@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +35,13 @@ class ConfigError(MinigptError):
 
 # --------------------------------------------------------------------------------------------
 # Where bundled files live. The project root holds configs/ and data/ next to the package; an
-# editable install (`pip install -e .`) keeps `minigpt/` inside that root, so both are found
-# from any working directory.
+# editable install (`pip install -e .`) keeps `minigpt/` inside that root. A wheel install
+# puts copies under <prefix>/share/minigpt-lab/ (pyproject's data-files). Either way both are
+# found from any working directory.
 PACKAGE_DIR = Path(__file__).resolve().parent
-PROJECT_ROOT = PACKAGE_DIR.parent
+_SHARE_DIR = Path(sys.prefix) / "share" / "minigpt-lab"
+PROJECT_ROOT = (PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "configs").is_dir()
+                or not (_SHARE_DIR / "configs").is_dir() else _SHARE_DIR)
 CONFIGS_DIR = PROJECT_ROOT / "configs"
 DATA_DIR = PROJECT_ROOT / "data"
 

@@ -219,3 +219,29 @@ def test_parse_yaml_never_crashes(text):
         parse_yaml(text)
     except ConfigError as e:
         assert "\n" not in str(e)
+
+
+@pytest.mark.slow
+def test_wheel_ships_every_bundled_config_and_the_corpus(tmp_path):
+    """A non-editable install finds configs/ and data/ under <prefix>/share/minigpt-lab/: the
+    wheel must carry every configs/*.yaml and the bundled corpus there."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from minigpt.config import CONFIGS_DIR, PROJECT_ROOT
+
+    if not (PROJECT_ROOT / "pyproject.toml").is_file():
+        pytest.skip("not a source checkout: no pyproject.toml to build from")
+    import importlib.util
+
+    # reuse the installed setuptools when there is one (fast, offline); else pip fetches it
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
+                    "-w", str(tmp_path), str(PROJECT_ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shared = {n.split("/data/share/minigpt-lab/", 1)[1] for n in names
+              if "/data/share/minigpt-lab/" in n}  # <dist>-<version>.data/data/share/...
+    assert {f"configs/{c.name}" for c in CONFIGS_DIR.glob("*.yaml")} <= shared
+    assert "data/tinyshakespeare.txt" in shared
