@@ -215,14 +215,21 @@ def test_run_dir_with_only_a_stale_lock_can_be_started(tmp_path, corpus):
     assert r.exit_code == 0, r.stderr
 
 
+def _spawn_trainer(run: Path, corpus, tmp_path: Path, every: int) -> subprocess.Popen:
+    """A real `minigpt train` that checkpoints every `every` steps and runs until stopped;
+    its stderr is a pipe (kill_trials._read_until reads it)."""
+    env = {**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")}
+    return subprocess.Popen([sys.executable, "-m", "minigpt", "train", "--out", str(run),
+                             *sets(corpus, tmp_path, max_steps=100000, every=every)], env=env,
+                            cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True)
+
+
 @pytest.mark.slow
 def test_two_real_trainers_on_one_run_dir(tmp_path, corpus):
     run = tmp_path / "run"
     env = {**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")}
-    a = subprocess.Popen([sys.executable, "-m", "minigpt", "train", "--out", str(run),
-                          *sets(corpus, tmp_path, max_steps=100000, every=5)], env=env,
-                         cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         text=True)
+    a = _spawn_trainer(run, corpus, tmp_path, every=5)
     try:
         found, seen = kt._read_until(a, r"^checkpoint step 5:", 300)
         assert found, "".join(seen)
@@ -253,11 +260,7 @@ def test_two_real_trainers_on_one_run_dir(tmp_path, corpus):
 @pytest.mark.slow
 def test_double_sigint_exits_130_and_keeps_a_loadable_run(tmp_path, corpus):
     run = tmp_path / "run"
-    env = {**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")}
-    p = subprocess.Popen([sys.executable, "-m", "minigpt", "train", "--out", str(run),
-                          *sets(corpus, tmp_path, max_steps=100000, every=3)], env=env,
-                         cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         text=True)
+    p = _spawn_trainer(run, corpus, tmp_path, every=3)
     try:
         found, seen = kt._read_until(p, r"^checkpoint step 6:", 300)
         assert found, "".join(seen)
