@@ -129,6 +129,9 @@ class DataConfig:
         "segment pairs (s, s), segment lengths from [this, induction_max_period]", min=0)
     induction_max_period: int = f(
         0, "induction source: longest segment of a pair; 0 = block_size//2", min=0)
+    induction_distinct: bool = f(
+        False, "induction source: draw a row's new ids without replacement, so every repeated "
+        "id in a row belongs to a copy (as in the induction probe)")
 
 
 @dataclass
@@ -361,6 +364,12 @@ def _validate_cross(cfg: Config) -> None:
             f"data.induction_min_period: {d.induction_min_period} exceeds the longest segment "
             f"({d.induction_max_period or half}: data.induction_max_period, or "
             f"model.block_size//2 when that is 0); lower it or use 0")
+    fresh = (m.block_size + 4) // 2  # most new ids a row needs: its segments and a short tail
+    if d.induction_distinct and d.induction_vocab < fresh:
+        raise ConfigError(
+            f"data.induction_distinct: a row of model.block_size={m.block_size} needs up to "
+            f"{fresh} distinct ids but data.induction_vocab is {d.induction_vocab}; raise "
+            "data.induction_vocab or set data.induction_distinct to false")
     if cfg.data.source == "induction" and cfg.data.induction_vocab > cfg.tokenizer.vocab_size:
         raise ConfigError(
             f"data.induction_vocab: {cfg.data.induction_vocab} exceeds tokenizer.vocab_size="

@@ -277,6 +277,61 @@ def test_induction_pairs_layout_defeats_fixed_offset_heads():
     assert torch.equal(x0[:, :32], x0[:, 32:])
 
 
+@pytest.mark.parametrize("block, min_period", [(32, 4), (33, 4), (32, 0), (9, 2)])
+def test_induction_distinct_rows_repeat_only_inside_copies(block, min_period):
+    """induction_distinct: the new ids of a row never repeat, so every repeated id is part of a
+    copy: pairs rows parse into the same pairs, and each id occurs once per segment + copy."""
+    def rows(distinct: bool) -> list[list[int]]:
+        cfg = from_dict({"model": {"block_size": block}, "tokenizer": {"vocab_size": 256},
+                         "data": {"source": "induction", "induction_vocab": 20,
+                                  "induction_min_period": min_period,
+                                  "induction_distinct": distinct}})
+        ds = prepare_dataset(cfg, bytes_tokenizer())
+        x, y = ds.get_batch("train", ds.sample_offsets("train", 200, torch.Generator()
+                                                       .manual_seed(3)))
+        assert torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < 20
+        return torch.cat([x, y[:, -1:]], 1).tolist()
+
+    distinct, iid = rows(True), rows(False)
+    half = block // 2
+    for r in distinct:
+        if min_period:
+            lengths = _pair_lengths(r, min_period, half)
+            new = [r[p] for p in _new_positions(lengths, len(r))]
+            assert sum(2 * n for n in lengths) >= len(r) - 3
+        else:
+            assert r[half:2 * half] == r[:half]
+            new = r[:half]
+        assert len(set(new)) == len(new) == len(set(r))  # new ids all differ; nothing else new
+    # without it, ids repeat by chance outside the copies in most rows (20 ids, >= 10 draws)
+    chance = 0
+    for r in iid:
+        lengths = _pair_lengths(r, min_period, half) if min_period else [half]
+        new = [r[p] for p in _new_positions(lengths, len(r))] if min_period else r[:half]
+        chance += len(set(new)) < len(new)
+    assert chance > len(iid) // 2
+
+
+def _new_positions(lengths: list[int], row_len: int) -> list[int]:
+    """Positions holding new ids in a pairs row: each segment's first copy, then the tail."""
+    out, pos = [], 0
+    for n in lengths:
+        out += range(pos, pos + n)
+        pos += 2 * n
+    return out + list(range(pos, row_len))
+
+
+def test_induction_distinct_needs_enough_ids():
+    with pytest.raises(MinigptError, match=re.escape(
+            "data.induction_distinct: a row of model.block_size=32 needs up to 18 distinct ids "
+            "but data.induction_vocab is 17")):
+        from_dict({"model": {"block_size": 32}, "data": {
+            "source": "induction", "induction_vocab": 17, "induction_distinct": True}})
+    from_dict({"model": {"block_size": 32}, "data": {  # 18 is enough, and unused when off
+        "source": "induction", "induction_vocab": 18, "induction_distinct": True}})
+    from_dict({"model": {"block_size": 32}, "data": {"source": "induction", "induction_vocab": 2}})
+
+
 @pytest.mark.parametrize("data, msg", [
     ({"induction_min_period": 17}, "data.induction_min_period: 17 exceeds the longest segment"),
     ({"induction_min_period": 9, "induction_max_period": 8},
