@@ -303,7 +303,7 @@ def test_induction_distinct_rows_repeat_only_inside_copies(block, min_period):
             assert r[half:2 * half] == r[:half]
             new = r[:half]
         assert len(set(new)) == len(new) == len(set(r))  # new ids all differ; nothing else new
-    # without it, ids repeat by chance outside the copies in most rows (20 ids, >= 10 draws)
+    # without it, ids repeat by chance outside the copies in most rows (20 ids, 6-18 draws)
     chance = 0
     for r in iid:
         lengths = _pair_lengths(r, min_period, half) if min_period else [half]
