@@ -143,7 +143,7 @@ class Dataset:
         rows = torch.empty(len(offsets), T1, dtype=torch.long)
         for i, seed in enumerate(offsets.tolist()):
             g.manual_seed(int(seed) * 2 + salt)
-            # New ids: i.i.d. draws, or (distinct) a permutation's prefix, so no id repeats by chance.
+            # New ids: i.i.d. draws, or (distinct) a permutation's prefix: no id repeats by chance.
             fresh = (torch.randperm(self.induction_vocab, generator=g) if self.induction_distinct
                      else torch.randint(self.induction_vocab, (T1,), generator=g))
             if not lo:  # [r, r]: one block of `half` ids repeated
