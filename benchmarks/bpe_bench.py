@@ -105,7 +105,7 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.corpus, args.vocab_size, args.cache)))
         return
 
-    from minigpt.config import DATA_DIR
+    from minigpt.paths import DATA_DIR
 
     bundled = DATA_DIR / "tinyshakespeare.txt"
     print(f"cpus: {os.cpu_count()}  vocab_size: {args.vocab_size}  (shared machine: noisy)")

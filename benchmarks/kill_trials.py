@@ -36,8 +36,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from minigpt.checkpoint import CKPT_DIR, LATEST, latest_checkpoint_dir, load_run
 from minigpt.cli import app
+from minigpt.run.checkpoint import latest_checkpoint_dir
+from minigpt.run.layout import CKPT_DIR, LATEST
+from minigpt.run.load import load_run
 
 CKPT_EVERY = 3
 MAX_STEPS = 300

@@ -78,7 +78,7 @@ def bench_shapes(args) -> None:
 
 
 def bench_startup(args) -> None:
-    from minigpt.checkpoint import save_checkpoint
+    from minigpt.run.checkpoint import save_checkpoint
     from minigpt.tokenizer import bytes_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:

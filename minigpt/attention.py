@@ -16,19 +16,45 @@ Dimensions (2i, 2i+1) of each head form one plane, rotated by the angle `m * the
 `theta_i = rope_base^(-2i/head_dim)` and m the absolute position:
     q'_{2i}   = q_{2i} cos(m theta_i) - q_{2i+1} sin(m theta_i)
     q'_{2i+1} = q_{2i} sin(m theta_i) + q_{2i+1} cos(m theta_i)
-(Not GPT-NeoX/Llama's rotate-half, which pairs i with i + head_dim/2: weights are not
-interchangeable between the two conventions.)
+(Not GPT-NeoX/Llama's rotate-half, which pairs i with i + head_dim/2 and rotates it by the same
+theta_i: weights are not interchangeable as they are. Permuting the query and key rows of each
+head with `rope_interleaved_to_halves` makes them so: q . k is unchanged when both are permuted
+alike, and each pair is rotated by the same angle in its new place.)
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 IMPLS = ("sdpa", "explicit")
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    """How a forward pass computes attention, passed as one value from the model to every layer
+    (never by changing the config): `impl` sdpa (fused kernel) or explicit (softmax written out);
+    `scale` None = 1/sqrt(head_dim); `return_probs` returns the (B, H, Tq, Tk) probabilities
+    (explicit only); `causal` False lifts the mask (the permutation demonstration only: models
+    are trained causal)."""
+
+    impl: str = "sdpa"
+    scale: float | None = None
+    return_probs: bool = False
+    causal: bool = True
+
+    def __post_init__(self) -> None:
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.return_probs and self.impl != "explicit":
+            raise ValueError("attention probabilities need impl='explicit'")
+
+
+INSPECT = AttnSpec("explicit", return_probs=True)  # what inspect-heads runs
 
 
 def causal_mask(t_q: int, t_k: int, past_length: int, device=None) -> Tensor:
@@ -82,21 +108,23 @@ def rope_tables(n_pos: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor | None = None) -> Tensor:
     """Rotate interleaved pairs (2i, 2i+1) of the last dim by the angles whose cos/sin are given.
 
     x (..., D); cos/sin broadcast against (..., D/2), e.g. x (B, T, H, D) with (T, 1, D/2).
     Eager mode treats pair (x_2i, x_2i+1) as the complex number x_2i + i x_2i+1 and multiplies
     it by cos + i sin: one fused op, ~3x faster on CPU (fwd+bwd) than the real arithmetic of
     `apply_rope_real`, which torch.compile gets (inductor handles complex poorly). Half/bf16
-    inputs are rotated in float32 (there is no complex bf16) and cast back."""
+    inputs are rotated in float32 (there is no complex bf16) and cast back. `rot`, if given, is
+    the precomputed `cos + i sin` (Rotary keeps it, so decoding builds no complex per layer)."""
     if torch.compiler.is_compiling():
         return apply_rope_real(x, cos, sin)
     xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    rot = torch.complex(cos.to(xf.dtype), sin.to(xf.dtype))  # (..., D/2) e^{i m theta_i}
+    if rot is None:
+        rot = torch.complex(cos.to(xf.dtype), sin.to(xf.dtype))  # (..., D/2) e^{i m theta_i}
     pairs = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))  # (..., D) -> (..., D/2) complex
     out = torch.view_as_real(pairs * rot).flatten(-2)  # (..., D/2) complex -> (..., D)
-    return out.to(x.dtype)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def apply_rope_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -106,6 +134,14 @@ def apply_rope_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # (..., D/2, 2)
     return rotated.flatten(-2)  # (..., D)
+
+
+def rope_interleaved_to_halves(head_dim: int) -> Tensor:
+    """Indices p with `x[..., p]` = x in the rotate-half layout: interleaved pair (2i, 2i+1)
+    moves to (i, i + head_dim/2), i.e. p = [0, 2, 4, ..., 1, 3, 5, ...]. Applied to the rows of
+    W_Q and W_K of each head (and their biases), a minigpt RoPE model becomes a GPT-NeoX one;
+    `argsort(p)` goes back. Proven by the logits parity test in tests/test_hf.py."""
+    return torch.arange(head_dim).view(head_dim // 2, 2).t().reshape(-1)
 
 
 def sinusoidal_table(n_pos: int, n_embd: int, base: float = 10000.0) -> Tensor:
@@ -125,17 +161,25 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, block_size: int, base: float) -> None:
         super().__init__()
         self.head_dim, self.base = head_dim, base
-        cos, sin = rope_tables(block_size, head_dim, base)
-        self.register_buffer("cos", cos, persistent=False)  # (P, D/2)
-        self.register_buffer("sin", sin, persistent=False)
+        self._fill(block_size, None)
 
-    def tables(self, start: int, length: int) -> tuple[Tensor, Tensor]:
-        """cos, sin for positions [start, start + length), shaped (T, 1, D/2) to broadcast."""
+    def _fill(self, n_pos: int, device) -> None:
+        cos, sin = rope_tables(n_pos, head_dim=self.head_dim, base=self.base)
+        self.register_buffer("cos", cos.to(device), persistent=False)  # (P, D/2)
+        self.register_buffer("sin", sin.to(device), persistent=False)
+        self._rot: Tensor | None = None  # cos + i sin; not a buffer: Module.to(dtype) would cast it
+
+    def tables(self, start: int, length: int) -> tuple[Tensor, Tensor, Tensor]:
+        """cos, sin and cos + i sin for positions [start, start + length), each shaped
+        (T, 1, 1, D/2) to broadcast against q|k stacked as (B, T, 2, H, D/2)."""
         end = start + length
         if end > self.cos.shape[0]:  # past block_size during generation: grow (doubling)
-            cos, sin = rope_tables(max(end, 2 * self.cos.shape[0]), self.head_dim, self.base)
-            self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
-        return self.cos[start:end, None, :], self.sin[start:end, None, :]
+            self._fill(max(end, 2 * self.cos.shape[0]), self.cos.device)
+        rot = self._rot
+        if rot is None or rot.shape[0] != self.cos.shape[0] or rot.device != self.cos.device:
+            rot = self._rot = torch.complex(self.cos.float(), self.sin.float())  # (P, D/2)
+        return (self.cos[start:end, None, None], self.sin[start:end, None, None],
+                rot[start:end, None, None])
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,10 +227,11 @@ class KVCache:
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new k, v (B, H, T, D) at [length, length+T) of `layer`; return the filled
         prefix views (B, H, length+T, D). `length` advances only through `advance()`."""
-        end = self.length + k.shape[2]
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        start, n = self.length, k.shape[2]
+        kb, vb = self.k[layer], self.v[layer]
+        kb.narrow(2, start, n).copy_(k)  # narrow + copy_: cheaper than slice assignment
+        vb.narrow(2, start, n).copy_(v)
+        return kb.narrow(2, 0, start + n), vb.narrow(2, 0, start + n)
 
     def advance(self, n: int) -> None:
         self.length += n

@@ -1,8 +1,9 @@
 """Configuration: one dataclass per section, loaded from strict YAML, overridden by `--set`.
 
 One name per setting everywhere: dataclass field = YAML key = `--set section.key` path.
-Every field carries a default and a one-line `help`; `choices` / `min` / `max` metadata drive
-validation, so adding a field never means adding a validation branch elsewhere.
+Every field carries its default, one-line help and bounds on one line (`f(...)`, see
+fields.py, which also does the typing and checking); constraints between fields are in
+`_validate_cross`.
 
 This module imports neither torch nor anything else heavy: the CLI can validate a config and
 print it before any model code loads.
@@ -11,65 +12,22 @@ print it before any model code loads.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
-import math
-import re
-import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from minigpt.errors import ArgumentError, ConfigError, MinigptError
+from minigpt.fields import build_section, describe, f, parse_value, unknown
+from minigpt.files import parse_yaml, read_text
+from minigpt.paths import CONFIGS_DIR, resolve_path
 
-class MinigptError(Exception):
-    """A user-facing error: the CLI prints `str(err)` as one line and exits with code 2."""
-
-
-class ConfigError(MinigptError):
-    """A configuration file or `--set` override is invalid."""
-
-
-# --------------------------------------------------------------------------------------------
-# Where bundled files live. The project root holds configs/ and data/ next to the package; an
-# editable install (`pip install -e .`) keeps `minigpt/` inside that root. A wheel install
-# puts copies under <prefix>/share/minigpt-lab/ (pyproject's data-files). Either way both are
-# found from any working directory.
-PACKAGE_DIR = Path(__file__).resolve().parent
-_SHARE_DIR = Path(sys.prefix) / "share" / "minigpt-lab"
-PROJECT_ROOT = (PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "configs").is_dir()
-                or not (_SHARE_DIR / "configs").is_dir() else _SHARE_DIR)
-CONFIGS_DIR = PROJECT_ROOT / "configs"
-DATA_DIR = PROJECT_ROOT / "data"
-
-
-def resolve_path(value: str | Path) -> Path:
-    """Resolve a user path (file, directory or glob): relative to the working directory when
-    that matches something, else relative to the project root, so the bundled
-    `data/tinyshakespeare.txt` and `configs/*.yaml` are found from any directory. When neither
-    matches, the working-directory path is returned so errors name what the user typed."""
-    p = Path(value).expanduser()
-    if p.is_absolute():
-        return p
-    for base in (Path.cwd(), PROJECT_ROOT):
-        candidate = base / p
-        if candidate.exists() or (_is_glob(str(p)) and any(base.glob(str(p)))):
-            return candidate
-    return Path.cwd() / p
-
-
-def _is_glob(s: str) -> bool:
-    return any(ch in s for ch in "*?[")
-
-
-def f(default: Any, help: str, **meta: Any) -> Any:
-    """A dataclass field with a default, a one-line meaning and validation metadata."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **meta})
-    return field(default=default, metadata={"help": help, **meta})
+__all__ = ["Config", "ConfigError", "DataConfig", "MinigptError", "ModelConfig", "RunConfig",
+           "TokenizerConfig", "TrainConfig", "apply_overrides", "describe_fields", "from_dict",
+           "load_config", "model_hash", "parse_override", "parse_yaml", "to_dict", "to_yaml"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,6 +47,10 @@ class ModelConfig:
     )
     rope_base: float = f(10000.0, "RoPE base: theta_i = rope_base^(-2i/head_dim)", min_exclusive=1.0)
     norm: str = f("layernorm", "normalisation in each block", choices=("layernorm", "rmsnorm"))
+    norm_eps: float = f(1e-5, "epsilon added to the variance in every norm", min_exclusive=0.0,
+                        max=1.0)
+    activation: str = f("gelu", "MLP nonlinearity: gelu (exact, erf) or gelu_tanh (GPT-2's tanh "
+                        "approximation, gelu_new)", choices=("gelu", "gelu_tanh"))
     mlp: bool = f(True, "include the MLP in each block; false = attention-only model")
     dropout: float = f(0.0, "dropout probability in [0, 1)", min=0.0, max_exclusive=1.0)
     bias: bool = f(False, "bias terms in linear layers and LayerNorm")
@@ -156,6 +118,8 @@ class TrainConfig:
     precision: str = f("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere",
                        choices=("auto", "fp32", "bf16"))
     compile: str = f("auto", "torch.compile: auto = on for CUDA only", choices=("auto", "true", "false"))
+    keep_checkpoints: int = f(1, "committed checkpoints kept, newest first; older ones are deleted after each save", min=1)
+    head_scores_interval: str = f("eval", "score every head on the built-in probes every N steps (metrics.jsonl, heads.png); eval = at each evaluation, off = never")
 
 
 @dataclass
@@ -177,157 +141,6 @@ class Config:
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "tokenizer": TokenizerConfig, "data": DataConfig,
             "train": TrainConfig, "run": RunConfig}
-
-
-# --------------------------------------------------------------------------------------------
-# Strict YAML: YAML 1.2-style scalars (no `yes`/`on` booleans, no octal `0123`, `1e-3` is a
-# float) and duplicate keys rejected, because PyYAML's YAML 1.1 defaults silently do otherwise.
-
-
-class _StrictLoader(yaml.SafeLoader):
-    pass
-
-
-_StrictLoader.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag not in (
-        "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9][0-9_]*$"), list("-+0123456789"))
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+"
-               r"|[-+]?[0-9][0-9_]*\.[0-9_]*"
-               r"|[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise ConfigError(
-                f"duplicate key {key!r} at line {key_node.start_mark.line + 1}: "
-                "each key may appear once; delete one of them")
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-# Decimal integers only: PyYAML would read `0123` as octal 83.
-_StrictLoader.add_constructor(
-    "tag:yaml.org,2002:int",
-    lambda loader, node: int(loader.construct_scalar(node).replace("_", ""), 10))
-
-
-def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parse YAML text strictly; errors become one-line ConfigErrors naming `source` and line."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        problem = " ".join((e.problem or e.context or "invalid YAML").split())
-        raise ConfigError(f"{source}: invalid YAML at {where}: {problem}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: invalid YAML: {str(e).splitlines()[0]}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
-
-
-# --------------------------------------------------------------------------------------------
-# Coercion by field type and validation by metadata.
-
-
-def _field_type(cls: type, name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
-
-
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is list:
-        return "a list of strings"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
-
-
-def coerce(value: Any, tp: Any, where: str) -> Any:
-    """Coerce a YAML value to the field type `tp`, or raise a ConfigError naming `where`."""
-    bad = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
-    if typing.get_origin(tp) is list:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and
-                                                  not isinstance(v, bool) for v in value):
-            raise bad
-        return [str(v) for v in value]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            return int(value)
-        raise bad
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad from None
-        if isinstance(value, (int, float)):
-            value = float(value)
-            if not math.isfinite(value):
-                raise ConfigError(f"{where}: must be a finite number, got {value}")
-            return value
-        raise bad
-    if tp is str:
-        if isinstance(value, bool):  # `compile: true` -> "true"
-            return "true" if value else "false"
-        if value is None:
-            return ""
-        if isinstance(value, (int, float)):
-            return str(value)
-        if isinstance(value, str):
-            return value
-        raise bad
-    raise bad
-
-
-def _check_meta(value: Any, meta: dict, where: str) -> None:
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        hint = difflib.get_close_matches(str(value), choices, n=1)
-        dym = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}{dym}")
-    if "min" in meta and value < meta["min"]:
-        raise ConfigError(f"{where}: must be >= {meta['min']}, got {value}")
-    if "min_exclusive" in meta and value <= meta["min_exclusive"]:
-        raise ConfigError(f"{where}: must be > {meta['min_exclusive']}, got {value}")
-    if "max_exclusive" in meta and value >= meta["max_exclusive"]:
-        raise ConfigError(f"{where}: must be < {meta['max_exclusive']}, got {value}")
-    if "max" in meta and value > meta["max"]:
-        raise ConfigError(f"{where}: must be <= {meta['max']}, got {value}")
-
-
-def _unknown(name: str, known: list[str], what: str) -> ConfigError:
-    """`what` reads like "key in section 'model'" or "section"."""
-    hint = difflib.get_close_matches(name, known, n=1)
-    dym = f"did you mean '{hint[0]}'? " if hint else ""
-    kind, _, rest = what.partition(" ")
-    rest = f" {rest}" if rest else ""
-    return ConfigError(f"unknown {kind} {name!r}{rest}: {dym}valid: {', '.join(known)}")
 
 
 def _validate_cross(cfg: Config) -> None:
@@ -370,10 +183,38 @@ def _validate_cross(cfg: Config) -> None:
             f"data.induction_distinct: a row of model.block_size={m.block_size} needs up to "
             f"{fresh} distinct ids but data.induction_vocab is {d.induction_vocab}; raise "
             "data.induction_vocab or set data.induction_distinct to false")
-    if cfg.data.source == "induction" and cfg.data.induction_vocab > cfg.tokenizer.vocab_size:
+    head_scores_every(t)  # 'eval', 'off' or a positive integer
+    if t.head_scores_interval != "off" and m.block_size < MIN_PROBE_TOKENS:
         raise ConfigError(
-            f"data.induction_vocab: {cfg.data.induction_vocab} exceeds tokenizer.vocab_size="
-            f"{cfg.tokenizer.vocab_size}; induction tokens must be tokenizer ids")
+            f"train.head_scores_interval: the head-score probes need model.block_size >= "
+            f"{MIN_PROBE_TOKENS}, got {m.block_size}; set train.head_scores_interval: off")
+    tc = cfg.tokenizer
+    if d.source == "induction" and not tc.encoding:  # (a named encoding is checked in data.py)
+        if tc.vocab_size != 256:
+            raise ConfigError(
+                f"tokenizer.vocab_size: {tc.vocab_size} would train a BPE on the corpus, but "
+                "data.source is induction (synthetic ids); set tokenizer.vocab_size: 256")
+        if d.induction_vocab > tc.vocab_size:
+            raise ConfigError(
+                f"data.induction_vocab: {d.induction_vocab} exceeds tokenizer.vocab_size="
+                f"{tc.vocab_size}; induction tokens must be tokenizer ids")
+
+
+MIN_PROBE_TOKENS = 4  # the shortest induction probe: two tokens, repeated
+
+
+def head_scores_every(t: TrainConfig) -> int:
+    """Steps between head-score measurements during training: `train.head_scores_interval`
+    as a number (0 = never; 'eval' = train.eval_interval). ConfigError for anything else."""
+    v = t.head_scores_interval.strip().lower()
+    if v == "off":
+        return 0
+    if v == "eval":
+        return t.eval_interval
+    if not v.isdigit() or int(v) < 1:
+        raise ConfigError(f"train.head_scores_interval: {t.head_scores_interval!r} is not a "
+                          "positive number of steps, 'eval' or 'off'")
+    return int(v)
 
 
 def from_dict(raw: Any, source: str = "<config>") -> Config:
@@ -387,33 +228,19 @@ def from_dict(raw: Any, source: str = "<config>") -> Config:
     sections = {}
     for name, body in raw.items():
         if not isinstance(name, str) or name not in SECTIONS:
-            raise ConfigError(f"{source}: " + str(_unknown(str(name), list(SECTIONS), "section")))
+            raise ConfigError(f"{source}: " + str(unknown(str(name), list(SECTIONS), "section")))
         if body is None:
             body = {}
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: section '{name}' must be a mapping of keys, "
                               f"got {type(body).__name__}")
-        sections[name] = _build_section(SECTIONS[name], name, body, source)
+        sections[name] = build_section(SECTIONS[name], name, body, source)
     cfg = Config(**sections)
     try:
         _validate_cross(cfg)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return cfg
-
-
-def _build_section(cls: type, section: str, body: dict, source: str) -> Any:
-    fields = {fl.name: fl for fl in dataclasses.fields(cls)}
-    values = {}
-    for key, value in body.items():
-        if not isinstance(key, str) or key not in fields:
-            err = _unknown(str(key), list(fields), f"key in section '{section}'")
-            raise ConfigError(f"{source}: {err}")
-        where = f"{source}: {section}.{key}"
-        value = coerce(value, _field_type(cls, key), where)
-        _check_meta(value, fields[key].metadata, where)
-        values[key] = value
-    return cls(**values)
 
 
 def to_dict(cfg: Config) -> dict:
@@ -424,9 +251,19 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
+# Model fields added after 0.1 enter the hash only when set away from their default: weights
+# saved before a field existed carry a hash without it, and must still load.
+_HASHED_IF_CHANGED = ("norm_eps", "activation")
+
+
 def model_hash(model_cfg: ModelConfig) -> str:
     """A short hash of the model's shape settings (stored with weights to catch mismatches)."""
-    blob = json.dumps(dataclasses.asdict(model_cfg), sort_keys=True).encode()
+    values = dataclasses.asdict(model_cfg)
+    defaults = {fl.name: fl.default for fl in dataclasses.fields(ModelConfig)}
+    for name in _HASHED_IF_CHANGED:
+        if values[name] == defaults[name]:
+            del values[name]
+    blob = json.dumps(values, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -444,25 +281,12 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         raise ConfigError(f"--set {text!r}: the key must be section.key, e.g. train.max_steps")
     section, key = path.split(".")
     if section not in SECTIONS:
-        raise ConfigError(f"--set {text!r}: " + str(_unknown(section, list(SECTIONS), "section")))
-    cls = SECTIONS[section]
-    names = [fl.name for fl in dataclasses.fields(cls)]
+        raise ConfigError(f"--set {text!r}: " + str(unknown(section, list(SECTIONS), "section")))
+    names = [fl.name for fl in dataclasses.fields(SECTIONS[section])]
     if key not in names:
         raise ConfigError(f"--set {text!r}: "
-                          + str(_unknown(key, names, f"key in section '{section}'")))
-    tp = _field_type(cls, key)
-    if tp is str:
-        value: Any = raw
-    elif typing.get_origin(tp) is list:
-        value = [] if raw.strip() == "" else [v.strip() for v in raw.split(",")]
-    else:
-        value = parse_yaml(raw, f"--set {path}") if raw.strip() else None
-        if tp is bool and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
-            value = value.lower() in ("yes", "on")
-    meta = {fl.name: fl.metadata for fl in dataclasses.fields(cls)}[key]
-    value = coerce(value, tp, f"--set {path}")
-    _check_meta(value, meta, f"--set {path}")
-    return section, key, value
+                          + str(unknown(key, names, f"key in section '{section}'")))
+    return section, key, parse_value(SECTIONS[section], key, raw, f"--set {path}")
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -500,16 +324,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     The run name defaults to the config file's stem. Raises ConfigError (one line)."""
     p = find_config(str(path) if path is not None else None)
     try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not a UTF-8 text file (invalid byte at offset {e.start}); "
-                          "a config must be YAML text") from None
-    if "\x00" in text:
-        raise ConfigError(f"{p}: contains NUL bytes; a config must be YAML text")
+        text = read_text(p, "config")
+    except ArgumentError as e:
+        problem = e.problem.split(";")[0].replace("not UTF-8 text", "not a UTF-8 text file")
+        raise ConfigError(f"{p}: {problem}; a config must be YAML text") from None
     raw = parse_yaml(text, str(p))
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"{p}: a config must be a mapping of sections "
@@ -523,12 +341,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def describe_fields() -> list[tuple[str, str, Any, str]]:
     """(path, type, default, help) for every setting: the source of the README's reference."""
-    rows = []
-    for section, cls in SECTIONS.items():
-        hints = typing.get_type_hints(cls)
-        for fl in dataclasses.fields(cls):
-            default = fl.default if fl.default is not dataclasses.MISSING else fl.default_factory()
-            tp = hints[fl.name]
-            tname = "list" if typing.get_origin(tp) is list else tp.__name__
-            rows.append((f"{section}.{fl.name}", tname, default, fl.metadata["help"]))
-    return rows
+    return describe(SECTIONS)

@@ -1,4 +1,4 @@
-"""Corpus files on disk: find them, fingerprint them, stream them as text pieces; durable writes.
+"""Corpus files on disk: find them, fingerprint them, stream them as text pieces.
 
 Shared by the tokenizer (BPE training) and the data pipeline (tokenization), so it sits between
 them in the import order: config -> corpus -> tokenizer -> data.
@@ -14,12 +14,12 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from minigpt.config import MinigptError, _is_glob, resolve_path
+from minigpt.errors import MinigptError, WriteError
+from minigpt.paths import is_glob, resolve_path
 
 CHUNK_BYTES = 1 << 20  # read size; pieces are about this long
 _WS = b" \t\r\n\x0b\x0c"
@@ -34,7 +34,7 @@ def list_corpus(spec: str) -> list[Path]:
     if not spec.strip():
         raise MinigptError("data.corpus is empty: give a .txt file, a directory of .txt files "
                            "or a glob (the bundled corpus is data/tinyshakespeare.txt)")
-    if _is_glob(spec):
+    if is_glob(spec):
         pattern = resolve_path(spec)
         matches = sorted(Path(m) for m in glob.glob(str(pattern), recursive=True))
         files = [m for m in matches if not m.is_dir()]
@@ -153,65 +153,14 @@ def empty_corpus_error(spec: str, files: list[Path]) -> MinigptError:
                         "with some content")
 
 
-def cache_root(cache_dir: str) -> Path:
-    """`data.cache_dir`, else $MINIGPT_CACHE, else ~/.cache/minigpt."""
-    if cache_dir:
-        return Path(cache_dir).expanduser().absolute()
-    env = os.environ.get("MINIGPT_CACHE")
-    if env:
-        return Path(env).expanduser().absolute()
-    return Path.home() / ".cache" / "minigpt"
-
-
-# --------------------------------------------------------------------------------------------
-# Durable writes: temp file in the same directory, flush + fsync, os.replace, fsync the dir.
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # e.g. Windows: directories cannot be opened
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_file(path: Path):
-    """Open a temp file next to `path` for binary writing; on clean exit it replaces `path`
-    durably, on an exception it is deleted and `path` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
 @contextmanager
 def cache_writes(directory: Path):
-    """Writing a cache entry under `directory`: an OSError (unwritable or missing parent, disk
-    full) becomes a one-line MinigptError naming the cache and the setting that moves it."""
+    """Writing a cache entry under `directory`: a failed write (unwritable or missing parent,
+    disk full) becomes a one-line MinigptError naming the cache and the setting that moves it."""
     try:
         yield
-    except OSError as e:
-        raise MinigptError(f"cannot write the cache {directory}: {e.strerror or e}; set "
+    except (OSError, WriteError) as e:
+        why = e.strerror if isinstance(e, OSError) else (os.strerror(e.errno) if e.errno else '')
+        raise MinigptError(f"cannot write the cache {directory}: {why or e}; set "
                            "data.cache_dir (or $MINIGPT_CACHE) to a writable directory with "
                            "free space") from None
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with atomic_file(path) as fh:
-        fh.write(data)

@@ -31,57 +31,29 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from minigpt.config import Config, MinigptError
+from minigpt.config import Config
 from minigpt.corpus import (
     CHUNK_BYTES,
-    atomic_file,
-    atomic_write_bytes,
-    cache_root,
     cache_writes,
     corpus_hash,
     empty_corpus_error,
     iter_pieces,
     list_corpus,
 )
+from minigpt.errors import MinigptError
+from minigpt.events import DatasetReady, OnEvent, TokenizeProgress, TokenizingFile, no_events
+from minigpt.files import atomic_file, atomic_write_bytes
+from minigpt.paths import cache_root
 from minigpt.tokenizer import Tokenizer
 
 CACHE_VERSION = 1
 _BATCH_PIECES = 8  # pieces (~1 MB each) encoded together on tiktoken's threads
-
-
-# --------------------------------------------------------------------------------------------
-# Progress events.
-
-
-@dataclass
-class TokenizingFile:
-    """Tokenizing file `index` (0-based) of `n_files`; `n_bytes` is its size."""
-    path: Path
-    n_bytes: int
-    index: int
-    n_files: int
-
-
-@dataclass
-class TokenizeProgress:
-    bytes_done: int      # over the whole corpus
-    bytes_total: int
-
-
-@dataclass
-class DatasetReady:
-    cache_path: Path | None    # None for induction
-    n_train: int
-    n_val: int
-    cached: bool               # True when an existing cache was reused
-    corpus_files: tuple[Path, ...] = ()  # the resolved corpus files (empty for induction)
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,19 +138,19 @@ class Dataset:
 
 
 def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
-                    on_event: Callable[[object], None] | None = None) -> Dataset:
+                    on_event: OnEvent | None = None) -> Dataset:
     """The Dataset for `cfg.data`: induction data, or the tokenized corpus (from the cache when
     corpus, tokenizer and split settings are unchanged, else built and cached atomically).
     Raises one-line MinigptErrors for unusable corpora and for splits shorter than
     model.block_size + 1 tokens."""
-    emit = on_event or (lambda ev: None)
+    on_event = on_event or no_events
     dc, T = cfg.data, cfg.model.block_size
     if dc.source == "induction":
         if dc.induction_vocab > tokenizer.n_vocab:
             raise MinigptError(f"data.induction_vocab: {dc.induction_vocab} exceeds the "
                                f"tokenizer's {tokenizer.n_vocab} ids; lower it")
         empty = np.zeros(0, dtype=np.uint16)
-        emit(DatasetReady(None, 0, 0, cached=False))
+        on_event(DatasetReady(None, 0, 0, cached=False))
         return Dataset(empty, empty, 1.0, T, induction_vocab=dc.induction_vocab,
                        induction_min_period=dc.induction_min_period,
                        induction_max_period=dc.induction_max_period,
@@ -198,7 +170,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
     if meta is None:
         with cache_writes(directory):
             meta = _build(files, dc.corpus, dc.invalid_utf8, dc.val_fraction, tokenizer,
-                          bin_path, emit)
+                          bin_path, on_event)
             meta.update(key_src)
             atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
     if not meta["has_text"]:
@@ -214,7 +186,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
             raise MinigptError(
                 f"data.corpus: {where} gives a {name} split of {len(arr)} tokens, but "
                 f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
-    emit(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
+    on_event(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
     info = {"source": "text", "corpus": dc.corpus, "n_files": len(files), "corpus_hash": chash,
             "cache": str(bin_path), "n_train": len(train), "n_val": len(val)}
     return Dataset(train, val, meta["bytes_per_token"], T, info=info)
@@ -233,7 +205,7 @@ def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
 
 
 def _build(files: list[Path], spec: str, invalid_utf8: str, val_fraction: float,
-           tokenizer: Tokenizer, bin_path: Path, emit: Callable[[object], None]) -> dict:
+           tokenizer: Tokenizer, bin_path: Path, emit: OnEvent) -> dict:
     """Stream-tokenize `files` into `bin_path` (atomically) and return the cache metadata."""
     dtype = np.uint16 if tokenizer.n_vocab <= 2**16 else np.uint32
     total = sum(q.stat().st_size for q in files)

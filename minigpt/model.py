@@ -27,16 +27,35 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minigpt.attention import KVCache, Rotary, apply_rope, attention, sinusoidal_table
-from minigpt.config import Config, MinigptError, ModelConfig
+from minigpt.attention import (
+    INSPECT,
+    AttnSpec,
+    KVCache,
+    Rotary,
+    apply_rope,
+    attention,
+    sinusoidal_table,
+)
+from minigpt.config import Config, ModelConfig
+from minigpt.errors import MinigptError
 
 __all__ = ["GPT", "KVCache", "attention", "flops_per_token"]
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.n_embd, eps=1e-5)
-    return nn.LayerNorm(cfg.n_embd, eps=1e-5, bias=cfg.bias)
+        return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def _norm_fn(norm: nn.Module):
+    """A norm module as a plain function of its input (the same op, no module call)."""
+    if type(norm) is nn.LayerNorm:
+        return lambda x: torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias,
+                                          norm.eps)
+    if type(norm) is nn.RMSNorm:
+        return lambda x: torch.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+    return norm
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,47 +68,48 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # W_O
         self.c_proj.residual_proj = True  # scaled init, see GPT._init_weights
         self.dropout = cfg.dropout
-        self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, kv_cache: KVCache | None,
-                layer: int, impl: str, scale: float | None = None, return_probs: bool = False,
-                causal: bool = True) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
+                cache: KVCache | None, layer: int, spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
         B, T, C = x.shape
-        qkv = self.c_attn(x)  # (B, T, 3C)
         # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise K, V).
-        qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
         if rope is None:
             q, k, v = qkv.unbind(2)  # 3 x (B, T, H, D)
         else:  # positions live in q and k only (rotated together, one op); v stays position-free
-            cos, sin = rope  # (T, 1, D/2) each
             # split, not slicing: its backward is one cat instead of zero-fill + copy per slice
             qk, v = qkv.split([2, 1], dim=2)  # (B, T, 2, H, D), (B, T, 1, H, D)
-            q, k = apply_rope(qk, cos[:, None], sin[:, None]).unbind(2)  # 2 x (B, T, H, D)
+            q, k = apply_rope(qk, *rope).unbind(2)  # tables (T, 1, 1, D/2): 2 x (B, T, H, D)
             v = v.squeeze(2)  # (B, T, H, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         past = 0
-        if kv_cache is not None:
-            past = kv_cache.length
-            k, v = kv_cache.append(layer, k, v)  # (B, H, past + T, D)
-            k, v = k.to(q.dtype), v.to(q.dtype)  # cache is in the weights' dtype (autocast)
-        y, probs = attention(q, k, v, scale=scale, causal=causal, past_length=past, impl=impl,
-                             return_probs=return_probs,
-                             dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, C)  # merge heads: (B, H, T, D) -> (B, T, H*D)
-        return self.resid_drop(self.c_proj(y)), probs
+        if cache is not None:
+            past = cache.length
+            k, v = cache.append(layer, k, v)  # (B, H, past + T, D)
+            if k.dtype != q.dtype:  # the cache is in the weights' dtype; q is autocast's
+                k, v = k.to(q.dtype), v.to(q.dtype)
+        drop = self.dropout if self.training else 0.0
+        y, probs = attention(q, k, v, scale=spec.scale, causal=spec.causal, past_length=past,
+                             impl=spec.impl, return_probs=spec.return_probs,
+                             dropout_p=drop)  # (B, H, T, D)
+        y = self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # merge heads: (B, T, H*D) -> (B, T, C)
+        return (F.dropout(y, drop) if drop else y), probs
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.gelu = nn.GELU()
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.residual_proj = True
-        self.drop = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
+        # F.gelu's `approximate`: "none" = x * Phi(x) (erf); "tanh" = GPT-2's gelu_new
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.c_proj(self.gelu(self.c_fc(x))))  # (B,T,C) -> (B,T,4C) -> (B,T,C)
+        h = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, C) -> (B, T, 4C)
+        y = self.c_proj(h)  # (B, T, 4C) -> (B, T, C)
+        return F.dropout(y, self.dropout) if self.training and self.dropout else y
 
 
 class Block(nn.Module):
@@ -102,10 +122,9 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg) if cfg.mlp else None
         self.mlp = MLP(cfg) if cfg.mlp else None
 
-    def forward(self, x: Tensor, rope, kv_cache, layer: int, impl: str, scale=None,
-                return_probs: bool = False, causal: bool = True) -> tuple[Tensor, Tensor | None]:
-        a, probs = self.attn(self.ln_1(x), rope, kv_cache, layer, impl, scale, return_probs,
-                             causal)
+    def forward(self, x: Tensor, *, rope, cache: KVCache | None, layer: int,
+                spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
+        a, probs = self.attn(self.ln_1(x), rope=rope, cache=cache, layer=layer, spec=spec)
         x = x + a
         if self.mlp is not None:
             x = x + self.mlp(self.ln_2(x))
@@ -132,6 +151,7 @@ class GPT(nn.Module):
             raise MinigptError(f"model.n_embd/model.n_head = {cfg.head_dim} is odd: RoPE needs "
                                "an even head dimension")
         self.cfg = cfg
+        self._spec = AttnSpec(cfg.attn_impl)  # how forward() attends unless told otherwise
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # E[y_i]: (V, C)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos_encoding == "learned" \
             else None
@@ -140,7 +160,6 @@ class GPT(nn.Module):
         if cfg.pos_encoding == "sinusoidal":
             self.register_buffer("pe", sinusoidal_table(cfg.block_size, cfg.n_embd),
                                  persistent=False)  # (P, C), grown on demand
-        self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # (V, C)
@@ -196,39 +215,23 @@ class GPT(nn.Module):
                 self.pe = sinusoidal_table(max(start + T, 2 * self.pe.shape[0]),
                                            self.cfg.n_embd).to(self.pe.device)
             x = x + self.pe[start:start + T]
-        return self.drop(x)
-
-    def _run(self, idx: Tensor, kv_cache: KVCache | None, impl: str, scale=None,
-             return_probs: bool = False, causal: bool = True) -> tuple[Tensor, list[Tensor]]:
-        """Blocks + final norm + LM head: logits (B, T, V) float32 and the per-layer probs."""
-        B, T = idx.shape
-        start = 0
-        if kv_cache is not None:
-            start = kv_cache.length
-            if T > kv_cache.remaining:
-                raise MinigptError(
-                    f"KV cache full: {kv_cache.length} + {T} tokens > max_len {kv_cache.max_len}; "
-                    "crop the context, reset() the cache and prefill again")
-            if B != kv_cache.batch_size:
-                raise ValueError(f"batch {B} != KV cache batch_size {kv_cache.batch_size}")
-        x = self._embed(idx, start)
-        rope = self.rotary.tables(start, T) if self.rotary is not None else None
-        all_probs = []
-        for i, block in enumerate(self.blocks):
-            x, probs = block(x, rope, kv_cache, i, impl, scale, return_probs, causal)
-            if return_probs:
-                all_probs.append(probs)
-        if kv_cache is not None:
-            kv_cache.advance(T)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, V)
-        return logits.float(), all_probs
+        return F.dropout(x, self.cfg.dropout) if self.training and self.cfg.dropout else x
 
     def forward(self, idx: Tensor, targets: Tensor | None = None,
-                kv_cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
-        """idx (B, T) long -> logits (B, T, vocab_size) float32 and, with targets (B, T), the
-        mean cross-entropy (targets of -1 are ignored). Uses `cfg.attn_impl`. With `kv_cache`,
-        idx continues the cached sequence (see KVCache for the contract)."""
-        logits, _ = self._run(idx, kv_cache, self.cfg.attn_impl)
+                kv_cache: KVCache | None = None, *, attn: AttnSpec | None = None,
+                ) -> tuple[Tensor, Tensor | None]:
+        """THE forward pass. idx (B, T) long -> logits (B, T, vocab_size) float32 and, with
+        targets (B, T), the mean cross-entropy (targets of -1 are ignored).
+
+        `attn` says how attention is computed (default: `cfg.attn_impl`, no probabilities).
+        With `kv_cache`, idx continues the cached sequence (see KVCache for the contract);
+        one token at a time this is the decode step of generation, with no mask to build
+        because the one query sees every cached key."""
+        if (kv_cache is not None and attn is None and targets is None and idx.shape == (1, 1)
+                and not self.training and not torch.is_autocast_enabled(idx.device.type)
+                and not torch.compiler.is_compiling()):
+            return self._decode_one(idx, kv_cache), None
+        logits, _ = self._run(idx, kv_cache, attn or self._spec)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1),
@@ -241,7 +244,81 @@ class GPT(nn.Module):
         (B, n_head, T, T) (`[batch, head, query, key]`, rows sum to 1). `scale` defaults to
         1/sqrt(head_dim); `causal=False` lifts the mask (the permutation demonstration only:
         the model is trained causal)."""
-        return self._run(idx, None, "explicit", scale, return_probs=True, causal=causal)
+        spec = INSPECT if scale is None and causal else AttnSpec(
+            "explicit", scale=scale, return_probs=True, causal=causal)
+        return self._run(idx, None, spec)
+
+    def _run(self, idx: Tensor, kv_cache: KVCache | None, spec: AttnSpec
+             ) -> tuple[Tensor, list[Tensor]]:
+        """Embed -> blocks -> final norm -> LM head: logits (B, T, V) float32 and, when
+        `spec.return_probs`, each layer's attention probabilities."""
+        B, T = idx.shape
+        start = 0
+        if kv_cache is not None:
+            start = kv_cache.length
+            if T > kv_cache.remaining:
+                raise MinigptError(
+                    f"KV cache full: {kv_cache.length} + {T} tokens > max_len {kv_cache.max_len}; "
+                    "crop the context, reset() the cache and prefill again")
+            if B != kv_cache.batch_size:
+                raise ValueError(f"batch {B} != KV cache batch_size {kv_cache.batch_size}")
+        x = self._embed(idx, start)  # (B, T, C)
+        rope = self.rotary.tables(start, T) if self.rotary is not None else None
+        all_probs = []
+        for i, block in enumerate(self.blocks):
+            x, probs = block(x, rope=rope, cache=kv_cache, layer=i, spec=spec)
+            if probs is not None:
+                all_probs.append(probs)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, V)
+        return logits.float(), all_probs
+
+    def _decode_one(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """`_run` for the hot loop of generation: one new token of one sequence at inference
+        with the default attention. Same weights and the same functions (`_embed`,
+        `apply_rope`, `KVCache.append`, `attention`), minus the per-op overhead of the general
+        path (module calls, 3-D views, head transposes), which bounds small models on CPU:
+        about half the time per token at 4 x 128. Tested equal to `_run` at every step."""
+        H, D, C = self.cfg.n_head, self.cfg.head_dim, self.cfg.n_embd
+        pos = cache.length
+        if pos >= cache.max_len:
+            raise MinigptError(f"KV cache full ({cache.max_len} tokens): crop the context, "
+                               "reset() the cache and prefill again")
+        x = self._embed(idx, pos).view(1, C)  # (1, 1) -> (1, C)
+        rope = self.rotary.tables(pos, 1) if self.rotary is not None else None
+        for i, (ln_1, w_qkv, b_qkv, w_o, b_o, ln_2, mlp) in enumerate(self._decode_plan()):
+            qkv = F.linear(ln_1(x), w_qkv, b_qkv).view(3, 1, H, 1, D)  # q | k | v, head-major
+            if rope is not None:  # q and k rotated together: (2, 1, H, 1, D)
+                q, k = apply_rope(qkv.narrow(0, 0, 2), *rope).unbind(0)
+                v = qkv[2]
+            else:
+                q, k, v = qkv.unbind(0)
+            k, v = cache.append(i, k, v)  # each (1, H, pos + 1, D)
+            y, _ = attention(q, k, v, past_length=pos, impl=self._spec.impl)  # (1, H, 1, D)
+            x = x + F.linear(y.view(1, C), w_o, b_o)
+            if mlp is not None:
+                w_fc, b_fc, w_out, b_out, approximate = mlp
+                h = F.gelu(F.linear(ln_2(x), w_fc, b_fc), approximate=approximate)  # (1, 4C)
+                x = x + F.linear(h, w_out, b_out)
+        cache.advance(1)
+        return F.linear(self.ln_f(x), self.lm_head.weight).float().view(1, 1, -1)  # (1, 1, V)
+
+    def _decode_plan(self) -> list[tuple]:
+        """Per block: the norms as plain functions and the weights, looked up once (attribute
+        access through nn.Module costs as much as a small op). Parameters keep their identity
+        through .to() and load_state_dict(), so the plan stays valid."""
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            plan = []
+            for b in self.blocks:
+                a, m = b.attn, b.mlp
+                mlp = None if m is None else (m.c_fc.weight, m.c_fc.bias, m.c_proj.weight,
+                                              m.c_proj.bias, m.approximate)
+                plan.append((_norm_fn(b.ln_1), a.c_attn.weight, a.c_attn.bias, a.c_proj.weight,
+                             a.c_proj.bias, _norm_fn(b.ln_2) if m is not None else None, mlp))
+            self.__dict__["_plan"] = plan
+        return plan
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty cache on the model's device/dtype; max_len defaults to block_size."""
@@ -268,13 +345,6 @@ class GPT(nn.Module):
         return {"total": total, "embedding": emb, "position": pos, "lm_head": head,
                 "attention": attn, "mlp": mlp, "norm": norm, "non_embedding": total - emb - pos,
                 "matmul": matmul + self.lm_head.weight.numel()}
-
-    def param_groups(self, weight_decay: float) -> list[dict]:
-        """AdamW groups: decay matrices (dim >= 2: linear weights, embeddings), not norms or
-        biases. Each Parameter appears once."""
-        params = list(self.parameters())
-        return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

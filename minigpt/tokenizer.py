@@ -18,24 +18,25 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import tiktoken
 
-from minigpt.config import Config, MinigptError, resolve_path
+from minigpt.config import Config
 from minigpt.corpus import (
     CHUNK_BYTES,
-    atomic_write_bytes,
-    cache_root,
     cache_writes,
     corpus_hash,
     empty_corpus_error,
     iter_pieces,
     list_corpus,
 )
+from minigpt.errors import MinigptError
+from minigpt.events import BPETrained, OnEvent, TokenizerCacheHit, TrainingBPE, no_events
+from minigpt.files import atomic_write_bytes
+from minigpt.paths import cache_root, resolve_path
 
 EOT = "<|endoftext|>"
 RANKS_FILE = "tokenizer.tiktoken"
@@ -63,30 +64,6 @@ NAMED_ENCODINGS: dict[str, list[tuple[str, str]]] = {
     "o200k_base": [(f"{_BLOB}/encodings/o200k_base.tiktoken",
                     "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d")],
 }
-
-
-# --------------------------------------------------------------------------------------------
-# Progress events (the CLI renders them; tests collect them).
-
-
-@dataclass
-class TrainingBPE:
-    """BPE training starts on `n_bytes` of corpus text (after train_max_bytes)."""
-    corpus: str
-    n_bytes: int
-    vocab_size: int
-
-
-@dataclass
-class BPETrained:
-    vocab_size: int      # ranks actually learned (fewer than asked if the corpus runs out of pairs)
-    seconds: float
-    path: Path           # cache directory it was saved to
-
-
-@dataclass
-class TokenizerCacheHit:
-    path: Path
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,7 +217,7 @@ def bytes_tokenizer(pattern: str = "gpt4") -> Tokenizer:
     return Tokenizer(ranks, PATTERNS[pattern], {EOT: 256}, "bytes")
 
 
-def build_tokenizer(cfg: Config, on_event: Callable[[object], None] | None = None) -> Tokenizer:
+def build_tokenizer(cfg: Config, on_event: OnEvent | None = None) -> Tokenizer:
     """The tokenizer the config asks for:
 
     - `tokenizer.encoding` set: a named tiktoken encoding (from tiktoken's local cache only),
@@ -248,20 +225,16 @@ def build_tokenizer(cfg: Config, on_event: Callable[[object], None] | None = Non
     - else `vocab_size: 256`: raw bytes;
     - else a BPE trained with rustbpe on the corpus, cached under the cache dir by corpus
       content hash + settings (a second call with the same corpus and settings loads it)."""
-    emit = on_event or (lambda ev: None)
+    on_event = on_event or no_events
     tc = cfg.tokenizer
     if tc.encoding:
         return _from_encoding(tc.encoding, tc.pattern)
     if tc.vocab_size == 256:
         return bytes_tokenizer(tc.pattern)
-    if cfg.data.source == "induction":
-        raise MinigptError(
-            f"tokenizer.vocab_size: {tc.vocab_size} would train a BPE on the corpus, but "
-            "data.source is induction (synthetic ids); set tokenizer.vocab_size: 256")
-    return _trained(cfg, emit)
+    return _trained(cfg, on_event)  # config.py refuses a BPE for the induction source
 
 
-def _trained(cfg: Config, emit: Callable[[object], None]) -> Tokenizer:
+def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:
     tc, dc = cfg.tokenizer, cfg.data
     files = list_corpus(dc.corpus)
     key_src = {"v": FORMAT_VERSION, "corpus": corpus_hash(files), "vocab_size": tc.vocab_size,

@@ -1,5 +1,11 @@
 """Fixtures shared by several test modules."""
 
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,3 +17,88 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) -> Path:
+    """A committed step-7 checkpoint of a random-init 2-layer byte model, with the top-level
+    files `minigpt train` leaves (no training).
+
+    `says=b`: the final norm ignores its input (weight 0, bias = e_0) and token b's embedding
+    is 50 e_0, so every next-token distribution puts all but ~e^-50 of its mass on byte b:
+    the model writes b, b, b, ... `nan=True`: the final norm's weight is NaN (a run whose
+    logits are not finite)."""
+    from minigpt.config import from_dict
+    from minigpt.model import GPT
+    from minigpt.run.checkpoint import save_checkpoint
+    from minigpt.tokenizer import bytes_tokenizer
+
+    tok = bytes_tokenizer()
+    sec = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": tok.n_vocab,
+           "bias": says is not None}
+    cfg = from_dict({"model": sec, "tokenizer": {"vocab_size": 256}})
+    model = GPT.from_config(cfg, seed=0)
+    with torch.no_grad():
+        if says is not None:
+            model.ln_f.weight.zero_()
+            model.ln_f.bias.zero_()
+            model.ln_f.bias[0] = 1.0
+            model.wte.weight[:, 0] = 0.0
+            model.wte.weight[says, 0] = 50.0
+        if nan:
+            model.ln_f.weight.fill_(math.nan)
+    ckpt = save_checkpoint(run_dir, step=7, model=model, cfg=cfg, tokenizer=tok,
+                           trainer_state={"step": 7})
+    for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json"):
+        shutil.copy(ckpt / name, run_dir / name)
+    return run_dir
+
+
+def tiny_train_sets(tmp: Path, **over) -> list[str]:
+    """`--set` values of a 1-layer, 32-wide byte model on a small generated corpus: a step
+    takes milliseconds; evaluations (and so curves.png) at steps 3 and 6."""
+    corpus = tmp / "corpus.txt"
+    if not corpus.exists():
+        words = ["the", "king", "spoke", "to", "his", "son", "and", "the", "queen", "sat", "by",
+                 "a", "fire", "while", "rain", "fell"]
+        corpus.write_text("\n".join(" ".join(words[(i * 7 + j * 3) % len(words)]
+                                             for j in range(4 + i % 9)) for i in range(500))
+                          + "\n")
+    base = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 16,
+            "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 6,
+            "train.warmup_steps": 2, "train.learning_rate": 1e-2, "train.min_lr": 1e-3,
+            "train.eval_interval": 3, "train.eval_batches": 1, "train.log_interval": 1,
+            "train.checkpoint_interval": 3, "train.sample_tokens": 0,
+            "data.corpus": str(corpus), "data.cache_dir": str(tmp / "cache")}
+    base.update(over)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory) -> dict:
+    """Two tiny runs trained through the library, shared by the tests that read runs:
+    `finished` (6 of 6 steps) and `stopped` (--stop-after 4 of 6: one log step after its
+    last evaluation). Each entry: {"dir", "done" (DoneEvent), "evals" (EvalEvents),
+    "pictures" ((inode, sha256) of curves.png seen at each EvalEvent)}."""
+    import hashlib
+
+    from minigpt.config import load_config
+    from minigpt.events import EvalEvent
+    from minigpt.train import train
+
+    root = tmp_path_factory.mktemp("trained")
+    out = {}
+    for name, stop in (("finished", None), ("stopped", 4)):
+        run = root / "runs" / name
+        info = {"dir": run, "evals": [], "pictures": []}
+
+        def on_event(e, info=info, run=run):
+            if isinstance(e, EvalEvent):
+                png = run / "curves.png"
+                info["evals"].append(e)
+                info["pictures"].append((png.stat().st_ino,
+                                         hashlib.sha256(png.read_bytes()).hexdigest()))
+
+        info["done"] = train(load_config(None, tiny_train_sets(root)), run, on_event=on_event,
+                             stop_after=stop)
+        out[name] = info
+    return out

@@ -15,11 +15,13 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from minigpt import checkpoint as ck
 from minigpt.config import MinigptError, load_config, to_yaml
 from minigpt.model import GPT
-from minigpt.schedule import build_optimizer
+from minigpt.run import checkpoint as ck
+from minigpt.run.load import find_latest_run, load_optimizer_state, load_run
+from minigpt.run.safetensors_io import read_header
 from minigpt.tokenizer import bytes_tokenizer
+from minigpt.train.optim import build_optimizer
 
 SETS = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=8",
         "tokenizer.vocab_size=256"]
@@ -67,7 +69,7 @@ def test_round_trip_and_tied_weights_stored_once(saved):
     assert "lm_head.weight" not in keys and "wte.weight" in keys
     assert json.loads(meta["tied"]) == {"lm_head.weight": "wte.weight"}
     assert meta["step"] == "5" and meta["minigpt_version"]
-    loaded = ck.load_run(run, "cpu")
+    loaded = load_run(run, "cpu")
     assert loaded.step == 5 and loaded.cfg.model.vocab_size == 257
     assert loaded.model.lm_head.weight is loaded.model.wte.weight  # re-tied, not copied
     for k, v in model.state_dict().items():
@@ -80,7 +82,7 @@ def test_optimizer_state_round_trip(saved):
     model2 = GPT(cfg.model)
     opt2, names2 = build_optimizer(model2, cfg.train, torch.device("cpu"))
     assert names2 == names
-    ck.load_optimizer_state(opt2, names2, ck.find_checkpoint(run))
+    load_optimizer_state(opt2, names2, ck.find_checkpoint(run))
     for p, p2 in zip(model.parameters(), model2.parameters()):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(opt.state[p][key], opt2.state[p2][key])
@@ -122,17 +124,17 @@ def test_interrupted_save_leaves_previous_checkpoint(saved, monkeypatch):
     (root / ".tmp-step-000010-999").mkdir()
     (root / ".tmp-step-000010-999" / "model.safetensors").write_bytes(b"\0" * 10)
     (root / "step-000010").mkdir()
-    assert ck.load_run(run, "cpu").step == 5
+    assert load_run(run, "cpu").step == 5
     # An injected disk-full error: one-line message, previous checkpoint intact, no leftovers.
     monkeypatch.setenv("MINIGPT_TEST_ENOSPC_DURING_SAVE", "7")
     with pytest.raises(MinigptError, match="no space left.*step-000005.*intact"):
         _save(run, cfg, model, opt, names, 7)
     assert not any(p.name.startswith(".tmp-step-000007") for p in root.iterdir())
-    assert ck.load_run(run, "cpu").step == 5
+    assert load_run(run, "cpu").step == 5
     monkeypatch.delenv("MINIGPT_TEST_ENOSPC_DURING_SAVE")
     _save(run, cfg, model, opt, names, 10)  # the next save commits and cleans up
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000010"]
-    assert ck.load_run(run, "cpu").step == 10
+    assert load_run(run, "cpu").step == 10
 
 
 def _weights(run: Path) -> Path:
@@ -156,7 +158,7 @@ def test_bit_flip_is_reported_as_corruption(saved):
     data[-3] ^= 0x40
     _weights(run).write_bytes(bytes(data))
     with pytest.raises(MinigptError, match=r"model\.safetensors is corrupted: its sha256"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")
 
 
 def test_truncated_weights(saved):
@@ -164,7 +166,7 @@ def test_truncated_weights(saved):
     data = _weights(run).read_bytes()
     _weights(run).write_bytes(data[: len(data) // 2])
     with pytest.raises(MinigptError, match="truncated"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")
 
 
 @pytest.mark.parametrize("kind", ["pickle", "zip"])
@@ -180,7 +182,7 @@ def test_pickle_or_zip_in_place_of_weights_is_never_loaded(saved, kind, tmp_path
         with zipfile.ZipFile(_weights(run), "w") as z:
             z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
     with pytest.raises(MinigptError, match="pickle" if kind == "pickle" else "zip archive"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")
     assert not marker.exists()
 
 
@@ -191,7 +193,7 @@ def test_crafted_huge_header_rejected_before_allocation(saved):
     _weights(run).write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 64)
     _refresh_manifest(run)
     with pytest.raises(MinigptError, match="wte.weight.*do not fit"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")
 
 
 def test_shape_mismatch_names_the_first_tensor(saved):
@@ -202,7 +204,7 @@ def test_shape_mismatch_names_the_first_tensor(saved):
     _refresh_manifest(run)
     with pytest.raises(MinigptError, match=r"tensor 'wte.weight' is F32\[257, 32\] but the config "
                                            r"needs F32\[257, 16\]"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")
 
 
 def test_other_config_hash_is_rejected(saved):
@@ -212,7 +214,7 @@ def test_other_config_hash_is_rejected(saved):
     cpath.write_text(to_yaml(cfg))
     _refresh_manifest(run)
     with pytest.raises(MinigptError, match="different model config"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")
 
 
 @pytest.mark.parametrize("name", ["manifest.json", "config.yaml", "model.safetensors",
@@ -221,38 +223,38 @@ def test_missing_file_is_named(saved, name):
     run = saved[0]
     (run / "checkpoints" / "latest" / name).unlink()
     with pytest.raises(MinigptError, match=name.replace(".", r"\.") + ".*(missing|never)"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")
 
 
 def test_header_length_insane(tmp_path):
     p = tmp_path / "x.safetensors"
     p.write_bytes((10**12).to_bytes(8, "little") + b"{}")
     with pytest.raises(MinigptError, match="header length"):
-        ck.read_header(p, "weights")
+        read_header(p, "weights")
 
 
 def test_find_latest_run(tmp_path, saved):
     with pytest.raises(MinigptError, match="minigpt train"):
-        ck.find_latest_run(tmp_path / "nothing")
+        find_latest_run(tmp_path / "nothing")
     run, cfg, model, opt, names = saved
     newer = run.parent / "newer"
     newer.mkdir()
     (run.parent / "not-a-run").mkdir()
     _save(newer, cfg, model, opt, names, 1)
     os.utime(run / "checkpoints" / "latest", (1, 1), follow_symlinks=False)
-    assert ck.find_latest_run(run.parent) == newer
+    assert find_latest_run(run.parent) == newer
 
 
 def test_run_dirs_without_checkpoint(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(MinigptError, match="not a minigpt run directory"):
-        ck.load_run(empty, "cpu")
+        load_run(empty, "cpu")
     (empty / "config.yaml").write_text("{}")
     with pytest.raises(MinigptError, match="no saved checkpoint yet.*--resume"):
-        ck.load_run(empty, "cpu")
+        load_run(empty, "cpu")
     with pytest.raises(MinigptError, match="does not exist"):
-        ck.load_run(tmp_path / "nope", "cpu")
+        load_run(tmp_path / "nope", "cpu")
 
 
 def test_latest_pointer_never_leaves_the_run(saved):
@@ -261,4 +263,4 @@ def test_latest_pointer_never_leaves_the_run(saved):
     latest.unlink()
     os.symlink("/etc", latest)
     with pytest.raises(MinigptError, match="not a step-NNNNNN directory"):
-        ck.load_run(run, "cpu")
+        load_run(run, "cpu")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import app
 from minigpt.config import from_dict
 from minigpt.model import GPT
+from minigpt.run.checkpoint import save_checkpoint
 from minigpt.tokenizer import bytes_tokenizer
 
 BLOCK = 24
@@ -66,8 +66,8 @@ def test_one_head_shows_its_weights(run_dir):
 def test_token_text_is_not_rich_markup(run_dir):
     from rich.console import Console
 
-    from minigpt.cli import _attention_table, _heads_summary_table
-    from minigpt.inspection import inspect
+    from minigpt.cli.heads import _attention_table, _heads_summary_table
+    from minigpt.heads.inspection import inspect
 
     strs = ["[bold]a[/bold]", "[red]", "\n", "x"]
     insp = inspect(GPT.from_config(from_dict({"model": {"vocab_size": 50}}), seed=0),

@@ -12,10 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from minigpt.checkpoint import latest_checkpoint_dir, save_checkpoint
 from minigpt.cli import app
 from minigpt.config import from_dict
 from minigpt.model import GPT
+from minigpt.run.checkpoint import latest_checkpoint_dir, save_checkpoint
 from minigpt.tokenizer import bytes_tokenizer
 
 BLOCK = 16
@@ -104,6 +104,56 @@ def test_stop_text_ends_the_sample_and_is_not_printed(run_dir):
     assert len(stop) == 2
     cut = json.loads(invoke(*common, "--stop", stop, "--stop", "never-there").stdout)
     assert cut["text"] == full[:full.find(stop)] and cut["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("byte, typed", [(10, r"\n\n"), (9, r"\t"), (92, "\\\\")])
+def test_stop_escapes_match_newline_tab_and_backslash(tmp_path, byte, typed):
+    r"""Issue #15 finding 3: `--stop "\n\n"` (a shell passes backslash + n) now means a blank
+    line. A run that writes only `byte` stops at once on the escaped form and never on the
+    same characters taken literally."""
+    from conftest import save_tiny_run
+
+    run = save_tiny_run(tmp_path / "says", says=byte)
+    common = ("--run", str(run), "-n", "8", "--seed", "0", "--json")
+    full = json.loads(invoke(*common).stdout)
+    assert full["text"] == chr(byte) * 8 and full["finish_reason"] == "length"
+    cut = json.loads(invoke(*common, "--stop", typed).stdout)
+    assert cut["text"] == "" and cut["finish_reason"] == "stop"
+    if byte != 92:  # typed with doubled backslashes: backslash + n, which it never writes
+        doubled = typed.replace("\\", "\\\\")
+        assert json.loads(invoke(*common, "--stop", doubled).stdout)["finish_reason"] == "length"
+
+
+def test_unescape_stop_reads_left_to_right():
+    from minigpt.cli.sample import unescape_stop
+
+    assert unescape_stop(r"\n\n") == "\n\n"
+    assert unescape_stop(r"a\tb") == "a\tb"
+    assert unescape_stop("\\\\n") == "\\n"  # an escaped backslash, then a plain n
+    assert unescape_stop(r"C:\path\x") == r"C:\path\x"  # other backslashes stay
+    assert unescape_stop("end\\") == "end\\"
+
+
+def test_tiny_temperature_is_greedy_through_the_cli(run_dir):
+    """Issue #15 finding 2: `-t 1e-40` used to end in an IndexError (NaN probabilities and an
+    id equal to the vocabulary size); `-n 1` printed id 257."""
+    greedy = json.loads(invoke("--run", str(run_dir), "-n", "12", "-t", "0", "--seed", "1",
+                               "--json").stdout)
+    for t in ("1e-40", "1e-300"):
+        r = invoke("--run", str(run_dir), "-n", "12", "-t", t, "--seed", "1", "--json")
+        assert r.exit_code == 0, r.stderr
+        assert json.loads(r.stdout)["text"] == greedy["text"]
+
+
+def test_non_finite_logits_are_one_error_line_naming_the_step(tmp_path):
+    from conftest import save_tiny_run
+
+    run = save_tiny_run(tmp_path / "nan", nan=True)
+    for t in ("0", "1", "1e-40"):
+        r = invoke("--run", str(run), "-n", "1", "-t", t, "--seed", "0")
+        assert r.exit_code == 2 and r.stdout == "" and "Traceback" not in r.stderr
+        last = r.stderr.strip().splitlines()[-1]  # after the "sampling from ..." line
+        assert last.startswith("error: generation step 1: ") and "not finite" in last
 
 
 def test_long_prompt_is_left_truncated_with_a_note(run_dir):

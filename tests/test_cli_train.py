@@ -13,29 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_sets
 from typer.testing import CliRunner
 
-from minigpt.checkpoint import load_run
 from minigpt.cli import app
 from minigpt.config import load_config, to_yaml
-from minigpt.rundir import RunLock
+from minigpt.run import load_run
+from minigpt.run.lock import RunLock
 
 
 def tiny_sets(tmp: Path, **over) -> list[str]:
-    """A 1-layer, 32-wide byte model on a small generated corpus (as in test_train.py)."""
-    corpus = tmp / "corpus.txt"
-    words = ["the", "king", "spoke", "to", "his", "son", "and", "the", "queen", "sat", "by",
-             "a", "fire", "while", "rain", "fell"]
-    corpus.write_text("\n".join(" ".join(words[(i * 7 + j * 3) % len(words)]
-                                         for j in range(4 + i % 9)) for i in range(500)) + "\n")
-    base = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 16,
-            "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 6,
-            "train.warmup_steps": 2, "train.learning_rate": 1e-2, "train.min_lr": 1e-3,
-            "train.eval_interval": 3, "train.eval_batches": 1, "train.log_interval": 1,
-            "train.checkpoint_interval": 3, "train.sample_tokens": 2,
-            "data.corpus": str(corpus), "data.cache_dir": str(tmp / "cache")}
-    base.update(over)
-    return [f"{k}={v}" for k, v in base.items()]
+    """conftest's tiny byte model, sampling 2 tokens at each evaluation."""
+    return tiny_train_sets(tmp, **{"train.sample_tokens": 2, **over})
 
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
@@ -107,8 +96,9 @@ def test_refusals(tmp_path):
     (run / "config.yaml").write_text(to_yaml(load_config(None, tiny_sets(tmp_path))))
     assert "model.n_embd cannot change on --resume" in error_line(
         invoke("--out", str(run), "--resume", "--set", "model.n_embd=64"))
-    assert "--config cannot be combined with --resume" in error_line(
-        invoke("--out", str(run), "--resume", "--config", "bytes"))
+    line = error_line(invoke("--out", str(run), "--resume", "--config", "bytes"))
+    assert "--config bytes: model.n_layer cannot change on --resume" in line
+    assert "model.n_layer=1" in line and "gives 4" in line
     assert "--device" in error_line(invoke("--out", str(run), "--device", "tpu"))
     assert "train.nope" in error_line(invoke("--set", "train.nope=1", "--print-config"))
     with RunLock(run):
@@ -117,6 +107,48 @@ def test_refusals(tmp_path):
     sets = tiny_sets(tmp_path, **{"data.corpus": str(tmp_path / "missing.txt")})
     assert "data.corpus" in error_line(invoke("--out", str(bad), *with_sets(sets)))
     assert not bad.exists()
+
+
+def test_the_original_command_with_resume_appended_continues_the_run(tmp_path):
+    """Issue #15 finding 4: re-running the command line with --resume appended works; a
+    later --set of a resume-safe setting still changes it."""
+    run, sets = tmp_path / "run", with_sets(tiny_sets(tmp_path))
+    r = invoke("--out", str(run), *sets, "--stop-after", "3")
+    assert r.exit_code == 0, r.stderr
+    r = invoke("--out", str(run), *sets, "--resume", "--set", "train.max_steps=7")
+    assert r.exit_code == 0, r.stderr
+    assert "from step 3" in r.stderr and re.search(r"^step 7/7 ", r.stderr, re.MULTILINE)
+    r = invoke("--out", str(run), *sets, "--set", "train.max_steps=9", "--resume",
+               "--set", "model.n_embd=64")
+    line = error_line(r)
+    assert "model.n_embd cannot change on --resume" in line
+    assert "model.n_embd=32" in line and "gives 64" in line
+    assert load_run(run).step == 7  # the refusal changed nothing
+
+
+@pytest.mark.parametrize("left", ["lock", "config"])
+def test_resume_where_nothing_was_saved_starts_at_step_0(tmp_path, left):
+    """Issue #15 finding 5: a run killed during start-up left only train.lock, or config.yaml
+    without a checkpoint: --resume starts it, with a note. (An empty directory: test_train.)"""
+    run = tmp_path / "run"
+    sets = tiny_sets(tmp_path, **{"train.max_steps": 2, "train.eval_interval": 2,
+                                  "train.checkpoint_interval": 2})
+    run.mkdir()
+    if left == "lock":
+        RunLock(run).acquire().release()
+    if left == "config":
+        resolved = load_config(None, sets)
+        resolved.model.vocab_size = 257
+        (run / "config.yaml").write_text(to_yaml(resolved))
+        (run / "metrics.jsonl").write_text('{"kind": "train", "step": 5, "loss": 9.0}\n')
+    r = invoke("--out", str(run), *with_sets(sets), "--resume")
+    assert r.exit_code == 0, r.stderr
+    notes = [x for x in r.stderr.splitlines() if x.startswith("note: ")]
+    assert notes == [(f"note: {run} holds no saved checkpoint yet (the run stopped before its "
+                     "first save); starting it from step 0")]
+    assert load_run(run).step == 2
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] == 1 and steps == sorted(steps)  # the stale record (step 5) is gone
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,4 +212,5 @@ def test_kill_9_during_save_then_resume(tmp_path):
     keys = [(r["step"], r["kind"]) for r in recs]
     steps = [k[0] for k in keys]
     assert steps == sorted(steps) and len(keys) == len(set(keys))  # no duplicates after resume
-    assert keys[-2:] == [(6, "train"), (6, "eval")]
+    # The final step writes its train record, then the head scores, then the evaluation.
+    assert keys[-3:] == [(6, "train"), (6, "heads"), (6, "eval")]

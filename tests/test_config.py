@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minigpt.config import (
-    CONFIGS_DIR,
     Config,
     ConfigError,
     apply_overrides,
@@ -22,6 +21,7 @@ from minigpt.config import (
     parse_yaml,
     to_yaml,
 )
+from minigpt.paths import CONFIGS_DIR
 
 BUNDLED = sorted(CONFIGS_DIR.glob("*.yaml"))
 
@@ -171,6 +171,20 @@ def test_model_hash_changes_with_shape_only():
     a = Config().model
     assert model_hash(a) == model_hash(dataclasses.replace(a))
     assert model_hash(a) != model_hash(dataclasses.replace(a, n_layer=a.n_layer + 1))
+    for later in ({"norm_eps": 1e-6}, {"activation": "gelu_tanh"}):
+        assert model_hash(a) != model_hash(dataclasses.replace(a, **later))
+
+
+def test_model_hash_of_runs_saved_before_the_later_fields_is_unchanged():
+    """Weights saved before model.norm_eps / model.activation existed carry a hash of the
+    other fields; a config at the new fields' defaults must reproduce it."""
+    import hashlib
+    import json
+
+    a = Config().model
+    old = {k: v for k, v in dataclasses.asdict(a).items() if k not in ("norm_eps", "activation")}
+    legacy = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
+    assert model_hash(a) == legacy
 
 
 def test_every_field_is_documented():
@@ -229,7 +243,7 @@ def test_wheel_ships_every_bundled_config_and_the_corpus(tmp_path):
     import sys
     import zipfile
 
-    from minigpt.config import CONFIGS_DIR, PROJECT_ROOT
+    from minigpt.paths import CONFIGS_DIR, PROJECT_ROOT
 
     if not (PROJECT_ROOT / "pyproject.toml").is_file():
         pytest.skip("not a source checkout: no pyproject.toml to build from")
@@ -245,3 +259,7 @@ def test_wheel_ships_every_bundled_config_and_the_corpus(tmp_path):
               if "/data/share/minigpt-lab/" in n}  # <dist>-<version>.data/data/share/...
     assert {f"configs/{c.name}" for c in CONFIGS_DIR.glob("*.yaml")} <= shared
     assert "data/tinyshakespeare.txt" in shared
+    from minigpt.paths import PACKAGE_DIR  # every module, subpackages included
+
+    modules = {p.relative_to(PACKAGE_DIR.parent).as_posix() for p in PACKAGE_DIR.rglob("*.py")}
+    assert modules <= names

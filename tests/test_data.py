@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from minigpt.config import DATA_DIR, Config, MinigptError, from_dict
+from minigpt.config import Config, MinigptError, from_dict
 from minigpt.corpus import iter_pieces, list_corpus
-from minigpt.data import Dataset, DatasetReady, TokenizingFile, prepare_dataset
+from minigpt.data import Dataset, prepare_dataset
+from minigpt.events import DatasetReady, TokenizingFile
+from minigpt.paths import DATA_DIR
 from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 
 SHAKESPEARE = (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
@@ -325,11 +327,12 @@ def test_induction_distinct_needs_enough_ids():
     with pytest.raises(MinigptError, match=re.escape(
             "data.induction_distinct: a row of model.block_size=32 needs up to 18 distinct ids "
             "but data.induction_vocab is 17")):
-        from_dict({"model": {"block_size": 32}, "data": {
+        from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256}, "data": {
             "source": "induction", "induction_vocab": 17, "induction_distinct": True}})
-    from_dict({"model": {"block_size": 32}, "data": {  # 18 is enough, and unused when off
-        "source": "induction", "induction_vocab": 18, "induction_distinct": True}})
-    from_dict({"model": {"block_size": 32}, "data": {"source": "induction", "induction_vocab": 2}})
+    from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256}, "data": {
+        "source": "induction", "induction_vocab": 18, "induction_distinct": True}})  # enough
+    from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256},
+               "data": {"source": "induction", "induction_vocab": 2}})  # unused when off
 
 
 @pytest.mark.parametrize("data, msg", [

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from minigpt import checkpoint as ckpt_mod
-from minigpt.checkpoint import CKPT_DIR, LATEST, load_run
 from minigpt.cli import app
-from minigpt.rundir import LOCK_NAME, RunLock
+from minigpt.run import checkpoint as ckpt_mod
+from minigpt.run.layout import CKPT_DIR, LATEST
+from minigpt.run.load import load_run
+from minigpt.run.lock import LOCK_NAME, RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -172,7 +173,7 @@ def test_disk_full_on_a_real_tiny_filesystem(tmp_path, corpus):
 
 def _hold_lock_then(run: Path, then: str) -> subprocess.Popen:
     """A process that takes the run lock, prints 'locked', then sleeps or SIGKILLs itself."""
-    code = (f"import os, signal, sys, time\nfrom minigpt.rundir import RunLock\n"
+    code = (f"import os, signal, sys, time\nfrom minigpt.run.lock import RunLock\n"
             f"lock = RunLock({str(run)!r}).acquire(); print('locked', flush=True)\n"
             + ("os.kill(os.getpid(), signal.SIGKILL)\n" if then == "die" else "time.sleep(600)\n"))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -12,6 +12,7 @@ prompts, an empty config) have their behaviour asserted separately. Property tes
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import shutil
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import app
 from minigpt.config import Config, from_dict, to_yaml
 from minigpt.model import GPT
-from minigpt.rundir import LOCK_NAME
-from minigpt.schedule import build_optimizer
+from minigpt.run.checkpoint import save_checkpoint
+from minigpt.run.lock import LOCK_NAME
 from minigpt.tokenizer import bytes_tokenizer
+from minigpt.train.optim import build_optimizer
 
 BLOCK = 16
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK}
@@ -93,6 +94,7 @@ class World:
     runs: dict[str, Path]
     files: dict[str, Path]
     corpus: Path        # a good tiny corpus
+    models: dict[str, Path] = field(default_factory=dict)  # Hugging Face model directories
 
     def tiny(self, **over) -> list[str]:
         """--set flags of a 1-layer byte model on the good corpus (train fails fast or works)."""
@@ -120,6 +122,10 @@ def build_world(root: Path) -> World:
     empty = root / "runs" / "empty"
     empty.mkdir()
     runs["empty"] = empty
+    other = root / "runs" / "not-a-run"  # someone's directory: never taken for a run
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    runs["not-a-run"] = other
     # As left by kill -9 during the first save: config + tokenizer, a torn temp checkpoint
     # holding weights, no manifest, no `latest` commit pointer.
     half = root / "runs" / "half"
@@ -145,6 +151,11 @@ def build_world(root: Path) -> World:
     data = bytearray(w.read_bytes())
     data[-5] ^= 0x10  # inside the last tensor's data: only the sha256 can catch it
     w.write_bytes(bytes(data))
+    log = copy("with-metrics") / "metrics.jsonl"  # a run with a few logged steps
+    log.write_text("".join(json.dumps({"kind": "train", "step": i, "loss": 5.0 - i / 10,
+                                       "lr": 1e-3, "elapsed": i / 2}) + "\n" for i in (1, 2, 3))
+                   + json.dumps({"kind": "eval", "step": 3, "val_loss": 4.8, "val_bpb": 6.9,
+                                 "elapsed": 1.6}) + "\n")
     pk = copy("pickle")
     weights_of(pk).write_bytes(pickle.dumps({"wte": [0.0] * 8}, protocol=4))
     zp = copy("zip")
@@ -187,7 +198,60 @@ def build_world(root: Path) -> World:
     files["under-file"] = regular / "run"
     corpus = d / "good-corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 60)
-    return World(root, good, runs, files, corpus)
+    runs["sinusoidal"] = make_run(root / "runs" / "sinusoidal", pos_encoding="sinusoidal")
+    nonempty = root / "runs" / "nonempty-out"
+    nonempty.mkdir()
+    (nonempty / "keep.txt").write_text("mine\n")
+    runs["nonempty-out"] = nonempty
+    return World(root, good, runs, files, corpus, build_models(root / "models"))
+
+
+def build_models(root: Path) -> dict[str, Path]:
+    """Hugging Face model directories (minigpt's own export: no transformers needed), a good
+    GPT-2 and a good GPT-NeoX, and damaged copies of them."""
+    from safetensors.torch import load_file, save_file
+
+    from minigpt.hf import export_hf
+    from minigpt.run import load_run
+
+    learned = make_run(root / "learned-run", pos_encoding="learned", bias=True)
+    models = {"gpt2": export_hf(load_run(learned, "cpu"), root / "gpt2").out}
+    rope = make_run(root / "rope-run")
+    models["neox"] = export_hf(load_run(rope, "cpu"), root / "neox").out
+
+    def copy(name: str, src: str = "gpt2") -> Path:
+        models[name] = dst = root / name
+        shutil.copytree(models[src], dst)
+        return dst
+
+    def edit_config(d: Path, **changes) -> None:
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **changes}))
+
+    (copy("no-config") / "config.json").unlink()
+    sharded = copy("sharded")
+    tensors = load_file(sharded / "model.safetensors")
+    (sharded / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for shard, part in shards.items():
+        save_file({n: tensors[n] for n in part}, sharded / shard, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {n: sh for sh, part in shards.items() for n in part}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    shard2 = copy("truncated-shard", "sharded") / "model-00002-of-00002.safetensors"
+    shard2.write_bytes(shard2.read_bytes()[: shard2.stat().st_size // 2])
+    (copy("missing-shard", "sharded") / "model-00002-of-00002.safetensors").unlink()
+    edit_config(copy("shape"), vocab_size=300)
+    edit_config(copy("llama"), model_type="llama", architectures=["LlamaForCausalLM"])
+    edit_config(copy("inverse-layer"), scale_attn_by_inverse_layer_idx=True)
+    edit_config(copy("parallel", "neox"), use_parallel_residual=True)
+    pk = copy("pickle-only")
+    (pk / "model.safetensors").unlink()
+    (pk / "pytorch_model.bin").write_bytes(pickle.dumps({"wte": [0.0] * 8}, protocol=4))
+    (copy("renamed-pickle") / "model.safetensors").write_bytes(pickle.dumps([1], protocol=4))
+    (copy("no-tokenizer") / "tokenizer.json").unlink()
+    (copy("no-weights") / "model.safetensors").unlink()  # what hf: leaves of a pickle-only repo
+    return models
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +325,16 @@ def bench(*extra: str) -> Callable[[World, Path], list[str]]:
     return lambda w, t: ["bench", "--quick", *[_sub(w, x) for x in extra]]
 
 
+def with_model(command: str, name: str, *extra: str) -> Callable[[World, Path], list[str]]:
+    """`command --model <world model name>`; `name` may also be a literal spec (hf:...)."""
+    return lambda w, t: [command, "--model", str(w.models.get(name) or _sub(w, name)),
+                         *[_sub(w, x) for x in extra]]
+
+
+def export(run: str, *extra: str) -> Callable[[World, Path], list[str]]:
+    return lambda w, t: ["export", "--run", str(w.runs[run]), *extra]
+
+
 CASES = [
     # ---- config validation through `train --print-config` (tests/test_config.py: full table)
     Case("set-unknown-key", print_config("model.n_layr=2"), ("n_layr", "did you mean 'n_layer'")),
@@ -302,7 +376,8 @@ CASES = [
                                                                "n_layer")),
     Case("train-config-with-resume", lambda w, t: ["train", "--out", str(w.good), "--resume",
                                                    "--config", "bytes"],
-         ("--config cannot be combined with --resume",), target="good"),
+         ("--config bytes: model.n_layer cannot change on --resume", "model.n_layer=2",
+          "gives 4"), target="good"),
     Case("resume-changes-model", resume("good", "--set", "model.n_embd=64"),
          ("model.n_embd cannot change on --resume",), target="good"),
     # ---- corpora
@@ -329,7 +404,8 @@ CASES = [
          ("/proc/minigpt-run", "--out")),
     Case("resume-missing-dir", lambda w, t: ["train", "--out", str(t / "nowhere"), "--resume"],
          ("nowhere", "does not exist")),
-    Case("resume-empty-dir", resume("empty"), ("empty", "config.yaml"), target="empty"),
+    Case("resume-not-a-run", resume("not-a-run"), ("not-a-run", "config.yaml",
+                                                    "not a minigpt run"), target="not-a-run"),
     Case("resume-bitflip", resume("bitflip"), ("model.safetensors", "sha256"), target="bitflip"),
     Case("resume-truncated", resume("truncated"), ("model.safetensors", "truncated"),
          target="truncated"),
@@ -439,6 +515,62 @@ CASES = [
     Case("train-model-too-big", train(**{"model.vocab_size": 10**12}), ("model.vocab_size",)),
     Case("train-batch-too-big", train(**{"train.batch_size": 10**12}), ("train.batch_size",)),
     Case("sample-seed-huge", sample("good", "--seed", str(2**70)), ("--seed",), target="good"),
+    # ---- Hugging Face models (--model) and export
+    Case("model-and-run", with_model("sample", "gpt2", "--run", "good"),
+         ("--run and --model",), target="good"),
+    Case("model-missing-dir", lambda w, t: ["sample", "--model", str(t / "nowhere")],
+         ("--model", "nowhere", "no such directory")),
+    Case("model-is-a-file", with_model("sample", "@short.txt"), ("--model", "is a file")),
+    Case("model-bad-hub-spec", with_model("sample", "hf:a b@"), ("--model", "hf:REPO_ID")),
+    Case("model-no-config", with_model("sample", "no-config"), ("no-config", "config.json")),
+    Case("model-truncated-shard", with_model("inspect-heads", "truncated-shard"),
+         ("model-00002-of-00002.safetensors", "truncated")),
+    Case("model-missing-shard", with_model("sample", "missing-shard"),
+         ("model-00002-of-00002.safetensors", "missing")),
+    Case("model-shape-mismatch", with_model("sample", "shape"),
+         ("transformer.wte.weight", "config.json")),
+    Case("model-unsupported-type", with_model("inspect-heads", "llama"),
+         ("model_type", "llama", "gpt2")),
+    Case("model-unsupported-option", with_model("sample", "inverse-layer"),
+         ("scale_attn_by_inverse_layer_idx",)),
+    Case("model-parallel-residual", with_model("sample", "parallel"),
+         ("use_parallel_residual",)),
+    Case("model-pickle-only", with_model("sample", "pickle-only"),
+         ("pytorch_model.bin", "never unpickles")),
+    Case("model-renamed-pickle", with_model("inspect-heads", "renamed-pickle"),
+         ("model.safetensors", "pickle")),
+    Case("model-no-tokenizer", with_model("sample", "no-tokenizer"), ("tokenizer.json",)),
+    Case("model-no-weights", with_model("sample", "no-weights"),
+         ("no safetensors weights", "pytorch_model.bin")),
+    Case("model-files-need-out", with_model("inspect-heads", "gpt2", "--format", "png"),
+         ("--out",)),
+    Case("model-bench-other-suite", with_model("bench", "gpt2", "--suite", "attention"),
+         ("--model", "sample")),
+    Case("export-sinusoidal", export("sinusoidal", "--out", "new-run"),
+         ("model.pos_encoding", "sinusoidal"), target="sinusoidal"),
+    Case("export-nonempty-out", lambda w, t: ["export", "--run", str(w.good), "--out",
+                                              str(w.runs["nonempty-out"])],
+         ("--out", "not empty"), target="nonempty-out"),
+    Case("export-format", export("good", "--format", "onnx", "--out", "new-run"),
+         ("--format", "onnx"), target="good"),
+    # ---- runs and curves (issue #15): read-only listing, pictures written only to --out
+    Case("runs-no-runs", lambda w, t: ["runs", str(w.files["no-txt"])],
+         ("no runs under", "no-txt", "config.yaml")),
+    Case("runs-missing-dir", lambda w, t: ["runs", str(t / "nowhere")], ("nowhere",)),
+    Case("curves-unknown-run", lambda w, t: ["curves", str(w.runs["with-metrics"]), "nope",
+                                             "--out", str(t / "c.png")],
+         ("unknown run 'nope'", "minigpt runs"), target="with-metrics"),
+    Case("curves-no-metrics", lambda w, t: ["curves", str(w.good), "--out", str(t / "c.png")],
+         ("good", "no metrics yet"), target="good"),
+    Case("curves-out-unwritable", lambda w, t: ["curves", str(w.runs["with-metrics"]), "--out",
+                                                "/proc/minigpt-curves.png"],
+         ("--out /proc/minigpt-curves.png", "cannot write"), target="with-metrics"),
+    Case("curves-out-under-a-file", lambda w, t: ["curves", str(w.runs["with-metrics"]),
+                                                  "--out", str(w.files["under-file"]) + ".png"],
+         ("--out", "regular-file"), target="with-metrics"),
+    Case("curves-out-into-a-run", lambda w, t: ["curves", str(w.runs["with-metrics"]), "--out",
+                                                str(w.runs["with-metrics"] / "model.safetensors")],
+         ("--out", ".png"), target="with-metrics"),
 ]
 
 # Cases that reveal a bug in a module whose owner is still at work: {id: reason}.
@@ -491,7 +623,7 @@ def test_table_is_big_enough_and_covers_every_command(world, tmp_path):
     assert len(CASES) >= 30
     assert len({c.id for c in CASES}) == len(CASES)
     commands = {c.args(world, tmp_path)[0] for c in CASES}
-    assert commands == {"train", "sample", "inspect-heads", "bench"}
+    assert commands == {"train", "sample", "inspect-heads", "bench", "export", "runs", "curves"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,6 +632,11 @@ def test_table_is_big_enough_and_covers_every_command(world, tmp_path):
 
 @pytest.mark.parametrize("name,args,needle", [
     ("sample-pickle", lambda w, t: ["sample", "--run", str(w.runs["pickle"])], "pickle"),
+    ("model-pickle-only", lambda w, t: ["sample", "--model", str(w.models["pickle-only"])],
+     "never unpickles"),
+    pytest.param("model-missing-shard", lambda w, t: ["inspect-heads", "--model",
+                                                      str(w.models["missing-shard"])],
+                 "model-00002-of-00002", marks=pytest.mark.slow),
     pytest.param("config-garbage", lambda w, t: ["train", "--print-config", "--config",
                                                  str(w.files["garbage.yaml"])], "not a UTF-8",
                  marks=pytest.mark.slow),
@@ -527,8 +664,6 @@ def test_empty_prompt_starts_from_endoftext(world):
     r = CliRunner().invoke(app, ["sample", "--run", str(world.good), "-p", "", "-n", "3",
                                  "--seed", "0", "--json"])
     assert r.exit_code == 0, r.stderr
-    import json
-
     doc = json.loads(r.stdout)
     assert doc["prompt"] == "" and doc["prompt_tokens"] == 1  # just <|endoftext|>
 
@@ -540,14 +675,10 @@ def test_huge_prompt_is_left_truncated_not_an_error(world, tmp_path):
                                  "-n", "2", "--seed", "0", "--json"])
     assert r.exit_code == 0, r.stderr
     assert "longer than the model's context" in r.stderr
-    import json
-
     assert json.loads(r.stdout)["prompt_tokens"] == BLOCK
 
 
 def test_special_token_text_in_prompt_is_ordinary_text(world):
-    import json
-
     text = "<|endoftext|>"
     r = CliRunner().invoke(app, ["sample", "--run", str(world.good), "-p", text, "-n", "1",
                                  "-t", "0", "--json"])

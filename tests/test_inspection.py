@@ -10,8 +10,10 @@ import re
 import pytest
 import torch
 
-from minigpt import inspection as ins
 from minigpt.config import MinigptError, from_dict
+from minigpt.heads import inspection as ins
+from minigpt.heads import probes as prb
+from minigpt.heads import scores as sc
 from minigpt.model import GPT
 from minigpt.tokenizer import bytes_tokenizer
 
@@ -33,7 +35,7 @@ def uniform(n: int) -> torch.Tensor:
 
 
 def scores_of(a: torch.Tensor, tokens, strs=None) -> dict[str, float]:
-    s = ins.score_heads(a[None, None], tokens, strs)
+    s = sc.score_heads(a[None, None], tokens, strs)
     return {k: float(v[0, 0]) for k, v in s.items()}
 
 
@@ -49,7 +51,7 @@ def test_perfect_previous_token_head_scores_one():
     assert s["previous"] == pytest.approx(1.0)
     assert s["self"] == 0.0 and s["entropy"] == pytest.approx(0.0, abs=1e-6)
     assert s["local"] == pytest.approx(1.0)
-    assert ins.dominant_type(s) == "previous"
+    assert sc.dominant_type(s) == "previous"
 
 
 def test_uniform_head_scores_low_and_is_diffuse():
@@ -58,7 +60,7 @@ def test_uniform_head_scores_low_and_is_diffuse():
         assert s[name] < 0.1, name
     assert s["local"] < 0.3
     assert s["entropy"] == pytest.approx(1.0, abs=1e-5)
-    assert ins.dominant_type(s) == "diffuse"
+    assert sc.dominant_type(s) == "diffuse"
 
 
 def test_perfect_induction_head_scores_one():
@@ -68,7 +70,7 @@ def test_perfect_induction_head_scores_one():
     s = scores_of(one_hot_rows(targets), REPEATED)
     assert s["induction"] == pytest.approx(1.0)
     assert s["duplicate"] == 0.0 and s["previous"] < 0.2
-    assert ins.dominant_type(s) == "induction"
+    assert sc.dominant_type(s) == "induction"
     # a previous-token head on the same probe is no induction head
     prev = scores_of(one_hot_rows([0] + list(range(T - 1))), REPEATED)
     assert prev["induction"] == 0.0 and prev["previous"] == 1.0
@@ -80,31 +82,31 @@ def test_duplicate_first_and_self_heads():
                     REPEATED)
     assert dup["duplicate"] == pytest.approx(1.0) and dup["induction"] == 0.0
     sink = scores_of(one_hot_rows([0] * T), list(range(T)))
-    assert sink["first"] == pytest.approx(1.0) and ins.dominant_type(sink) == "first"
+    assert sink["first"] == pytest.approx(1.0) and sc.dominant_type(sink) == "first"
     diag = scores_of(torch.eye(T), list(range(T)))
-    assert diag["self"] == pytest.approx(1.0) and ins.dominant_type(diag) == "self"
+    assert diag["self"] == pytest.approx(1.0) and sc.dominant_type(diag) == "self"
 
 
 def test_scores_that_do_not_apply_are_nan():
     s = scores_of(uniform(T), list(range(T)))  # no token repeats
     assert math.isnan(s["induction"]) and math.isnan(s["duplicate"])
     assert math.isnan(s["delimiter"])  # no token strings given
-    assert ins.dominant_type(s) == "diffuse"
+    assert sc.dominant_type(s) == "diffuse"
 
 
 def test_delimiter_head_scores_high_and_uniform_does_not():
     strs = ["a", " ", "b", "."] * (T // 4)
     last_delim = [max([j for j in range(t) if strs[j] in (" ", ".")], default=0) for t in range(T)]
     s = scores_of(one_hot_rows(last_delim), list(range(T)), strs)
-    assert s["delimiter"] > 0.9 and ins.dominant_type(s) == "delimiter"
+    assert s["delimiter"] > 0.9 and sc.dominant_type(s) == "delimiter"
     assert scores_of(uniform(T), list(range(T)), strs)["delimiter"] == pytest.approx(0, abs=1e-6)
 
 
 def test_scores_keep_leading_dims_and_lie_in_unit_interval():
     a = torch.softmax(torch.randn(3, 5, T, T).masked_fill(~torch.ones(T, T).tril().bool(),
                                                           float("-inf")), -1)
-    s = ins.score_heads(a, REPEATED, ["x", "."] * (T // 2))
-    assert set(s) == set(ins.SCORE_NAMES)
+    s = sc.score_heads(a, REPEATED, ["x", "."] * (T // 2))
+    assert set(s) == set(sc.SCORE_NAMES)
     for name, v in s.items():
         assert v.shape == (3, 5), name
         assert ((v >= -1e-6) & (v <= 1 + 1e-6)).all(), name
@@ -112,7 +114,7 @@ def test_scores_keep_leading_dims_and_lie_in_unit_interval():
 
 def test_score_heads_rejects_mismatched_tokens():
     with pytest.raises(ValueError):
-        ins.score_heads(uniform(T)[None], list(range(T - 1)))
+        sc.score_heads(uniform(T)[None], list(range(T - 1)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,7 +161,7 @@ def test_inspection_json_has_every_head_and_no_nan():
     insp = ins.inspect(tiny_model(), list(range(12)), ["x"] * 12)
     doc = json.loads(json.dumps(insp.to_json(), allow_nan=False))
     assert len(doc["heads"]) == 4 and doc["heads"][0]["induction"] is None
-    assert doc["heads"][0]["dominant"] in (*ins.SCORE_NAMES, "diffuse", "mixed")
+    assert doc["heads"][0]["dominant"] in (*sc.SCORE_NAMES, "diffuse", "mixed")
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,18 +170,18 @@ def test_inspection_json_has_every_head_and_no_nan():
 
 def test_probes_are_seeded_and_shaped():
     pool = list(range(64))
-    ind = ins.probe_tokens("induction", 32, pool, seed=3)
-    assert ind == ins.probe_tokens("induction", 32, pool, seed=3)
-    assert ind != ins.probe_tokens("induction", 32, pool, seed=4)
+    ind = prb.probe_tokens("induction", 32, pool, seed=3)
+    assert ind == prb.probe_tokens("induction", 32, pool, seed=3)
+    assert ind != prb.probe_tokens("induction", 32, pool, seed=4)
     assert ind[:16] == ind[16:] and len(set(ind[:16])) == 16 and set(ind) <= set(pool)
-    prev = ins.probe_tokens("previous", 32, pool)
+    prev = prb.probe_tokens("previous", 32, pool)
     assert len(set(prev)) == 32
-    dup = ins.probe_tokens("duplicate", 32, pool)
+    dup = prb.probe_tokens("duplicate", 32, pool)
     assert len(set(dup)) <= 8 and len(dup) == 32
-    small = ins.probe_tokens("induction", 32, [5, 6])  # pool smaller than half: with repeats
+    small = prb.probe_tokens("induction", 32, [5, 6])  # pool smaller than half: with repeats
     assert small[:16] == small[16:] and set(small) <= {5, 6}
     with pytest.raises(MinigptError, match="valid: induction, previous, duplicate"):
-        ins.probe_tokens("nope", 32, pool)
+        prb.probe_tokens("nope", 32, pool)
 
 
 def cfg_for(source: str = "text", block: int = 32):
@@ -190,34 +192,34 @@ def cfg_for(source: str = "text", block: int = 32):
 
 def test_probe_pool_matches_the_runs_vocabulary():
     tok = bytes_tokenizer()
-    assert ins.probe_pool(cfg_for("induction"), tok) == list(range(40))
-    assert ins.probe_pool(cfg_for("text"), tok) == list(range(256))  # no <|endoftext|>
+    assert prb.probe_pool(cfg_for("induction"), tok) == list(range(40))
+    assert prb.probe_pool(cfg_for("text"), tok) == list(range(256))  # no <|endoftext|>
 
 
 def test_prepare_input_text_probe_and_truncation():
     tok = bytes_tokenizer()
-    inp = ins.prepare_input(cfg_for(), tok, text="hello")
-    assert inp.tokens == list(b"hello") and inp.token_strs == list("hello") and not inp.notes
-    long = ins.prepare_input(cfg_for(), tok, text="x" * 100)
-    assert len(long.tokens) == 32 and "100 tokens" in long.notes[0]
-    short = ins.prepare_input(cfg_for(), tok, text="x" * 100, max_tokens=10)
+    inp = prb.prepare_input(cfg_for(), tok, text="hello")
+    assert inp.tokens == list(b"hello") and inp.token_strs == list("hello") and not inp.truncated
+    long = prb.prepare_input(cfg_for(), tok, text="x" * 100)
+    assert len(long.tokens) == 32 and long.truncated and long.n_text_tokens == 100
+    short = prb.prepare_input(cfg_for(), tok, text="x" * 100, max_tokens=10)
     assert len(short.tokens) == 10
-    probe = ins.prepare_input(cfg_for("induction"), tok, probe="induction")
+    probe = prb.prepare_input(cfg_for("induction"), tok, probe="induction")
     assert len(probe.tokens) == 32 and probe.source == "probe:induction"
-    default = ins.prepare_input(cfg_for(), tok)
+    default = prb.prepare_input(cfg_for(), tok)
     assert default.source == "default text" and len(default.tokens) == 32
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"text": ""}, "--text: the text is empty"),
-    ({"text": " \n\t"}, "--text: the text is empty"),
-    ({"text": "a", "probe": "induction"}, "exclude each other"),
+    ({"text": ""}, "^text: the text is empty"),
+    ({"text": " \n\t"}, "^text: the text is empty"),
+    ({"text": "a", "probe": "induction"}, "^text: excludes probe"),
     ({"text": "abc", "max_tokens": 33}, r"valid: 2\.\.32"),
     ({"text": "abc", "max_tokens": 1}, r"valid: 2\.\.32"),
 ])
 def test_prepare_input_errors(kwargs, match):
     with pytest.raises(MinigptError, match=match):
-        ins.prepare_input(cfg_for(), bytes_tokenizer(), **kwargs)
+        prb.prepare_input(cfg_for(), bytes_tokenizer(), **kwargs)
 
 
 def test_text_file_errors(tmp_path):
@@ -225,17 +227,17 @@ def test_text_file_errors(tmp_path):
     (tmp_path / "nul").write_bytes(b"abc\x00def")
     (tmp_path / "empty").write_bytes(b"")
     for name, match in (("bin", "not UTF-8"), ("nul", "NUL bytes"), ("empty", "empty"),
-                        ("missing", "cannot read"), (".", "is a directory")):
+                        ("missing", "no such file"), (".", "is a directory")):
         with pytest.raises(MinigptError, match=match):
-            ins.prepare_input(cfg_for(), bytes_tokenizer(), text_file=tmp_path / name)
+            prb.prepare_input(cfg_for(), bytes_tokenizer(), text_file=tmp_path / name)
 
 
 def test_select_heads_and_formats():
     assert ins.select_heads(2, 4) == ([0, 1], [0, 1, 2, 3])
     assert ins.select_heads(2, 4, [1, 1], [3, 0]) == ([1], [0, 3])
-    with pytest.raises(MinigptError, match=r"--layer 2: out of range; valid: 0\.\.1"):
+    with pytest.raises(MinigptError, match=r"^layer 2: out of range; valid: 0\.\.1"):
         ins.select_heads(2, 4, [2])
-    with pytest.raises(MinigptError, match=r"--head -1: out of range; valid: 0\.\.3"):
+    with pytest.raises(MinigptError, match=r"^head -1: out of range; valid: 0\.\.3"):
         ins.select_heads(2, 4, [], [-1])
     assert ins.parse_formats([]) == ["table"]
     assert ins.parse_formats(["png,html", "PNG", "json"]) == ["png", "html", "json"]
@@ -265,7 +267,7 @@ def insp() -> ins.Inspection:
 
 def test_out_dir_must_be_writable(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(MinigptError, match="--out .*cannot write there"):
+    with pytest.raises(MinigptError, match="^out .*cannot write there"):
         ins.check_out_dir(tmp_path / "file" / "sub")
     assert ins.check_out_dir(tmp_path / "a" / "b").is_dir()
     assert not list((tmp_path / "a" / "b").iterdir())  # the write probe leaves nothing
@@ -296,7 +298,7 @@ def test_json_file_round_trips(insp, tmp_path):
 def test_pngs_are_produced_and_not_blank(insp, tmp_path):
     import matplotlib.image
 
-    from minigpt.heatmap import write_pngs
+    from minigpt.heads.heatmap import write_pngs
 
     paths = write_pngs(insp, tmp_path, [(0, 1)])
     assert [p.name for p in paths] == ["attention_grid.png", "attention_L0_H1.png"]
@@ -307,8 +309,36 @@ def test_pngs_are_produced_and_not_blank(insp, tmp_path):
         assert img[..., :3].std() > 0.05  # not a blank canvas
 
 
+@pytest.mark.parametrize("tokens", [
+    [60, 32, 61, 60, 32, 61],  # 6 tokens, every score applies: the longest title, smallest figure
+    list(range(60, 80)),
+    [60 + (i % 7) for i in range(90)],
+])
+def test_head_png_text_lies_inside_the_image(tokens):
+    """Issue #15 finding 7: the per-head title (all eight scores on one line) ran off the
+    right edge. Every drawn text (title, axis and tick labels, colour bar) now lies inside."""
+    from matplotlib.text import Text
+
+    from minigpt.heads.heatmap import head_figure
+
+    insp = ins.inspect(tiny_model(), tokens, [chr(t) for t in tokens], source="text",
+                       run="r", step=1)
+    if len(tokens) == 6:  # the case that overflowed: all eight scores in the title
+        assert not any(math.isnan(v) for v in insp.head_scores(0, 1).values())
+    fig = head_figure(insp, 0, 1)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    W, H = fig.bbox.width, fig.bbox.height
+    texts = [a for a in fig.findobj(Text) if a.get_visible() and a.get_text().strip()]
+    assert any("entropy" in a.get_text() for a in texts)  # the title is among them
+    for a in texts:
+        box = a.get_window_extent(renderer)
+        assert box.x0 >= -0.5 and box.y0 >= -0.5 and box.x1 <= W + 0.5 and box.y1 <= H + 0.5, (
+            a.get_text(), box, (W, H))
+
+
 def test_html_is_self_contained_and_escapes_tokens(insp, tmp_path):
-    from minigpt.viewer import write_html
+    from minigpt.heads.viewer import write_html
 
     html = write_html(insp, tmp_path / "v.html", [(1, 1)]).read_text(encoding="utf-8")
     assert len(html) > 10000
@@ -331,7 +361,7 @@ def test_html_csp_hash_matches_the_inline_script(insp):
     import base64
     import hashlib
 
-    from minigpt.viewer import render_html
+    from minigpt.heads.viewer import render_html
 
     html = render_html(insp)
     code = re.findall(r"<script>(.*?)</script>", html, flags=re.DOTALL)
@@ -347,7 +377,7 @@ def test_files_are_written_atomically(insp, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("minigpt.rundir.os.replace", boom)
+    monkeypatch.setattr("minigpt.files.os.replace", boom)
     with pytest.raises(MinigptError, match="no space left"):
         ins.write_json(insp, path)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["s.json"]
@@ -355,5 +385,5 @@ def test_files_are_written_atomically(insp, tmp_path, monkeypatch):
 
 def test_default_text_is_cut_to_a_tiny_context():
     # the default text must fit a tiny context: truncated with a note, not an error
-    inp = ins.prepare_input(cfg_for(block=8), bytes_tokenizer())
-    assert len(inp.tokens) == 8 and inp.notes
+    inp = prb.prepare_input(cfg_for(block=8), bytes_tokenizer())
+    assert len(inp.tokens) == 8 and inp.truncated

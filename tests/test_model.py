@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from minigpt.attention import AttnSpec
 from minigpt.config import Config, MinigptError, ModelConfig
 from minigpt.model import GPT, KVCache, flops_per_token
 
@@ -237,7 +238,8 @@ def test_head_i_uses_columns_i_dk_to_i_plus_1_dk():
     with torch.no_grad():
         attn.c_attn.weight.copy_(torch.cat([torch.eye(4)] * 3))  # Q = K = V = X
         attn.c_proj.weight.copy_(torch.eye(4))  # W_O = I: the output is the concatenation
-        out, probs = attn(x, None, None, 0, "explicit", return_probs=True, causal=False)
+        out, probs = attn(x, rope=None, cache=None, layer=0,
+                          spec=AttnSpec("explicit", return_probs=True, causal=False))
     assert probs.shape == (1, 2, 4, 4)
     for i in range(2):
         cols = x[0, :, 2 * i:2 * i + 2]  # (T, d_k)
@@ -319,12 +321,22 @@ def test_dropout_only_in_training():
     assert torch.equal(m(idx)[0], m(idx)[0])
 
 
-def test_param_groups_cover_each_parameter_once():
-    m = build(bias=True)
-    groups = m.param_groups(0.1)
-    ids = [id(p) for g in groups for p in g["params"]]
-    assert len(ids) == len(set(ids)) == len(list(m.parameters()))
-    assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0.0
+def test_activation_and_norm_eps_options():
+    """gelu_tanh is GPT-2's gelu_new formula; norm_eps reaches every norm; the default model is
+    unchanged by the options (exact GELU, eps 1e-5)."""
+    x = torch.linspace(-6, 6, 101)
+    gelu_new = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    m = build(activation="gelu_tanh", norm_eps=1e-3, bias=True)
+    assert torch.allclose(torch.nn.functional.gelu(x, approximate=m.blocks[0].mlp.approximate),
+                          gelu_new, atol=1e-6)
+    assert {n.eps for n in m.modules() if isinstance(n, torch.nn.LayerNorm)} == {1e-3}
+    d = build()
+    assert d.blocks[0].mlp.approximate == "none"
+    assert {n.eps for n in d.modules() if isinstance(n, torch.nn.LayerNorm)} == {1e-5}
+    idx = tokens(1, 8)
+    exact = build(seed=1)
+    tanh = build(seed=1, activation="gelu_tanh")
+    assert not torch.equal(exact(idx)[0], tanh(idx)[0])  # same weights, another nonlinearity
 
 
 # ---- FLOPs ---------------------------------------------------------------------------------

@@ -9,17 +9,17 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from minigpt.attention import AttnSpec
 from minigpt.config import MinigptError, ModelConfig
+from minigpt.errors import ArgumentError
 from minigpt.model import GPT
 from minigpt.sample import (
     MAX_NEW_TOKENS,
-    DecodeStep,
+    Sampling,
     TextStream,
-    check_sampling_args,
     context_keep,
     filter_logits,
     generate,
-    make_decode_step,
     sample,
     sample_token,
     truncate_prompt,
@@ -48,25 +48,26 @@ def utf8_decode(ids) -> str:
 # Argument checks
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p, n, flag", [
-    (-0.1, 0, 1.0, 10, "--temperature"),
-    (math.nan, 0, 1.0, 10, "--temperature"),
-    (math.inf, 0, 1.0, 10, "--temperature"),
-    (1.0, -1, 1.0, 10, "--top-k"),
-    (1.0, 0, 0.0, 10, "--top-p"),
-    (1.0, 0, 1.01, 10, "--top-p"),
-    (1.0, 0, math.nan, 10, "--top-p"),
-    (1.0, 0, 1.0, 0, "--max-new-tokens"),
-    (1.0, 0, 1.0, MAX_NEW_TOKENS + 1, "--max-new-tokens"),
+@pytest.mark.parametrize("temperature, top_k, top_p, n, param", [
+    (-0.1, 0, 1.0, 10, "temperature"),
+    (math.nan, 0, 1.0, 10, "temperature"),
+    (math.inf, 0, 1.0, 10, "temperature"),
+    (1.0, -1, 1.0, 10, "top_k"),
+    (1.0, 0, 0.0, 10, "top_p"),
+    (1.0, 0, 1.01, 10, "top_p"),
+    (1.0, 0, math.nan, 10, "top_p"),
+    (1.0, 0, 1.0, 0, "max_new_tokens"),
+    (1.0, 0, 1.0, MAX_NEW_TOKENS + 1, "max_new_tokens"),
 ])
-def test_bad_sampling_args_name_the_flag(temperature, top_k, top_p, n, flag):
-    with pytest.raises(MinigptError, match=flag):
-        check_sampling_args(temperature, top_k, top_p, n)
+def test_bad_sampling_settings_name_the_parameter(temperature, top_k, top_p, n, param):
+    with pytest.raises(ArgumentError, match=f"^{param}: ") as err:
+        Sampling(temperature, top_k, top_p, n)
+    assert err.value.param == param
 
 
-def test_edge_sampling_args_are_accepted():
-    check_sampling_args(0.0, 0, 1.0, 1)
-    check_sampling_args(2.5, 5, 1e-6, MAX_NEW_TOKENS)
+def test_edge_sampling_settings_are_accepted():
+    Sampling(0.0, 0, 1.0, 1)
+    Sampling(2.5, 5, 1e-6, MAX_NEW_TOKENS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def test_top_k_allowed_set_and_renormalised_probs(k):
     # Inside the set the distribution is the tempered softmax renormalised.
     idx = torch.tensor(sorted(allowed))
     want = torch.softmax(logits[idx] / 0.7, dim=0)
-    assert torch.allclose(torch.softmax(filtered, 0)[idx], want, atol=1e-6)
+    assert torch.allclose(torch.softmax(filtered, 0)[idx].float(), want, atol=1e-6)
     draws = {sample_token(logits, 0.7, k, 1.0, gen) for _ in range(300)}
     assert draws <= allowed
     if k > 1:
@@ -127,8 +128,86 @@ def test_top_k_then_top_p():
 
 def test_off_values_leave_the_distribution_alone():
     logits = torch.randn(20)
-    assert torch.equal(filter_logits(logits, 1.0, 0, 1.0), logits)
-    assert torch.equal(filter_logits(logits, 1.0, 20, 1.0), logits)  # k >= V = off
+    assert torch.equal(filter_logits(logits, 1.0, 0, 1.0), logits.double())
+    assert torch.equal(filter_logits(logits, 1.0, 20, 1.0), logits.double())  # k >= V = off
+
+
+def test_top_p_keeps_the_exact_smallest_set_at_the_boundary():
+    """Issue #15 finding 6: top_p a hair above the mass of the k most likely tokens needs
+    k + 1 of them, a hair below needs k (cumsum - probs used to drift by ~1e-7)."""
+    logits = torch.tensor([0.5, 0.3, 0.2]).log()
+    assert int(torch.isfinite(filter_logits(logits, 1.0, 0, 0.8000001)).sum()) == 3
+    assert int(torch.isfinite(filter_logits(logits, 1.0, 0, 0.7999999)).sum()) == 2
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(20):
+        logits = torch.randn(64, generator=gen) * (0.5 + trial / 4)
+        probs = sorted(torch.softmax(logits.double(), 0).tolist(), reverse=True)
+        for k in (1, 2, 5, 17, 40):
+            mass = math.fsum(probs[:k])  # exact sum of the k most likely
+            for top_p, want in ((mass * (1 + 1e-9), k + 1), (mass * (1 - 1e-9), k)):
+                if top_p < 1.0:
+                    kept = int(torch.isfinite(filter_logits(logits, 1.0, 0, top_p)).sum())
+                    assert kept == want, (trial, k, top_p)
+
+
+@pytest.mark.parametrize("temperature", [1e-8, 1e-40, 1e-300, 5e-324])
+def test_tiny_temperature_is_greedy_and_stable(temperature):
+    """Issue #15 finding 2: logits / 1e-40 overflows; the result is the argmax (no NaN,
+    never an id >= V). With tied largest logits it draws among the tied ones only."""
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(20):
+        logits = torch.randn(257, generator=gen) * 5
+        filtered = filter_logits(logits, temperature)
+        assert not torch.isnan(filtered).any()
+        assert sample_token(logits, temperature, generator=gen) == int(logits.argmax())
+    logits = torch.zeros(10)
+    logits[[3, 7]] = 2.0
+    draws = {sample_token(logits, temperature, generator=gen) for _ in range(200)}
+    assert draws == {3, 7}
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(-1e4, 1e4), st.just(-math.inf)), min_size=1,
+                       max_size=40).filter(lambda v: any(math.isfinite(x) for x in v)),
+       temperature=st.one_of(st.floats(5e-324, 1e-30), st.floats(1e-30, 1e30)),
+       top_k=st.integers(0, 45), top_p=st.floats(1e-9, 1.0), seed=st.integers(0, 2**32))
+def test_a_drawn_id_is_always_inside_the_allowed_set(values, temperature, top_k, top_p, seed):
+    logits = torch.tensor(values)
+    filtered = filter_logits(logits, temperature, top_k, top_p)
+    tok = sample_token(logits, temperature, top_k, top_p, torch.Generator().manual_seed(seed))
+    assert 0 <= tok < len(values) and math.isfinite(filtered[tok])
+
+
+class _BadAfter(torch.nn.Module):
+    """A real tiny GPT whose logits turn to `value` (NaN, +inf) from forward call n+1 on."""
+
+    def __init__(self, gpt: GPT, n: int, value: float):
+        super().__init__()
+        self.gpt, self.cfg, self.n, self.value, self.calls = gpt, gpt.cfg, n, value, 0
+
+    def new_kv_cache(self, *a, **kw):
+        return self.gpt.new_kv_cache(*a, **kw)
+
+    def forward(self, idx, kv_cache=None):
+        logits, loss = self.gpt(idx, kv_cache=kv_cache)
+        self.calls += 1
+        if self.calls > self.n:
+            logits = logits.clone()
+            logits[..., 5] = self.value
+        return logits, loss
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 1e-40])
+def test_non_finite_logits_stop_with_an_error_naming_the_step(value, temperature):
+    """Issue #15 finding 2: never a token id from NaN/inf logits (greedy argmax would pick
+    the NaN); the error names the generation step."""
+    model = _BadAfter(tiny_gpt(), n=3, value=value)  # prefill + 2 decode steps are fine
+    got = []
+    with pytest.raises(MinigptError, match="^generation step 4: .*not finite"):
+        got.extend(generate(model, [1, 2], 10, temperature=temperature,  # keeps what came
+                            generator=torch.Generator().manual_seed(0)))
+    assert len(got) == 3 and all(0 <= tok < 64 for tok in got)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
@@ -354,7 +433,7 @@ def test_stream_equals_batch_decode_then_cut_at_stop(text, stop, cuts):
 def test_sample_streams_the_same_text_it_returns_and_stops():
     model = tiny_gpt(vocab_size=256, block_size=16)
     seen: dict[int, str] = {}
-    results = sample(model, [10], utf8_decode, max_new_tokens=25, num_samples=3, seed=5,
+    results = sample(model, [10], utf8_decode, Sampling(max_new_tokens=25, num_samples=3), seed=5,
                      on_text=lambda i, s: seen.__setitem__(i, seen.get(i, "") + s))
     assert [r.index for r in results] == [0, 1, 2]
     for r in results:
@@ -362,37 +441,37 @@ def test_sample_streams_the_same_text_it_returns_and_stops():
         assert r.finish_reason == "length" and len(r.token_ids) == 25
         assert r.tokens_per_s > 0 and 0 < r.first_token_s <= r.seconds
     # Samples are sequential from one generator: the first is the same when asked alone.
-    alone = sample(model, [10], utf8_decode, max_new_tokens=25, seed=5)
+    alone = sample(model, [10], utf8_decode, Sampling(max_new_tokens=25), seed=5)
     assert alone[0].token_ids == results[0].token_ids
     assert results[0].token_ids != results[1].token_ids
 
     # A stop string taken from the middle of sample 0 ends it right there.
     text = results[0].text
     stop = text[len(text) // 2:len(text) // 2 + 2]
-    again = sample(model, [10], utf8_decode, max_new_tokens=25, seed=5, stops=[stop])[0]
+    again = sample(model, [10], utf8_decode, Sampling(max_new_tokens=25), seed=5, stops=[stop])[0]
     assert again.finish_reason == "stop" and again.text == text[:text.find(stop)]
 
 
 def test_sample_stop_ids_report_eot():
     model = tiny_gpt(vocab_size=256)
     greedy = list(generate(model, [0], 10, temperature=0.0))
-    r = sample(model, [0], utf8_decode, max_new_tokens=10, temperature=0.0,
+    r = sample(model, [0], utf8_decode, Sampling(0.0, max_new_tokens=10),
                stop_ids=[greedy[2]])[0]
     assert r.finish_reason == "eot" and r.token_ids == greedy[:greedy.index(greedy[2]) + 1]
 
 
 # --------------------------------------------------------------------------------------------
-# DecodeStep: the lean one-token path against GPT.forward with the same cache
+# The model's one-token decode path against its general path, on the same cache
 
 
 @pytest.mark.parametrize("kw", [
     {"pos_encoding": "rope"}, {"pos_encoding": "learned"}, {"pos_encoding": "sinusoidal"},
     {"pos_encoding": "none"}, {"norm": "rmsnorm", "bias": True},
     {"mlp": False, "tie_weights": False}, {"attn_impl": "explicit", "bias": True},
+    {"pos_encoding": "learned", "bias": True, "activation": "gelu_tanh", "norm_eps": 1e-3},
 ])
-def test_decode_step_equals_model_forward_with_cache(kw):
+def test_one_token_decode_path_equals_the_general_path(kw):
     model = tiny_gpt(block_size=24, **kw)
-    step = DecodeStep(model)
     gen = torch.Generator().manual_seed(9)
     prompt = torch.randint(0, 64, (1, 5), generator=gen)
     with torch.inference_mode():
@@ -401,32 +480,27 @@ def test_decode_step_equals_model_forward_with_cache(kw):
         model(prompt, kv_cache=fast_cache)
         for t in torch.randint(0, 64, (19,), generator=gen).tolist():  # fills the cache
             tok = torch.tensor([[t]])
-            want = model(tok, kv_cache=ref_cache)[0][0, -1]
-            got = step(tok, fast_cache)
+            want = model._run(tok, ref_cache, model._spec)[0]  # the general path
+            got = model._decode_one(tok, fast_cache)  # the one-token decode path
             assert got.shape == want.shape
             assert torch.allclose(got, want, atol=1e-5, rtol=0)
         assert fast_cache.length == ref_cache.length == 24
         for a, b in zip(ref_cache.k + ref_cache.v, fast_cache.k + fast_cache.v):
             assert torch.allclose(a, b, atol=1e-5, rtol=0)
         with pytest.raises(MinigptError, match="full"):
-            step(tok, fast_cache)
+            model(tok, kv_cache=fast_cache)
 
 
-def test_decode_step_only_for_plain_gpt():
-    class Other(GPT):
-        pass
-
-    assert make_decode_step(tiny_gpt()) is not None
-    assert make_decode_step(Other(tiny_gpt().cfg)) is None
-
-
-def test_generate_without_decode_step_uses_model_forward(monkeypatch):
-    """Models DecodeStep does not know decode through GPT.forward with the cache: same tokens."""
-    import minigpt.sample as smp
-
-    model = tiny_gpt("rope", block_size=12)
-    fast, fast_logits = run(model, [1, 2], 30, temperature=0.0)
-    monkeypatch.setattr(smp, "make_decode_step", lambda m: None)
-    slow, slow_logits = run(model, [1, 2], 30, temperature=0.0)
-    assert fast == slow
-    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(fast_logits, slow_logits))
+def test_forward_takes_the_decode_path_only_for_one_token_at_inference(monkeypatch):
+    model = tiny_gpt(block_size=24)
+    calls = []
+    real = model._decode_one
+    monkeypatch.setattr(model, "_decode_one", lambda idx, c: calls.append(1) or real(idx, c))
+    cache = model.new_kv_cache(1)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2]]), kv_cache=cache)  # prefill: the general path
+        assert calls == []
+        model(torch.tensor([[3]]), kv_cache=cache)
+        assert calls == [1]
+        model(torch.tensor([[3]]), kv_cache=cache, attn=AttnSpec("explicit", return_probs=True))
+        assert calls == [1]  # asked-for attention options: the general path

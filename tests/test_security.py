@@ -24,11 +24,13 @@ import yaml
 from test_hardening import MODEL, make_run, weights_of
 from typer.testing import CliRunner
 
-from minigpt.checkpoint import Checkpoint, load_model_weights
 from minigpt.cli import app
-from minigpt.config import PACKAGE_DIR, _StrictLoader
+from minigpt.files import _StrictLoader
 from minigpt.model import GPT
-from minigpt.safetensors_io import read_header
+from minigpt.paths import PACKAGE_DIR
+from minigpt.run.checkpoint import Checkpoint
+from minigpt.run.load import load_model_weights
+from minigpt.run.safetensors_io import read_header
 
 # --------------------------------------------------------------------------------------------
 # 1. A static scan of the package: no call that deserialises code.

@@ -13,17 +13,16 @@ import pytest
 import tiktoken
 import tiktoken.load
 
-from minigpt.config import DATA_DIR, Config, MinigptError, from_dict
+from minigpt.config import Config, MinigptError, from_dict
+from minigpt.events import BPETrained, TokenizerCacheHit, TrainingBPE
+from minigpt.paths import DATA_DIR
 from minigpt.tokenizer import (
     EOT,
     NAMED_ENCODINGS,
     PATTERNS,
     RANKS_FILE,
     SIDECAR_FILE,
-    BPETrained,
     Tokenizer,
-    TokenizerCacheHit,
-    TrainingBPE,
     build_tokenizer,
     bytes_tokenizer,
     tiktoken_cache_dir,
@@ -243,6 +242,6 @@ def _gpt2_cached() -> bool:
 
 
 def test_induction_source_refuses_a_corpus_bpe():
-    cfg = from_dict({"tokenizer": {"vocab_size": 512}, "data": {"source": "induction"}})
+    """Checked once, when the config loads, before any tokenizer is built."""
     with pytest.raises(MinigptError, match="tokenizer.vocab_size: 256"):
-        build_tokenizer(cfg)
+        from_dict({"tokenizer": {"vocab_size": 512}, "data": {"source": "induction"}})

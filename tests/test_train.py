@@ -17,20 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minigpt.checkpoint import load_run
-from minigpt.config import ConfigError, MinigptError, load_config
+from minigpt.config import ConfigError, MinigptError, ModelConfig, load_config, to_dict
+from minigpt.errors import TrainingDiverged
+from minigpt.events import CheckpointEvent, DoneEvent, EvalEvent, StepEvent
 from minigpt.model import GPT
-from minigpt.rundir import RunLock
-from minigpt.schedule import build_optimizer, lr_at
-from minigpt.train import (
-    CheckpointEvent,
-    DoneEvent,
-    EvalEvent,
-    StepEvent,
-    TrainingDiverged,
-    resume_config,
-    train,
-)
+from minigpt.run import load_run
+from minigpt.run.lock import RunLock
+from minigpt.run.resume import resume_config
+from minigpt.train import train
+from minigpt.train.optim import build_optimizer, lr_at
 
 
 def write_corpus(path: Path) -> Path:
@@ -151,6 +146,14 @@ def test_fresh_run_never_overwrites(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["precious.txt"]
 
 
+def test_train_leaves_the_callers_config_alone(tmp_path):
+    cfg = load_config(None, [*tiny_sets(tmp_path), "train.max_steps=2", "model.vocab_size=0"])
+    before = to_dict(cfg)
+    train(cfg, tmp_path / "run")
+    assert to_dict(cfg) == before and cfg.model.vocab_size == 0  # the run's copy got filled in
+    assert load_run(tmp_path / "run", "cpu").cfg.model.vocab_size > 0
+
+
 def test_resume_rules(tmp_path):
     run = tmp_path / "run"
     with pytest.raises(MinigptError, match="does not exist"):
@@ -163,6 +166,46 @@ def test_resume_rules(tmp_path):
         resume_config(run, ["train.batch_size=3"])
     cfg = resume_config(run, ["train.max_steps=20", "train.eval_interval=5"], device="cpu")
     assert (cfg.train.max_steps, cfg.train.eval_interval, cfg.run.device) == (20, 5, "cpu")
+
+
+def test_resume_accepts_stored_values_and_names_a_changed_one(tmp_path):
+    """Issue #15 finding 4: the command that started a run, with --resume appended, continues
+    it; a value that differs is refused naming the setting, the stored and the given value."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model:\n  n_layer: 2\n  vocab_size: 300\n"
+                                     "train:\n  max_steps: 10\n")
+    cfg = resume_config(run, ["model.n_layer=2", "model.vocab_size=0", "model.n_head=4",
+                              "train.max_steps=10", "train.max_steps=12"])
+    assert (cfg.model.n_layer, cfg.model.vocab_size, cfg.train.max_steps) == (2, 300, 12)
+    with pytest.raises(ConfigError) as err:
+        resume_config(run, ["model.n_layer=2", "model.n_layer=3"])
+    msg = str(err.value)
+    assert msg.startswith("--set: model.n_layer cannot change on --resume")
+    assert "model.n_layer=2" in msg and "gives 3" in msg and str(run / "config.yaml") in msg
+    conf = tmp_path / "mine.yaml"  # --config: the keys the file names are checked the same way
+    conf.write_text("model:\n  n_layer: 2\ntrain:\n  max_steps: 11\n")
+    assert resume_config(run, [], config=str(conf)).train.max_steps == 11
+    assert resume_config(run, ["train.max_steps=13"], config=str(conf)).train.max_steps == 13
+    conf.write_text("model:\n  n_layer: 5\n")
+    with pytest.raises(ConfigError, match=r"^--config \S+mine.yaml: model.n_layer cannot change"
+                                          r".*n_layer=2 .*gives 5"):
+        resume_config(run, [], config=str(conf))
+
+
+def test_resume_where_nothing_was_saved_uses_the_commands_config(tmp_path):
+    """Issue #15 finding 5: a run killed during start-up leaves only train.lock (or nothing):
+    --resume takes the config the same command without --resume would use."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert resume_config(run, ["model.n_layer=3"]).model.n_layer == 3  # empty
+    RunLock(run).acquire().release()
+    assert [p.name for p in run.iterdir()] == ["train.lock"]
+    cfg = resume_config(run, ["model.n_layer=3"], config="bytes")
+    assert (cfg.model.n_layer, cfg.model.block_size, cfg.run.name) == (3, 64, "bytes")
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(MinigptError, match="config.yaml is missing.*not a minigpt run"):
+        resume_config(run, [])
 
 
 def _free_port() -> int:
@@ -203,8 +246,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
 def test_resume_without_rng_state_is_a_clear_error(tmp_path):
     """A checkpoint written without trainer RNG state (e.g. by another tool) cannot be
     resumed exactly: one-line error, no traceback, nothing changed."""
-    from minigpt.checkpoint import save_checkpoint
     from minigpt.config import to_yaml
+    from minigpt.run.checkpoint import save_checkpoint
     from minigpt.tokenizer import bytes_tokenizer
 
     cfg = load_config(None, tiny_sets(tmp_path))
@@ -218,3 +261,14 @@ def test_resume_without_rng_state_is_a_clear_error(tmp_path):
                     trainer_state={"step": 2}, optimizer=opt, param_names=names)
     with pytest.raises(MinigptError, match="trainer_state.json: the RNG .* cannot be resumed"):
         train(resume_config(run, []), run, resume=True)
+
+
+def test_param_groups_cover_each_parameter_once():
+    from minigpt.train.optim import param_groups
+
+    m = GPT.from_config(ModelConfig(n_layer=2, n_head=2, n_embd=8, block_size=8, vocab_size=16,
+                                    bias=True), seed=0)
+    groups, names = param_groups(m, 0.1)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(m.parameters())) == len(names)
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0.0

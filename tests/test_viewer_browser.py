@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.inspection import Inspection, score_heads, visible_token
+from minigpt.heads.inspection import Inspection, visible_token
+from minigpt.heads.scores import score_heads
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def driver(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(driver, tmp_path_factory):
-    from minigpt.viewer import write_html
+    from minigpt.heads.viewer import write_html
 
     path = write_html(hand_built(), tmp_path_factory.mktemp("viewer") / "attention.html")
     driver.get(path.resolve().as_uri())

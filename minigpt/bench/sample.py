@@ -1,0 +1,109 @@
+"""The sample suite of `minigpt bench`: greedy decoding of one sequence (batch 1) with and
+without the KV cache, through the same generation loop as `minigpt sample`
+(`minigpt.sample.generate`): time to first token, prefill and decode tokens/s, and whether
+both paths produced the same tokens."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from minigpt.bench.timing import Timing, synchronize
+from minigpt.config import ModelConfig
+from minigpt.device import autocast
+from minigpt.events import BenchEvent, OnEvent
+from minigpt.model import GPT
+from minigpt.sample import generate
+
+
+@dataclass
+class SampleSettings:
+    n_layer: int = 4
+    n_embd: int = 128
+    n_head: int = 4
+    block_size: int = 256
+    vocab_size: int = 1024
+    prompt_len: int = 64
+    new_tokens: int = 128
+    warmup: int = 1
+    repeats: int = 5
+    model: str = ""  # '' = a random-init minigpt model of the shape above; else what was loaded
+
+
+@dataclass
+class SampleRow:
+    """Greedy decoding of one sequence (batch 1). Times are medians over repeats."""
+
+    kv_cache: bool
+    prompt_len: int
+    new_tokens: int
+    ttft: Timing  # prompt forward + first token, ms
+    decode: Timing  # ms per generated token after the first
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["ttft"], d["decode"] = self.ttft.as_dict(), self.decode.as_dict()
+        d["ttft_ms"] = self.ttft.median_ms
+        return d
+
+
+def _generate(model: GPT, prompt: list[int], n: int, use_cache: bool,
+              device: torch.device, dtype: torch.dtype) -> tuple[float, float, list[int]]:
+    """Greedy-generate n tokens through `minigpt.sample.generate`, as `minigpt sample` does:
+    (seconds to first token, seconds for the other n-1, tokens). Each token is a Python int,
+    so every step has finished on the device when it is counted."""
+    with autocast(device, dtype):
+        synchronize(device)
+        t0 = time.perf_counter()
+        tokens = generate(model, prompt, n, temperature=0.0, use_kv_cache=use_cache)
+        out = [next(tokens)]  # prefill + the first token
+        t1 = time.perf_counter()
+        out += tokens
+        t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, out
+
+
+def settings_for(model: GPT, s: SampleSettings, name: str) -> SampleSettings:
+    """`s` resized to a given model: its shape, and the prompt and new tokens within its
+    context (at most half of it for the prompt)."""
+    m = model.cfg
+    prompt = min(s.prompt_len, m.block_size // 2)
+    return replace(s, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
+                   block_size=m.block_size, vocab_size=m.vocab_size, prompt_len=prompt,
+                   new_tokens=min(s.new_tokens, m.block_size - prompt), model=name)
+
+
+def run_sample_suite(device: torch.device, dtype: torch.dtype, s: SampleSettings,
+                     on_event: OnEvent | None = None, model: GPT | None = None,
+                     ) -> tuple[list[SampleRow], bool]:
+    """Rows without and with the KV cache, and whether both produced the same greedy tokens.
+    `model`: decode this model (on `device`, shaped as `s` says: see `settings_for`) instead
+    of a random-init one."""
+    say = on_event or (lambda e: None)
+    if s.prompt_len + s.new_tokens > s.block_size or s.new_tokens < 2:
+        raise ValueError("sample suite: need prompt_len + new_tokens <= block_size, new >= 2")
+    if model is None:
+        cfg = ModelConfig(n_layer=s.n_layer, n_head=s.n_head, n_embd=s.n_embd,
+                          block_size=s.block_size, vocab_size=s.vocab_size)
+        model = GPT.from_config(cfg, seed=0).to(device).eval()
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, s.vocab_size, (s.prompt_len,), generator=gen).tolist()
+    rows, tokens = [], {}
+    for use_cache in (False, True):
+        say(BenchEvent("sample", f"greedy decode, kv_cache={use_cache}"))
+        ttft, per_tok = [], []
+        for i in range(s.warmup + s.repeats):
+            first, rest, tokens[use_cache] = _generate(model, prompt, s.new_tokens, use_cache,
+                                                       device, dtype)
+            if i >= s.warmup:
+                ttft.append(first * 1e3)
+                per_tok.append(rest * 1e3 / (s.new_tokens - 1))
+        t_ttft, t_dec = Timing.from_samples(ttft), Timing.from_samples(per_tok)
+        rows.append(SampleRow(use_cache, s.prompt_len, s.new_tokens, t_ttft, t_dec,
+                              s.prompt_len / (t_ttft.median_ms * 1e-3),
+                              1e3 / t_dec.median_ms))
+    return rows, tokens[False] == tokens[True]

@@ -1,0 +1,46 @@
+"""`minigpt curves RUN [RUN...] --out FILE.png`: several runs' training curves overlaid,
+against step and against wall time (drawn by `minigpt.run.curves`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from minigpt.cli.main import app, say
+from minigpt.errors import MinigptError
+
+
+@app.command("curves")
+def curves_command(
+    runs: Annotated[list[str], typer.Argument(
+        help="Run directories, or names of runs under runs/.", metavar="RUN")],
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="The picture to write (.png).")],
+) -> None:
+    """Overlay several runs' train loss and val bits/byte, against step and wall time."""
+    from minigpt.run.curves import read_series, write_overlay
+
+    dirs = [_find_run(r) for r in runs]
+    names = [d.name for d in dirs]
+    series = [read_series(d, d.name if names.count(d.name) == 1 else str(d)) for d in dirs]
+    for s in series:
+        if s.skipped:
+            say(f"note: {s.run_dir / 'metrics.jsonl'}: skipped {s.skipped} damaged "
+                f"line{'s' if s.skipped != 1 else ''}")
+    path = write_overlay(series, out)
+    say(f"wrote {path} ({len(series)} run{'s' if len(series) != 1 else ''})")
+
+
+def _find_run(text: str) -> Path:
+    """A run given as a directory, else as a name under runs/."""
+    from minigpt.run.layout import DEFAULT_RUNS
+    from minigpt.run.listing import is_run_dir
+
+    for candidate in (Path(text), DEFAULT_RUNS / text):
+        if is_run_dir(candidate):
+            return candidate
+    looked = f"{text}" + ("" if Path(text).is_absolute() else f" or {DEFAULT_RUNS / text}")
+    raise MinigptError(f"unknown run '{text}': no run directory at {looked}; `minigpt runs` "
+                       "lists the runs")

@@ -1,0 +1,125 @@
+"""The `minigpt` application: the one error path, the shared options and the entry point.
+
+The only package that imports typer and rich. Library modules return data and report progress
+through callbacks; the command modules (train.py, sample.py, heads.py, bench.py) render it.
+
+One error path for every command (`_Group.invoke`): a MinigptError becomes one `error: ...`
+line on stderr and exit code 2, with library parameter names shown as the flags the user typed
+(`temperature` -> `--temperature`); Ctrl-C outside the training loop exits 130. Usage errors
+(unknown command or flag, a value of the wrong type) are the parser's message with a
+did-you-mean, on stderr, exit 2. Never a traceback for any of these.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from minigpt import __version__
+from minigpt.errors import ArgumentError, MinigptError
+
+# Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
+err_console = Console(stderr=True, highlight=False)
+out_console = Console(highlight=False)
+
+
+def flag_for(param: str) -> str:
+    """The command-line flag of a library parameter name: `top_k` -> `--top-k`."""
+    return "--" + param.replace("_", "-")
+
+
+def user_message(e: MinigptError) -> str:
+    """A library error in the user's terms: parameter names become the flags they typed."""
+    return e.render(flag_for(e.param)) if isinstance(e, ArgumentError) else str(e)
+
+
+def say(text: str) -> None:
+    """One plain line on stderr (no markup, no highlighting, no wrapping)."""
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+class _Group(TyperGroup):
+    """The command group with minigpt's error path and a did-you-mean for commands."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            hint = difflib.get_close_matches(name, self.list_commands(ctx), n=1)
+            ctx.fail(f"No such command '{name}'."
+                     + (f" Did you mean '{hint[0]}'?" if hint else ""))
+        return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MinigptError as e:
+            say(f"error: {user_message(e)}")
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            say("interrupted (Ctrl-C); anything already saved is kept")
+            raise typer.Exit(130) from None
+
+
+app = typer.Typer(
+    name="minigpt",
+    cls=_Group,
+    help="Train tiny GPT models on a laptop and look inside their attention heads.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        out_console.print(f"minigpt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Train tiny GPT models on a laptop and look inside their attention heads."""
+
+
+# Options several commands share: one spelling, one help text.
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
+RunOpt = Annotated[Path | None, typer.Option(
+    "--run", help="Run directory. Default: the latest run under runs/.")]
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", metavar="PATH|hf:REPO_ID[@REV]",
+    help="A Hugging Face GPT-2 / GPT-NeoX model instead of a run: a local model directory, or "
+    "hf:REPO_ID[@REVISION] from the Hub (needs pip install 'minigpt-lab[hf]').")]
+
+
+def load_weights(run: Path | None, model: str | None, device, checkpoint: int | None = None):
+    """The one way a command gets its model: a trained run (`--run`, default the latest; a
+    kept `checkpoint` step) or an imported Hugging Face model (`--model`); both come back as
+    a `LoadedRun`."""
+    if run is not None and model is not None:
+        raise MinigptError("--run and --model exclude each other: give one of them")
+    if model is not None:
+        if checkpoint is not None:
+            raise MinigptError("--checkpoint picks a step of a trained run; it does not apply "
+                               "to --model")
+        from minigpt.hf import load_model
+
+        return load_model(model, device)
+    from minigpt.run import load_run
+
+    return load_run(run, device, step=checkpoint)
+
+
+def main() -> None:
+    """Console entry point (`minigpt`, `python -m minigpt`)."""
+    app(prog_name="minigpt")
+    sys.exit(0)

@@ -1,0 +1,58 @@
+"""`minigpt runs [DIR]`: the runs in a directory as a rich table (or `--json`), from
+`minigpt.run.listing` (its docstring says where each column comes from)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from minigpt.cli.main import app, out_console, say
+
+
+@app.command("runs")
+def runs_command(
+    directory: Annotated[Path, typer.Argument(
+        help="Directory holding run directories (or one run directory).", metavar="DIR")] = Path("runs"),
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="One JSON document on stdout instead of the table.")] = False,
+) -> None:
+    """List runs: status, step, best val bits/byte, parameters, wall time, last change."""
+    from minigpt.run.listing import list_runs
+
+    rows = list_runs(directory)
+    for r in rows:
+        if r.skipped_lines:
+            say(f"note: {r.path / 'metrics.jsonl'}: skipped {r.skipped_lines} damaged "
+                f"line{'s' if r.skipped_lines != 1 else ''}")
+    if json_out:
+        doc = {"directory": str(directory), "runs": [r.to_json() for r in rows]}
+        out_console.out(json.dumps(doc), highlight=False)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"runs in {directory}")
+    for name, justify in (("name", "left"), ("status", "left"), ("step", "right"),
+                          ("best val bits/byte", "right"), ("parameters", "right"),
+                          ("wall time", "right"), ("last change", "left")):
+        table.add_column(name, justify=justify)
+    for r in rows:
+        table.add_row(r.name, r.status, f"{r.step}/{r.max_steps if r.max_steps else '?'}",
+                      "-" if r.best_val_bpb is None else f"{r.best_val_bpb:.4f}",
+                      "-" if r.params is None else f"{r.params:,}",
+                      "-" if r.wall_time is None else _duration(r.wall_time),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_change)))
+    # Off a terminal rich assumes 80 columns and would fold every row in two.
+    console = out_console if out_console.is_terminal else Console(highlight=False, width=160)
+    console.print(table)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{s:02d}s"

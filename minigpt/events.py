@@ -1,0 +1,177 @@
+"""Every progress event a long-running library call reports through its `on_event` callback.
+
+The library never prints: `train`, `build_tokenizer`, `prepare_dataset` and `run_bench` call
+`on_event(event)` with these dataclasses, and the CLI renders them (a progress bar, plain log
+lines); tests collect them. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+OnEvent = Callable[[object], None]
+
+
+def no_events(event: object) -> None:
+    """The default callback: report nothing."""
+
+
+# -- tokenizer --------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingBPE:
+    """BPE training starts on `n_bytes` of corpus text (after train_max_bytes)."""
+    corpus: str
+    n_bytes: int
+    vocab_size: int
+
+
+@dataclass
+class BPETrained:
+    vocab_size: int      # ranks actually learned (fewer than asked if the corpus runs out of pairs)
+    seconds: float
+    path: Path           # cache directory it was saved to
+
+
+@dataclass
+class TokenizerCacheHit:
+    path: Path
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenizingFile:
+    """Tokenizing file `index` (0-based) of `n_files`; `n_bytes` is its size."""
+    path: Path
+    n_bytes: int
+    index: int
+    n_files: int
+
+
+@dataclass
+class TokenizeProgress:
+    bytes_done: int      # over the whole corpus
+    bytes_total: int
+
+
+@dataclass
+class DatasetReady:
+    cache_path: Path | None    # None for induction
+    n_train: int
+    n_val: int
+    cached: bool               # True when an existing cache was reused
+    corpus_files: tuple[Path, ...] = ()  # the resolved corpus files (empty for induction)
+
+
+# -- training ---------------------------------------------------------------------------------
+
+
+@dataclass
+class StartEvent:
+    run_dir: Path
+    start_step: int          # steps already done (0 for a fresh run)
+    max_steps: int
+    params: int              # distinct parameters (tied weights once)
+    device: str
+    world_size: int
+    tokens_per_step: int     # batch_size * block_size
+    n_vocab: int
+    bytes_per_token: float
+
+
+@dataclass
+class NothingSavedEvent:
+    """`--resume` found no committed checkpoint in `run_dir` (a run stopped during start-up,
+    before its first save): the run starts from step 0."""
+    run_dir: Path
+
+
+@dataclass
+class StepEvent:
+    step: int                # optimizer steps completed
+    max_steps: int
+    loss: float              # mean train loss of this step's global batch
+    lr: float
+    grad_norm: float         # before clipping
+    tokens_per_s: float      # over the last log interval
+    elapsed: float           # training seconds so far (all sessions)
+    tokens_seen: int
+
+
+@dataclass
+class EvalEvent:
+    step: int
+    val_loss: float
+    val_ppl: float
+    val_bpb: float           # bits per byte = val_loss / ln 2 / bytes_per_token
+    best_val_loss: float
+    best_val_bpb: float
+    elapsed: float
+    samples: list[tuple[str, str]]  # (prompt, generated text)
+
+
+@dataclass
+class CheckpointEvent:
+    step: int
+    path: Path
+
+
+@dataclass
+class HeadFormedEvent:
+    """A head's probe score reached the "formed" threshold for the first time in this run."""
+    step: int
+    layer: int
+    head: int
+    kind: str                # induction | previous | duplicate | first
+    what: str                # "an induction head", ...
+    score: float
+
+
+@dataclass
+class DoneEvent:
+    run_dir: Path
+    step: int
+    max_steps: int
+    reason: str              # finished | interrupted | stopped
+    signal: str              # SIGINT / SIGTERM when interrupted, else ""
+    params: int
+    tokens_seen: int
+    wall_time: float         # training seconds (all sessions)
+    tokens_per_s: float
+    best_val_loss: float     # nan if never evaluated
+    best_val_bpb: float
+    checkpoint: Path | None
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """The end-of-run figures (summary.md and the CLI's table share them)."""
+        def fmt(x: float) -> str:
+            return f"{x:.4f}" if math.isfinite(x) else "n/a"
+
+        return [
+            ("status", f"{self.reason} at step {self.step}/{self.max_steps}"),
+            ("parameters", f"{self.params:,}"),
+            ("tokens seen", f"{self.tokens_seen:,}"),
+            ("wall time", f"{self.wall_time:.1f} s"),
+            ("tokens/s", f"{self.tokens_per_s:,.0f}"),
+            ("best val loss", fmt(self.best_val_loss)),
+            ("best val bits/byte", fmt(self.best_val_bpb)),
+            ("run directory", str(self.run_dir)),
+            ("sample", f"minigpt sample --run {shlex.quote(str(self.run_dir))}"),
+        ]
+
+
+# -- bench ------------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchEvent:
+    """A benchmark case starts (`suite`: attention | train | sample)."""
+    suite: str
+    message: str

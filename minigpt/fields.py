@@ -1,0 +1,161 @@
+"""Typed settings: dataclass fields that carry their default, one-line help and bounds, and the
+machinery that turns YAML or `section.key=value` text into checked values of the field's type.
+
+A field is declared on one line, `n_layer: int = f(4, "number of transformer blocks", min=1)`;
+`choices` / `min` / `max` / `min_exclusive` / `max_exclusive` metadata drive validation, so
+adding a setting never means adding a validation branch. Every failure is one ConfigError
+naming where the value came from. No torch, nothing heavy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from dataclasses import field
+from typing import Any
+
+from minigpt.errors import ConfigError
+from minigpt.files import parse_yaml
+
+
+def f(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field with a default, a one-line meaning and validation metadata."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **meta})
+    return field(default=default, metadata={"help": help, **meta})
+
+
+
+def field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is list:
+        return "a list of strings"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Coerce a YAML value to the field type `tp`, or raise a ConfigError naming `where`."""
+    bad = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if typing.get_origin(tp) is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and
+                                                  not isinstance(v, bool) for v in value):
+            raise bad
+        return [str(v) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            return int(value)
+        raise bad
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, (int, float)):
+            value = float(value)
+            if not math.isfinite(value):
+                raise ConfigError(f"{where}: must be a finite number, got {value}")
+            return value
+        raise bad
+    if tp is str:
+        if isinstance(value, bool):  # `compile: true` -> "true"
+            return "true" if value else "false"
+        if value is None:
+            return ""
+        if isinstance(value, (int, float)):
+            return str(value)
+        if isinstance(value, str):
+            return value
+        raise bad
+    raise bad
+
+
+def check_meta(value: Any, meta: dict, where: str) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        hint = difflib.get_close_matches(str(value), choices, n=1)
+        dym = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}{dym}")
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{where}: must be >= {meta['min']}, got {value}")
+    if "min_exclusive" in meta and value <= meta["min_exclusive"]:
+        raise ConfigError(f"{where}: must be > {meta['min_exclusive']}, got {value}")
+    if "max_exclusive" in meta and value >= meta["max_exclusive"]:
+        raise ConfigError(f"{where}: must be < {meta['max_exclusive']}, got {value}")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{where}: must be <= {meta['max']}, got {value}")
+
+
+def unknown(name: str, known: list[str], what: str) -> ConfigError:
+    """`what` reads like "key in section 'model'" or "section"."""
+    hint = difflib.get_close_matches(name, known, n=1)
+    dym = f"did you mean '{hint[0]}'? " if hint else ""
+    kind, _, rest = what.partition(" ")
+    rest = f" {rest}" if rest else ""
+    return ConfigError(f"unknown {kind} {name!r}{rest}: {dym}valid: {', '.join(known)}")
+
+
+
+def build_section(cls: type, section: str, body: dict, source: str) -> Any:
+    """An instance of the dataclass `cls` from a YAML mapping (missing keys keep defaults)."""
+    fields = {fl.name: fl for fl in dataclasses.fields(cls)}
+    values = {}
+    for key, value in body.items():
+        if not isinstance(key, str) or key not in fields:
+            err = unknown(str(key), list(fields), f"key in section '{section}'")
+            raise ConfigError(f"{source}: {err}")
+        where = f"{source}: {section}.{key}"
+        value = coerce(value, field_type(cls, key), where)
+        check_meta(value, fields[key].metadata, where)
+        values[key] = value
+    return cls(**values)
+
+
+
+def parse_value(cls: type, key: str, raw: str, where: str) -> Any:
+    """The text after `=` in `--set section.key=value`, typed and checked like the field
+    `cls.key`: strings verbatim, lists comma-separated, everything else read as YAML (with
+    yes/no/on/off accepted for booleans, as people type them in a shell)."""
+    tp = field_type(cls, key)
+    if tp is str:
+        value: Any = raw
+    elif typing.get_origin(tp) is list:
+        value = [] if raw.strip() == "" else [v.strip() for v in raw.split(",")]
+    else:
+        value = parse_yaml(raw, where) if raw.strip() else None
+        if tp is bool and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
+            value = value.lower() in ("yes", "on")
+    meta = {fl.name: fl.metadata for fl in dataclasses.fields(cls)}[key]
+    value = coerce(value, tp, where)
+    check_meta(value, meta, where)
+    return value
+
+
+def describe(sections: dict[str, type]) -> list[tuple[str, str, Any, str]]:
+    """(section.key, type, default, help) for every field of every section."""
+    rows = []
+    for section, cls in sections.items():
+        hints = typing.get_type_hints(cls)
+        for fl in dataclasses.fields(cls):
+            default = fl.default if fl.default is not dataclasses.MISSING else fl.default_factory()
+            tp = hints[fl.name]
+            tname = "list" if typing.get_origin(tp) is list else tp.__name__
+            rows.append((f"{section}.{fl.name}", tname, default, fl.metadata["help"]))
+    return rows

@@ -1,0 +1,180 @@
+"""Reading and writing files: the one durable write, the one text read, strict YAML.
+
+Durable write (`atomic_file`, `atomic_write_bytes`): a temp file in the same directory, flush +
+fsync, os.replace, fsync the directory. After a crash (kill -9, power loss) a reader sees the
+old file or the new one, never a torn mix; a failed write leaves the old file untouched and no
+temp file behind, and raises WriteError (a one-line MinigptError naming the path).
+
+Strict YAML (`parse_yaml`): YAML 1.2-style scalars (no `yes`/`on` booleans, no octal `0123`,
+`1e-3` is a float) and duplicate keys rejected, because PyYAML's YAML 1.1 defaults silently do
+otherwise.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from minigpt.errors import ArgumentError, ConfigError, WriteError
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives a crash (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # e.g. Windows: directories cannot be opened
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_file_synced(path: Path, data: bytes) -> None:
+    """Write `data` to `path` (no rename) and fsync it: for files inside a directory that is
+    itself committed by a rename (checkpoints). Raises OSError."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def disk_error(e: OSError, path: Path) -> WriteError:
+    """Turn an OSError from a write into a one-line user error naming the path."""
+    if e.errno == errno_mod.ENOSPC:
+        msg = (f"no space left on device while writing {path}; free some space "
+               "(nothing already saved was changed)")
+    elif e.errno in (errno_mod.EACCES, errno_mod.EPERM, errno_mod.EROFS):
+        msg = f"cannot write {path}: {e.strerror}; choose a writable --out"
+    else:
+        msg = f"cannot write {path}: {e.strerror or e}"
+    return WriteError(msg, path, e.errno)
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[IO[bytes]]:
+    """Open a temp file next to `path` for binary writing; on a clean exit it replaces `path`
+    durably, on an exception it is deleted and `path` is untouched. OSError -> WriteError."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise disk_error(e, path) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise disk_error(e, path) from None
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    with atomic_file(path) as fh:
+        fh.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_text(path: str | Path, param: str) -> str:
+    """A UTF-8 text file's contents (a leading BOM is kept). ArgumentError(param, ...) naming
+    the file when it is missing, a directory, unreadable, not UTF-8 or binary (NUL bytes)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ArgumentError(param, "no such file", subject=path) from None
+    except IsADirectoryError:
+        raise ArgumentError(param, "is a directory; give a text file", subject=path) from None
+    except OSError as e:
+        raise ArgumentError(param, f"cannot read it ({e.strerror})", subject=path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArgumentError(param, f"not UTF-8 text (invalid byte at offset {e.start}); give a "
+                            "UTF-8 text file", subject=path) from None
+    if "\x00" in text:
+        raise ArgumentError(param, "contains NUL bytes (a binary file?); give a text file",
+                            subject=path)
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# Strict YAML.
+
+
+class _StrictLoader(yaml.SafeLoader):
+    pass
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag not in (
+        "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9][0-9_]*$"), list("-+0123456789"))
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+"
+               r"|[-+]?[0-9][0-9_]*\.[0-9_]*"
+               r"|[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise ConfigError(
+                f"duplicate key {key!r} at line {key_node.start_mark.line + 1}: "
+                "each key may appear once; delete one of them")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# Decimal integers only: PyYAML would read `0123` as octal 83.
+_StrictLoader.add_constructor(
+    "tag:yaml.org,2002:int",
+    lambda loader, node: int(loader.construct_scalar(node).replace("_", ""), 10))
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parse YAML text strictly; errors become one-line ConfigErrors naming `source` and line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = " ".join((e.problem or e.context or "invalid YAML").split())
+        raise ConfigError(f"{source}: invalid YAML at {where}: {problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: invalid YAML: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None

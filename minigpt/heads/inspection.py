@@ -1,0 +1,207 @@
+"""Attention of a model on one input, with every head's scores: `inspect()` returns an
+`Inspection` (data only); `cli` renders tables, `heatmap.py` / `viewer.py` write PNG / HTML.
+
+The maps come from the explicit attention path; the same input also runs through the SDPA path
+and the largest logit difference is reported (`parity_max_diff`), so a map is never drawn from
+a path that disagrees with the one the model runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from minigpt.attention import AttnSpec
+from minigpt.errors import ArgumentError, MinigptError
+from minigpt.files import atomic_write_bytes
+from minigpt.heads.scores import SCORE_HELP, SCORE_NAMES, dominant_type, score_heads
+
+FORMATS = ("table", "png", "html", "safetensors", "json")
+
+
+def visible_token(s: str, max_len: int = 0) -> str:
+    """A token's text for labels: whitespace made visible (space ·, newline ↵, tab →), other
+    control characters as \\xNN, shortened to `max_len` characters with … (0 = no limit)."""
+    out = []
+    for ch in s:
+        if ch == " ":
+            out.append("·")
+        elif ch == "\n":
+            out.append("↵")
+        elif ch == "\t":
+            out.append("→")
+        elif ch == "\r":
+            out.append("␍")
+        elif ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029":
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    text = "".join(out) or "∅"
+    if max_len and len(text) > max_len:
+        text = text[: max_len - 1] + "…"
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# Attention from a model.
+
+
+@dataclass
+class Inspection:
+    """Attention of every head on one input, with the head scores.
+
+    attention: (n_layer, n_head, T, T) float32 on CPU, from the explicit attention path.
+    scores: name -> (n_layer, n_head) float32 (NaN = not applicable to this input).
+    parity_max_diff: max |logits_explicit - logits_sdpa| on the same input."""
+
+    tokens: list[int]
+    token_strs: list[str]
+    attention: Tensor
+    scores: dict[str, Tensor]
+    parity_max_diff: float
+    parity_tol: float
+    source: str                      # "text", "probe:induction", ...
+    run: str = ""
+    step: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_layer(self) -> int:
+        return self.attention.shape[0]
+
+    @property
+    def n_head(self) -> int:
+        return self.attention.shape[1]
+
+    @property
+    def parity_ok(self) -> bool:
+        return self.parity_max_diff <= self.parity_tol
+
+    def head_scores(self, layer: int, head: int) -> dict[str, float]:
+        return {n: float(self.scores[n][layer, head]) for n in SCORE_NAMES}
+
+    def dominant(self, layer: int, head: int) -> str:
+        return dominant_type(self.head_scores(layer, head))
+
+    def to_json(self, layers: Sequence[int] | None = None,
+                heads: Sequence[int] | None = None) -> dict:
+        """The scores as a JSON-ready dict (NaN -> null), for `--json` and `--format json`."""
+        layers = list(range(self.n_layer)) if layers is None else list(layers)
+        heads = list(range(self.n_head)) if heads is None else list(heads)
+        rows = []
+        for layer in layers:
+            for head in heads:
+                s = self.head_scores(layer, head)
+                rows.append({"layer": layer, "head": head, "dominant": dominant_type(s),
+                             **{n: (None if math.isnan(v) else round(v, 6))
+                                for n, v in s.items()}})
+        return {"run": self.run, "step": self.step, "source": self.source,
+                "n_layer": self.n_layer, "n_head": self.n_head, "n_tokens": len(self.tokens),
+                "tokens": self.tokens, "token_strs": self.token_strs,
+                "parity_max_abs_diff": self.parity_max_diff, "parity_ok": self.parity_ok,
+                "score_definitions": SCORE_HELP, "heads": rows}
+
+
+@torch.no_grad()
+def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "cpu"
+                   ) -> tuple[Tensor, float]:
+    """Run `model` on `tokens` (one sequence) through the explicit attention path and the SDPA
+    path. Returns (attention (n_layer, n_head, T, T) float32 CPU, max |logit difference|)."""
+    was_training = model.training
+    model.eval()
+    try:
+        idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
+        logits_explicit, maps = model.forward_with_attention(idx)
+        logits_sdpa, _ = model(idx, attn=AttnSpec("sdpa"))  # whatever attn_impl it trained with
+    finally:
+        model.train(was_training)
+    attn = torch.stack([m[0] for m in maps]).float().cpu()  # n_layer x (H, T, T)
+    diff = (logits_explicit.float() - logits_sdpa.float()).abs().max().item()
+    return attn, diff
+
+
+def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
+            device: torch.device | str = "cpu", source: str = "text", run: str = "",
+            step: int = 0) -> Inspection:
+    """Attention maps and head scores of `model` on `tokens` (already within block_size)."""
+    if not tokens:
+        raise MinigptError("the input has no tokens; give some text")
+    attn, diff = attention_maps(model, tokens, device)
+    # probes are random ids: their "whitespace/punctuation" tokens are no sentence structure
+    strs_for_scores = None if source.startswith("probe:") else token_strs
+    dev = torch.device(device)
+    # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
+    tol = 1e-4 if dev.type == "cpu" else 1e-2
+    return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
+                      scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
+                      parity_tol=tol, source=source, run=run, step=step)
+
+
+# --------------------------------------------------------------------------------------------
+# Files: durable writes (rundir.atomic_write_bytes: temp file, fsync, rename, fsync the dir).
+
+
+def check_out_dir(out_dir: Path) -> Path:
+    """Create `out_dir` if needed and prove it is writable; ArgumentError (`out`) if not."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise ArgumentError("out", f"cannot write there ({e.strerror or e}); give a writable "
+                            "directory with {name}", subject=out_dir) from None
+    return out_dir
+
+
+def write_output(path: Path, data: bytes) -> Path:
+    atomic_write_bytes(path, data)
+    return path
+
+
+def write_json(insp: Inspection, path: Path, layers: Sequence[int] | None = None,
+               heads: Sequence[int] | None = None) -> Path:
+    text = json.dumps(insp.to_json(layers, heads), indent=2, ensure_ascii=False)
+    return write_output(path, (text + "\n").encode("utf-8"))
+
+
+def write_safetensors(insp: Inspection, path: Path) -> Path:
+    """The raw attention `attention` (n_layer, n_head, T, T) float32 and `tokens` (T,) int64;
+    metadata (strings): tokens / token_strs as JSON, run, step, source, layout."""
+    from safetensors.torch import save
+
+    meta = {"tokens": json.dumps(insp.tokens), "token_strs": json.dumps(insp.token_strs),
+            "run": insp.run, "step": str(insp.step), "source": insp.source,
+            "layout": "attention[layer, head, query, key]", "format": "minigpt-attention/1"}
+    blob = save({"attention": insp.attention.contiguous(),
+                 "tokens": torch.tensor(insp.tokens, dtype=torch.int64)}, metadata=meta)
+    return write_output(path, blob)
+
+
+def select_heads(n_layer: int, n_head: int, layers: Sequence[int] = (),
+                 heads: Sequence[int] = ()) -> tuple[list[int], list[int]]:
+    """Validate layer / head indices (empty = all); ArgumentError names the valid range."""
+    for param, values, n in (("layer", layers, n_layer), ("head", heads, n_head)):
+        for v in values:
+            if not 0 <= v < n:
+                raise ArgumentError(param, f"out of range; valid: 0..{n - 1}", subject=v)
+    return (sorted(set(layers)) or list(range(n_layer)), sorted(set(heads)) or list(range(n_head)))
+
+
+def parse_formats(values: Sequence[str]) -> list[str]:
+    """Format names (each may be comma-separated), validated against FORMATS."""
+    out: list[str] = []
+    for value in values:
+        for name in (v.strip().lower() for v in value.split(",")):
+            if name not in FORMATS:
+                raise ArgumentError("format", f"'{name}' is not a format; valid: "
+                                   f"{', '.join(FORMATS)}")
+            if name not in out:
+                out.append(name)
+    return out or ["table"]

@@ -1,0 +1,121 @@
+"""What inspect-heads reads: built-in synthetic probes (token ids only, seeded, valid for the
+run's vocabulary) or text, cut to the model's context."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from minigpt.errors import ArgumentError
+from minigpt.files import read_text
+
+PROBES = ("induction", "previous", "duplicate")
+PROBE_HELP = {
+    "induction": "random tokens repeated twice (induction heads attend to the token after the "
+                 "earlier occurrence)",
+    "previous": "random tokens without repeats (positional heads only)",
+    "duplicate": "random tokens from 8 ids, so every token repeats often",
+}
+DEFAULT_TEXT = ("First Citizen: Before we proceed any further, hear me speak.\n"
+                "All: Speak, speak.\nFirst Citizen: You are all resolved rather to die than to "
+                "famish?\nAll: Resolved. resolved.\n")
+
+
+def probe_tokens(name: str, length: int, pool: Sequence[int], seed: int = 0) -> list[int]:
+    """Token ids of the built-in probe `name` (one of PROBES), `length` tokens drawn from `pool`.
+
+    induction: n = length // 2 tokens (distinct when the pool allows) repeated twice (length is
+    rounded down to even); previous: distinct tokens when the pool allows; duplicate: tokens from
+    8 ids of the pool. Deterministic in (name, length, pool, seed)."""
+    if name not in PROBES:
+        raise ArgumentError("probe", f"'{name}' is not a probe; valid: {', '.join(PROBES)}")
+    if length < 2:
+        raise ArgumentError("probe", f"needs at least 2 tokens, got {length}", subject=name)
+    pool = list(pool)
+    if not pool:
+        raise ArgumentError("probe", "the run's vocabulary has no ordinary tokens", subject=name)
+    rng = random.Random(f"{name}:{seed}")
+
+    def draw(n: int, ids: list[int]) -> list[int]:
+        return rng.sample(ids, n) if n <= len(ids) else [rng.choice(ids) for _ in range(n)]
+
+    if name == "induction":
+        half = draw(length // 2, pool)
+        return half + half
+    if name == "previous":
+        return draw(length, pool)
+    alphabet = draw(min(8, len(pool)), pool)
+    return [rng.choice(alphabet) for _ in range(length)]
+
+
+@dataclass
+class ProbeInput:
+    """The token ids to inspect, their strings and where they came from. `n_text_tokens` > len
+    (tokens) when a longer text was cut to its first `len(tokens)` tokens."""
+
+    tokens: list[int]
+    token_strs: list[str]
+    source: str
+    n_text_tokens: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.n_text_tokens > len(self.tokens)
+
+
+def probe_pool(cfg, tokenizer) -> list[int]:
+    """Token ids a probe may use: [0, data.induction_vocab) for a run trained on the induction
+    source (the ids it has seen), else every ordinary (non-special) id of the tokenizer."""
+    if cfg.data.source == "induction":
+        return list(range(min(cfg.data.induction_vocab, tokenizer.n_vocab)))
+    ranks = getattr(tokenizer, "ranks", None)  # ordinary tokens: no specials, no unused ids
+    if ranks:
+        return sorted(set(ranks.values()))
+    return [i for i in range(tokenizer.n_vocab) if i != tokenizer.eot_id]
+
+
+def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | None = None,
+                  probe: str | None = None, max_tokens: int | None = None,
+                  seed: int = 0, eot_first: bool = False) -> ProbeInput:
+    """Tokens for inspect-heads from at most one of text / text_file / probe (none:
+    DEFAULT_TEXT).
+
+    At most `max_tokens` tokens (default and maximum: model.block_size); longer text is cut to
+    its first `max_tokens` tokens (see ProbeInput.truncated). Probes are `max_tokens` long.
+
+    `eot_first`: the input starts with <|endoftext|> and the text or probe follows it in the
+    remaining `max_tokens - 1` tokens. For a model pretrained on documents that follow
+    <|endoftext|> (GPT-2): that is what its first position saw in training, and heads use it
+    as their resting place; without it the first real token plays that role and every score
+    shifts (TransformerLens prepends it, BOS = EOT for GPT-2, for the same reason)."""
+    given = [n for n, v in (("text", text), ("text_file", text_file), ("probe", probe))
+             if v is not None]
+    if len(given) > 1:
+        raise ArgumentError(given[0], f"excludes {given[1]}: give one input")
+    block = cfg.model.block_size
+    first = [tokenizer.eot_id] if eot_first else []
+    if max_tokens is None:
+        max_tokens = block
+    elif not 2 + len(first) <= max_tokens <= block:
+        raise ArgumentError("max_tokens", f"out of range; valid: {2 + len(first)}..{block} "
+                            "(the model's block_size" + (", and the first token is "
+                            "<|endoftext|>)" if first else ")"), subject=max_tokens)
+    if probe is not None:
+        ids = first + probe_tokens(probe, max_tokens - len(first), probe_pool(cfg, tokenizer),
+                                   seed)
+        return ProbeInput(ids, [tokenizer.token_str(i) for i in ids], f"probe:{probe}")
+    source = "text"
+    if text_file is not None:
+        text = read_text(text_file, "text_file")
+        source = f"file:{text_file}"
+    elif text is None:
+        text, source = DEFAULT_TEXT, "default text"
+    if not text.strip():
+        raise ArgumentError("text_file" if text_file is not None else "text",
+                            "the text is empty; give some text to inspect")
+    ids = first + tokenizer.encode(text)
+    n = len(ids)
+    return ProbeInput(ids[:max_tokens], [tokenizer.token_str(i) for i in ids[:max_tokens]],
+                      source, n)

@@ -1,0 +1,126 @@
+"""Heads forming while a model trains: every head's scores on the built-in probes at a step,
+the first time a head crosses FORMED, and `heads.png` (per layer, the best induction and
+previous-token score against step, so a phase change is visible).
+
+The trainer calls `HeadWatch.measure(step)` every `train.head_scores_interval` steps and
+writes the returned record to metrics.jsonl (`{"kind": "heads", "step", "seconds", "scores":
+{name: [[layer][head]]}}`); `draw_timeline` renders the records of a run. Measuring reads the
+model only: eval mode, no gradients, no random numbers drawn from the global generators, so a
+run with head scores trains exactly like one without.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from minigpt.events import HeadFormedEvent
+from minigpt.heads.probes import probe_pool, probe_tokens
+from minigpt.heads.scores import score_heads
+
+# Which probe each timeline score is measured on: induction, previous-token and first-token
+# attention on random tokens repeated twice; duplicate-token attention on tokens from 8 ids.
+TIMELINE_SCORES = {"induction": "induction", "previous": "induction", "first": "induction",
+                   "duplicate": "duplicate"}
+FORMED = 0.9  # a head "became" a <kind> head when its score first reaches this
+MAX_PROBE_TOKENS = 256  # the explicit path is O(T^2) in memory: cap long contexts
+KIND_NAMES = {"induction": "an induction head", "previous": "a previous-token head",
+              "duplicate": "a duplicate-token head", "first": "a first-token (sink) head"}
+
+
+@torch.no_grad()
+def probe_scores(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict[str, list]:
+    """{score: n_layer x n_head nested lists} on the built-in probes of min(block_size, 256)
+    tokens, through the explicit attention path. The model's train/eval mode is restored."""
+    length = min(cfg.model.block_size, MAX_PROBE_TOKENS)
+    pool = probe_pool(cfg, tokenizer)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        out: dict[str, list] = {}
+        for probe in dict.fromkeys(TIMELINE_SCORES.values()):
+            ids = probe_tokens(probe, length, pool, seed)
+            idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+            _, maps = model.forward_with_attention(idx)  # n_layer x (1, H, T, T)
+            attn = torch.stack([m[0] for m in maps]).float().cpu()  # (L, H, T, T)
+            scores = score_heads(attn, ids)
+            for name, p in TIMELINE_SCORES.items():
+                if p == probe:
+                    out[name] = [[round(float(v), 6) for v in row] for row in scores[name]]
+        return out
+    finally:
+        model.train(was_training)
+
+
+def formed_heads(scores: dict[str, list]) -> set[tuple[int, int, str]]:
+    """(layer, head, kind) of every head whose score reaches FORMED."""
+    return {(la, h, kind) for kind, rows in scores.items() for la, row in enumerate(rows)
+            for h, v in enumerate(row) if v is not None and v >= FORMED}
+
+
+class HeadWatch:
+    """Measures a model's heads during training and reports each head that forms, once.
+    `already` holds what formed before a resume (from the run's earlier records)."""
+
+    def __init__(self, model: torch.nn.Module, cfg, tokenizer,
+                 earlier: Sequence[dict] = ()) -> None:
+        self.model, self.cfg, self.tokenizer = model, cfg, tokenizer
+        self.formed: set[tuple[int, int, str]] = set()
+        for rec in earlier:
+            if rec.get("kind") == "heads" and isinstance(rec.get("scores"), dict):
+                self.formed |= formed_heads(rec["scores"])
+
+    def measure(self, step: int) -> tuple[dict, list[HeadFormedEvent]]:
+        """The metrics record of `step` and the heads that formed since the last measure."""
+        t0 = time.perf_counter()
+        scores = probe_scores(self.model, self.cfg, self.tokenizer)
+        new = sorted(formed_heads(scores) - self.formed)
+        self.formed |= set(new)
+        record = {"kind": "heads", "step": step, "seconds": round(time.perf_counter() - t0, 4),
+                  "scores": scores}
+        events = [HeadFormedEvent(step, la, h, kind, KIND_NAMES[kind], scores[kind][la][h])
+                  for la, h, kind in new]
+        return record, events
+
+
+def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
+    """PNG bytes: one panel per layer, the best induction and previous-token score (and the
+    best duplicate-token score, dashed) of that layer against step; None without records."""
+    recs = sorted((r for r in records if r.get("kind") == "heads"), key=lambda r: r["step"])
+    if not recs:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n_layer = len(recs[-1]["scores"]["induction"])
+    steps = [r["step"] for r in recs]
+    fig = Figure(figsize=(7.5, 1.9 * n_layer + 1.0), layout="constrained")
+    axes = fig.subplots(n_layer, 1, squeeze=False, sharex=True)
+    styles = (("induction", "-", "tab:red"), ("previous", "-", "tab:blue"),
+              ("duplicate", "--", "tab:green"))
+    for la in range(n_layer):
+        ax = axes[la][0]
+        for kind, ls, color in styles:
+            best = [max((v for v in r["scores"][kind][la] if v is not None), default=float("nan"))
+                    for r in recs]
+            ax.plot(steps, best, ls, color=color, label=f"best {kind}", linewidth=1.5)
+        ax.axhline(FORMED, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel(f"layer {la}")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "head scores on the built-in probes", fontsize=10)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, [*labels], loc="outside lower center", ncol=3, fontsize=8,
+               title=f"dotted line: {FORMED} (formed)", title_fontsize=8)
+    axes[-1][0].set_xlabel("step")
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()

@@ -1,0 +1,222 @@
+"""The offline HTML attention viewer: ONE self-contained file (inline CSS and JS, no network).
+
+Safety: token text comes from the user's corpus and may contain `<script>`. The data is embedded
+as JSON inside `<script type="application/json">` with `<`, `>`, `&`, U+2028 and U+2029 written as
+\\uXXXX escapes (so no `</script>` can close the element early), parsed with JSON.parse, and
+every token reaches the page through `textContent`, `title` or canvas `fillText`, never
+innerHTML. A Content-Security-Policy allows no network access and only the one inline script
+whose SHA-256 is in the policy, so even an injected script element would not run.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from minigpt.heads.inspection import Inspection, visible_token, write_output
+from minigpt.heads.scores import SCORE_HELP, SCORE_NAMES
+
+_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                 "\u2029": "\\u2029"}
+
+
+def safe_json(obj) -> str:
+    """JSON that is safe inside an HTML <script> element: `<`, `>`, `&`, U+2028/9 escaped.
+
+    These characters occur only inside JSON strings, where \\uXXXX means the same character,
+    so JSON.parse returns exactly `obj`."""
+    text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return "".join(_JSON_ESCAPES.get(ch, ch) for ch in text)
+
+
+def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None) -> dict:
+    """What the page needs. `attn[l][h]` is the lower triangle of map (l, h), row-major, rounded
+    to 4 decimals: row t (query t) is entries t(t+1)/2 .. t(t+1)/2 + t (keys 0..t)."""
+    T = len(insp.tokens)
+    rows = insp.attention.tolist()  # (n_layer, n_head, T, T) nested lists
+    attn = [[[round(v, 4) for t in range(T) for v in rows[layer][head][t][: t + 1]]
+             for head in range(insp.n_head)] for layer in range(insp.n_layer)]
+    scores = []
+    for layer in range(insp.n_layer):
+        for head in range(insp.n_head):
+            s = insp.head_scores(layer, head)
+            scores.append({"layer": layer, "head": head, "dominant": insp.dominant(layer, head),
+                           **{n: (None if math.isnan(v) else round(v, 4)) for n, v in s.items()}})
+    first = list(heads[0]) if heads else [0, 0]
+    return {"n_layer": insp.n_layer, "n_head": insp.n_head, "T": T, "tokens": insp.tokens,
+            "strs": insp.token_strs, "labels": [visible_token(s, 16) for s in insp.token_strs],
+            "attn": attn, "scores": scores, "score_names": list(SCORE_NAMES),
+            "score_help": SCORE_HELP, "run": insp.run, "step": insp.step,
+            "source": insp.source, "parity": insp.parity_max_diff, "first": first}
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1em 2em;color:#222;background:#fafafa}
+h1{font-size:1.3em;margin:.2em 0}h2{font-size:1.1em;margin:1.2em 0 .4em}
+#meta{color:#555;font-size:.9em;white-space:pre-wrap}
+#controls{margin:.8em 0;display:flex;gap:1.2em;align-items:center}
+#hover{font-family:ui-monospace,monospace;min-height:1.5em;margin:.4em 0;white-space:pre}
+canvas{border:1px solid #ccc;background:#fff}
+table{border-collapse:collapse;font-size:.85em}
+td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
+th{background:#eee}tr.sel td{background:#ffe9a8}tbody tr{cursor:pointer}
+#tokens{display:flex;flex-wrap:wrap;gap:4px;list-style:none;padding:0}
+#tokens li{font-family:ui-monospace,monospace;background:#eef;padding:1px 4px;border-radius:3px}
+#tokens li.q{background:#fc6}
+"""
+
+# Everything dynamic goes through textContent / title / fillText: never innerHTML.
+_JS = r"""
+"use strict";
+(function () {
+  const D = JSON.parse(document.getElementById("viewer-data").textContent);
+  const $ = (id) => document.getElementById(id);
+  const canvas = $("map"), ctx = canvas.getContext("2d");
+  const T = D.T, LABEL = 110;
+  const CELL = Math.max(3, Math.min(24, Math.floor(720 / Math.max(T, 1))));
+  const VIRIDIS = [[68,1,84],[72,40,120],[62,74,137],[49,104,142],[38,130,142],[31,158,137],
+                   [53,183,121],[109,205,89],[180,222,44],[253,231,37]];
+  let cur = {layer: D.first[0], head: D.first[1]};
+
+  function color(v) {
+    const x = Math.min(1, Math.max(0, v)) * (VIRIDIS.length - 1);
+    const i = Math.min(VIRIDIS.length - 2, Math.floor(x)), f = x - i;
+    const c = VIRIDIS[i].map((a, k) => Math.round(a + f * (VIRIDIS[i + 1][k] - a)));
+    return "rgb(" + c.join(",") + ")";
+  }
+  function weight(t, j) {
+    return j > t ? null : D.attn[cur.layer][cur.head][t * (t + 1) / 2 + j];
+  }
+  function text(el, s) { el.textContent = s; return el; }
+  function add(parent, tag, s) {
+    const el = document.createElement(tag);
+    if (s !== undefined) text(el, s);
+    parent.appendChild(el);
+    return el;
+  }
+
+  function draw() {
+    canvas.width = LABEL + T * CELL + 2;
+    canvas.height = LABEL + T * CELL + 2;
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, canvas.width, canvas.height);
+    for (let t = 0; t < T; t++) {
+      for (let j = 0; j <= t; j++) {
+        ctx.fillStyle = color(weight(t, j));
+        ctx.fillRect(LABEL + j * CELL, LABEL + t * CELL, CELL, CELL);
+      }
+    }
+    if (CELL >= 8) {
+      ctx.fillStyle = "#222";
+      ctx.font = Math.min(12, CELL - 1) + "px monospace";
+      ctx.textBaseline = "middle";
+      for (let t = 0; t < T; t++) {
+        const s = D.labels[t].slice(0, 12);
+        ctx.textAlign = "right";
+        ctx.fillText(s, LABEL - 4, LABEL + t * CELL + CELL / 2);
+        ctx.save();
+        ctx.translate(LABEL + t * CELL + CELL / 2, LABEL - 4);
+        ctx.rotate(-Math.PI / 2);
+        ctx.textAlign = "left";
+        ctx.fillText(s, 0, 0);
+        ctx.restore();
+      }
+    }
+    canvas.dataset.layer = cur.layer;
+    canvas.dataset.head = cur.head;
+    const row = D.scores.find((r) => r.layer === cur.layer && r.head === cur.head);
+    text($("current"), "layer " + cur.layer + ", head " + cur.head + ": " + row.dominant);
+    document.querySelectorAll("#scores tbody tr").forEach((tr) => {
+      tr.classList.toggle("sel", +tr.dataset.layer === cur.layer && +tr.dataset.head === cur.head);
+    });
+  }
+
+  function select(layer, head) {
+    cur = {layer: layer, head: head};
+    $("layer").value = String(layer);
+    $("head").value = String(head);
+    draw();
+  }
+
+  function hover(ev) {
+    const r = canvas.getBoundingClientRect();
+    const j = Math.floor((ev.clientX - r.left - LABEL) / CELL);
+    const t = Math.floor((ev.clientY - r.top - LABEL) / CELL);
+    document.querySelectorAll("#tokens li.q").forEach((li) => li.classList.remove("q"));
+    if (t < 0 || j < 0 || t >= T || j >= T || j > t) { text($("hover"), ""); return; }
+    text($("hover"), "query " + t + " " + JSON.stringify(D.strs[t]) + "  ->  key " + j + " " +
+         JSON.stringify(D.strs[j]) + ":  " + weight(t, j).toFixed(4));
+    const items = $("tokens").children;
+    items[t].classList.add("q");
+    items[j].classList.add("q");
+  }
+
+  function build() {
+    text($("meta"), "run: " + (D.run || "(none)") + "   step: " + D.step + "   input: " +
+         D.source + "   tokens: " + T + "   explicit vs SDPA logits max |diff|: " +
+         D.parity.toExponential(2));
+    for (let l = 0; l < D.n_layer; l++) add($("layer"), "option", String(l)).value = String(l);
+    for (let h = 0; h < D.n_head; h++) add($("head"), "option", String(h)).value = String(h);
+    $("layer").addEventListener("change", () => select(+$("layer").value, cur.head));
+    $("head").addEventListener("change", () => select(cur.layer, +$("head").value));
+    D.strs.forEach((s, i) => {
+      const li = add($("tokens"), "li", D.labels[i]);
+      li.title = i + ": " + JSON.stringify(s) + " (id " + D.tokens[i] + ")";
+    });
+    const head = add($("scores"), "thead"), hr = add(head, "tr");
+    ["layer", "head", "dominant"].concat(D.score_names).forEach((n) => {
+      const th = add(hr, "th", n);
+      if (D.score_help[n]) th.title = D.score_help[n];
+    });
+    const body = add($("scores"), "tbody");
+    D.scores.forEach((r) => {
+      const tr = add(body, "tr");
+      tr.dataset.layer = r.layer;
+      tr.dataset.head = r.head;
+      add(tr, "td", String(r.layer));
+      add(tr, "td", String(r.head));
+      add(tr, "td", r.dominant);
+      D.score_names.forEach((n) => add(tr, "td", r[n] === null ? "-" : r[n].toFixed(3)));
+      tr.addEventListener("click", () => select(r.layer, r.head));
+    });
+    canvas.addEventListener("mousemove", hover);
+    select(cur.layer, cur.head);
+  }
+  build();
+})();
+"""
+
+
+def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None) -> str:
+    """The viewer page as one string (see the module docstring for the escaping contract)."""
+    script_hash = base64.b64encode(hashlib.sha256(_JS.encode("utf-8")).digest()).decode()
+    csp = (f"default-src 'none'; script-src 'sha256-{script_hash}'; "
+           "style-src 'unsafe-inline'; img-src data:")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">\n"
+        "<link rel=\"icon\" href=\"data:,\">\n"
+        "<title>minigpt inspect-heads</title>\n"
+        f"<style>{_CSS}</style></head>\n<body>\n"
+        "<h1>Attention heads</h1><div id=\"meta\"></div>\n"
+        "<div id=\"controls\"><label>layer <select id=\"layer\"></select></label>"
+        "<label>head <select id=\"head\"></select></label><strong id=\"current\"></strong></div>\n"
+        "<canvas id=\"map\"></canvas><div id=\"hover\"></div>\n"
+        "<p>Rows are queries, columns are keys; hover a cell for its weight. Click a row of the "
+        "score table to show that head.</p>\n"
+        "<h2>Tokens</h2><ol id=\"tokens\"></ol>\n"
+        "<h2>Head scores</h2><table id=\"scores\"></table>\n"
+        "<script type=\"application/json\" id=\"viewer-data\">"
+        f"{safe_json(viewer_data(insp, heads))}</script>\n"
+        f"<script>{_JS}</script>\n</body></html>\n"
+    )
+
+
+def write_html(insp: Inspection, path: Path,
+               heads: Sequence[tuple[int, int]] | None = None) -> Path:
+    """Write the viewer to `path` (durably); `heads[0]` is the head shown first."""
+    return write_output(path, render_html(insp, heads).encode("utf-8"))

@@ -1,0 +1,94 @@
+"""`export_hf`: a minigpt model as a Hugging Face model directory that
+`AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load with
+no custom code.
+
+learned positions -> GPT2LMHeadModel; rope -> GPTNeoXForCausalLM (full rotary, sequential
+residual, q/k rows permuted to NeoX's rotate-half layout); sinusoidal / none, RMSNorm and
+attention-only models are refused, naming the setting (`arch.export_kind`). Biases a bias-free
+minigpt model lacks are written as zeros (the same function).
+
+The directory is written whole or not at all: every file goes into a temporary sibling
+directory (each fsynced), which is then renamed to `out`. An existing non-empty `out` is never
+touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from minigpt import __version__
+from minigpt.errors import ArgumentError
+from minigpt.files import disk_error, fsync_dir, write_file_synced
+from minigpt.hf.arch import ARCHITECTURES, export_config, export_kind
+from minigpt.hf.tokenizer import tokenizer_files
+from minigpt.hf.weights import WEIGHTS, from_minigpt
+from minigpt.run.checkpoint import model_tensors
+from minigpt.run.load import LoadedRun
+from minigpt.run.safetensors_io import tensors_to_bytes
+
+FORMATS = ("hf",)
+
+
+@dataclass
+class Exported:
+    out: Path
+    architecture: str  # GPT2LMHeadModel | GPTNeoXForCausalLM
+    files: list[str]
+    n_params: int
+
+
+def check_export_dir(out: Path) -> Path:
+    """`out` must be missing or an empty directory: an export never overwrites anything."""
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise ArgumentError("out", "exists and is not a directory; give a new directory",
+                            subject=out)
+    if out.is_dir() and any(out.iterdir()):
+        raise ArgumentError("out", "is not empty; an export never overwrites files: give a new "
+                            "or empty directory", subject=out)
+    return out
+
+
+def export_files(loaded: LoadedRun) -> tuple[str, dict[str, bytes], int]:
+    """(architecture, {file name: bytes}, parameter count) of the Hugging Face directory."""
+    m, tok = loaded.cfg.model, loaded.tokenizer
+    kind = export_kind(m)
+    tensors = from_minigpt(kind, m, model_tensors(loaded.model))
+    meta = {"format": "pt", "minigpt_version": __version__, "source": loaded.label}
+    generation = {"bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id}
+    files = {"config.json": _json(export_config(m, tok.eot_id)),
+             "generation_config.json": _json(generation),
+             WEIGHTS: tensors_to_bytes(tensors, meta), **tokenizer_files(tok, m.block_size)}
+    return ARCHITECTURES[kind], files, loaded.model.num_params()["total"]
+
+
+def export_hf(loaded: LoadedRun, out: str | Path) -> Exported:
+    """Write `loaded` (a run, or any LoadedRun) as a Hugging Face model directory at `out`."""
+    out = check_export_dir(Path(out))
+    architecture, files, n_params = export_files(loaded)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:
+        raise disk_error(e, out) from None
+    try:
+        for name, data in files.items():
+            write_file_synced(tmp / name, data)
+        fsync_dir(tmp)
+        if out.is_dir():
+            out.rmdir()  # empty (checked above); fails, and we stop, if something appeared
+        os.rename(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise disk_error(e, out) from None
+    return Exported(out, architecture, sorted(files), n_params)
+
+
+def _json(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()

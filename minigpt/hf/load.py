@@ -1,0 +1,97 @@
+"""`load_model`: a Hugging Face GPT-2 or GPT-NeoX model as a minigpt GPT, ready for the same
+code paths as a trained run."""
+
+from __future__ import annotations
+
+import json
+from itertools import chain
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+from minigpt.attention import Rotary
+from minigpt.config import ModelConfig
+from minigpt.device import resolve_device
+from minigpt.errors import MinigptError
+from minigpt.hf.arch import import_config, kind_of
+from minigpt.hf.hub import model_directory
+from minigpt.hf.tokenizer import load_hf_tokenizer
+from minigpt.hf.weights import read_weights, to_minigpt
+from minigpt.model import GPT
+from minigpt.run.load import LoadedRun
+
+CONFIG = "config.json"
+
+
+def read_config(directory: Path) -> dict:
+    path = directory / CONFIG
+    if not path.is_file():
+        raise MinigptError(f"{directory}: no {CONFIG}; not a Hugging Face model directory "
+                           f"(it needs {CONFIG}, safetensors weights and tokenizer files)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise MinigptError(f"{path}: not valid JSON") from None
+    kind_of(raw, str(path))  # a JSON object of a supported model_type
+    return raw
+
+
+def load_model(spec: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """A Hugging Face model for inference: `spec` is a local model directory or
+    `hf:REPO_ID[@REVISION]` (downloaded into huggingface_hub's cache; needs the extra
+    `minigpt-lab[hf]`).
+
+    Returns the same LoadedRun as `minigpt.run.load_run` (run_dir None, step 0, eot_first:
+    inputs to inspect start with <|endoftext|>), model on `device` in eval mode. Architectures:
+    GPT2LMHeadModel and GPTNeoXForCausalLM in minigpt's shape (see `minigpt.hf.arch`); weights
+    from safetensors only, memory-mapped: on CPU the model's float32 weights ARE the file's
+    pages (one copy in memory, GPT-NeoX's fused QKV excepted). Every failure is a one-line
+    MinigptError naming the file, field or tensor."""
+    directory = model_directory(spec)
+    dev = device if isinstance(device, torch.device) else resolve_device(str(device))
+    raw = read_config(directory)
+    kind = kind_of(raw, str(directory / CONFIG))
+    name = str(spec).removeprefix("hf:") if str(spec).startswith("hf:") else directory.name
+    cfg = import_config(raw, str(directory / CONFIG), name)
+    tokenizer = load_hf_tokenizer(directory, name)
+    if tokenizer.n_vocab > cfg.model.vocab_size:
+        raise MinigptError(f"{directory}: the tokenizer has {tokenizer.n_vocab} tokens but "
+                           f"config.json's vocab_size is {cfg.model.vocab_size}")
+    bias = raw.get("attention_bias", True)
+    tensors = read_weights(directory, kind, cfg.model, attention_bias=bias is not False)
+    model = assemble(cfg.model, to_minigpt(kind, cfg.model, tensors))
+    model.to(dev).eval()
+    return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=0, run_dir=None,
+                     source=str(spec), eot_first=True)
+
+
+class _NoDraws(TorchFunctionMode):
+    """Random init becomes a no-op. On the meta device there is nothing to draw, and `normal_`
+    (nn.Embedding's and GPT's init) has no compiled meta kernel: its Python one imports
+    torch._dynamo on first use, seconds of a CLI command's start-up."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is Tensor.normal_ or func is torch.nn.init.normal_:
+            return args[0] if args else kwargs["tensor"]  # the tensor, left as it is
+        return func(*args, **(kwargs or {}))
+
+
+def assemble(m: ModelConfig, state: dict[str, Tensor]) -> GPT:
+    """A GPT whose parameters are `state`'s tensors themselves (the tied head left out): built
+    on the meta device (no random init, nothing allocated), then the tensors assigned, so
+    memory-mapped views stay views."""
+    with torch.device("meta"), _NoDraws():
+        model = GPT(m)
+    if m.tie_weights:
+        state = {**state, "lm_head.weight": state["wte.weight"]}
+    model.load_state_dict(state, strict=True, assign=True)
+    if m.tie_weights:
+        model.lm_head.weight = model.wte.weight  # one Parameter again, as GPT.__init__ ties it
+    if model.rotary is not None:  # its cos/sin tables were made on the meta device
+        model.rotary = Rotary(m.head_dim, m.block_size, m.rope_base)
+    left = [n for n, t in chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"imported model still has meta tensors: {left}")  # a minigpt bug
+    return model

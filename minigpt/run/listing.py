@@ -1,0 +1,173 @@
+"""What a runs directory holds: one `RunRow` per run, for `minigpt runs`. Read-only: a run
+being trained is read while it changes, never locked for longer than a probe, never written.
+
+Where each column comes from:
+- status: `training` while a trainer holds train.lock (probed with a shared, non-blocking
+  flock on a read-only descriptor, released at once); else `no checkpoint` when none was
+  committed (`--resume` starts such a run from step 0); else `finished` when the committed
+  checkpoint reached the config's train.max_steps; else the status in summary.md when it was
+  written at that checkpoint's step (`interrupted`: Ctrl-C/SIGTERM, `stopped`: --stop-after);
+  else `killed` (the trainer ended without writing its summary: kill -9, a crash, power loss).
+  `damaged` when the commit pointer is not a step directory.
+- step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
+  max steps: config.yaml's train.max_steps.
+- best val bits/byte: the lowest val_bpb in metrics.jsonl.
+- parameters: the tensors in the committed model.safetensors (tied weights stored once), from
+  its header only.
+- wall time: the last `elapsed` in metrics.jsonl (training seconds over all sessions).
+- last change: the newest modification time of the run's own files.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from minigpt.errors import MinigptError
+from minigpt.files import parse_yaml
+from minigpt.run.checkpoint import latest_checkpoint_dir
+from minigpt.run.layout import (
+    CKPT_DIR,
+    CONFIG_FILE,
+    LATEST,
+    LOCK_NAME,
+    METRICS_FILE,
+    MODEL_FILE,
+    SUMMARY_FILE,
+)
+from minigpt.run.safetensors_io import read_header
+from minigpt.run.state import read_metrics
+
+RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CKPT_DIR, LOCK_NAME)  # any one makes a run dir
+_SUMMARY_STATUS = re.compile(r"^\| status \| (\w+) at step (\d+)/\d+ \|$", re.MULTILINE)
+
+
+@dataclass
+class RunRow:
+    name: str
+    path: Path
+    status: str               # see the module docstring
+    step: int                 # 0 before the first logged step
+    max_steps: int | None     # None when config.yaml is missing or unreadable
+    best_val_bpb: float | None
+    params: int | None        # None without a readable committed checkpoint
+    wall_time: float | None   # training seconds, all sessions
+    last_change: float        # seconds since the epoch
+    skipped_lines: int        # damaged metrics.jsonl lines left out
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "path": str(self.path), "status": self.status,
+                "step": self.step, "max_steps": self.max_steps,
+                "best_val_bpb": self.best_val_bpb, "params": self.params,
+                "wall_time_s": self.wall_time, "last_change": self.last_change,
+                "skipped_lines": self.skipped_lines}
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
+
+
+def list_runs(root: Path) -> list[RunRow]:
+    """The runs in `root` (its subdirectories that hold any of RUN_MARKERS; `root` itself if
+    it is a run), sorted by name. MinigptError saying where it looked when there are none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise MinigptError(f"{root} is not a directory; give the directory that holds the runs "
+                           "(default: runs/)")
+    dirs = [root] if is_run_dir(root) else sorted(p for p in root.iterdir() if is_run_dir(p))
+    if not dirs:
+        raise MinigptError(f"no runs under {root}/ (looked for directories holding "
+                           f"{', '.join(RUN_MARKERS)}); train one with `minigpt train`")
+    return [read_row(d) for d in dirs]
+
+
+def read_row(run_dir: Path) -> RunRow:
+    """One run's row (never raises for a damaged run: the damage shows in its status)."""
+    records, bad = read_metrics(run_dir / METRICS_FILE)
+    evals = [r for r in records if r.get("kind") == "eval"]
+    bpbs = [r["val_bpb"] for r in evals if _finite(r.get("val_bpb"))]
+    times = [r["elapsed"] for r in records if _finite(r.get("elapsed"))]
+    max_steps = _max_steps(run_dir)
+    try:
+        ckpt = latest_checkpoint_dir(run_dir)
+        ckpt_step = int(ckpt.name.split("-")[1]) if ckpt is not None else None
+        status = _status(run_dir, ckpt_step, max_steps)
+    except MinigptError:
+        ckpt, ckpt_step, status = None, None, "damaged"
+    return RunRow(name=run_dir.name, path=run_dir, status=status,
+                  step=max([r["step"] for r in records] + [ckpt_step or 0]),
+                  max_steps=max_steps, best_val_bpb=min(bpbs) if bpbs else None,
+                  params=_params(ckpt), wall_time=times[-1] if times else None,
+                  last_change=_last_change(run_dir), skipped_lines=bad)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None) -> str:
+    if _lock_held(run_dir / LOCK_NAME):
+        return "training"
+    if ckpt_step is None:
+        return "no checkpoint"
+    if max_steps is not None and ckpt_step >= max_steps:
+        return "finished"
+    try:
+        found = _SUMMARY_STATUS.search((run_dir / SUMMARY_FILE).read_text(errors="replace"))
+    except OSError:
+        found = None
+    if found and int(found.group(2)) == ckpt_step:
+        return found.group(1)
+    return "killed"
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether a trainer holds the run lock (see lock.py): a shared, non-blocking flock fails
+    exactly while someone holds the exclusive one."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX: no probe, report not held
+        return False
+    try:
+        with open(path, "rb") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    except OSError:  # no lock file: nobody ever trained here, or it was removed
+        return False
+    return False
+
+
+def _max_steps(run_dir: Path) -> int | None:
+    try:
+        raw = parse_yaml((run_dir / CONFIG_FILE).read_text(errors="replace"))
+        value = raw["train"]["max_steps"]
+    except (OSError, MinigptError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _params(ckpt: Path | None) -> int | None:
+    if ckpt is None:
+        return None
+    try:
+        header, _ = read_header(ckpt / MODEL_FILE, "weights")
+    except (OSError, MinigptError):
+        return None
+    return sum(math.prod(info["shape"]) for info in header.values())
+
+
+def _last_change(run_dir: Path) -> float:
+    paths = [run_dir, *(run_dir / n for n in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)),
+             run_dir / CKPT_DIR / LATEST]
+    times = []
+    for p in paths:
+        try:
+            times.append(p.lstat().st_mtime)
+        except OSError:
+            continue
+    return max(times)

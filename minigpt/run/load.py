@@ -1,0 +1,148 @@
+"""Loading a run: weights and optimizer state into live objects (validated before any tensor is
+read), the trainer state, and `load_run` for inference. Nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from minigpt.config import Config, model_hash
+from minigpt.device import resolve_device
+from minigpt.errors import MinigptError
+from minigpt.model import GPT
+from minigpt.run.checkpoint import Checkpoint, find_checkpoint, raw_module, tied_aliases
+from minigpt.run.layout import (
+    CKPT_DIR,
+    CONFIG_FILE,
+    DEFAULT_RUNS,
+    LATEST,
+    MODEL_FILE,
+    OPTIM_FILE,
+    STATE_FILE,
+)
+from minigpt.run.safetensors_io import check_against, load_tensors, read_header
+from minigpt.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass
+class LoadedRun:
+    """A model ready for inference: a trained run (`load_run`) or an imported model
+    (`minigpt.hf.load_model`); `sample`, `inspect-heads` and `bench` take either."""
+
+    model: GPT          # on the requested device, eval mode
+    cfg: Config         # the run's resolved config (model.vocab_size filled in)
+    tokenizer: Tokenizer
+    step: int           # optimizer steps completed when the checkpoint was written
+    run_dir: Path | None  # None: not a minigpt run (an imported model has no run directory)
+    source: str = ""    # what was loaded, for messages and files: the run dir or the model spec
+    eot_first: bool = False  # trained on documents that follow <|endoftext|>: inputs start so
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            self.source = str(self.run_dir)
+
+    @property
+    def label(self) -> str:
+        """One phrase for messages: `<run dir> (step N)`, or the model spec."""
+        return self.source if self.run_dir is None else f"{self.source} (step {self.step})"
+
+
+def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint) -> None:
+    """Validate model.safetensors against `model` (names, dtypes, shapes, config hash) before
+    reading any tensor data, then load it and re-tie aliased weights."""
+    raw = raw_module(model)
+    path = ckpt.path / MODEL_FILE
+    header, meta = read_header(path, "weights")
+    hint = "the weights do not belong to this config (different model shape?)"
+    if meta.get("config_hash") and meta["config_hash"] != model_hash(ckpt.cfg.model):
+        raise MinigptError(f"{path} was saved for a different model config "
+                           f"(hash {meta['config_hash']} != {model_hash(ckpt.cfg.model)}); "
+                           "the weights and config.yaml do not match")
+    aliases = tied_aliases(raw)
+    expected = {k: v for k, v in raw.state_dict().items() if k not in aliases}
+    check_against(header, expected, path, hint)
+    tensors = load_tensors(path)
+    state = dict(tensors)
+    for alias, canonical in aliases.items():
+        state[alias] = tensors[canonical]
+    raw.load_state_dict(state, strict=True)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
+                         ckpt: Checkpoint) -> None:
+    """Restore AdamW moments saved by optimizer_tensors (validated against the params)."""
+    path = ckpt.path / OPTIM_FILE
+    header, _ = read_header(path, "optimizer state")
+    if not header:  # saved before the first step: nothing to restore
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    keys = sorted({k.rsplit(".", 1)[1] for k in header}) or ["exp_avg", "exp_avg_sq", "step"]
+    expected = {}
+    for name, p in zip(names, params):
+        for key in keys:
+            expected[f"{name}.{key}"] = (torch.empty((), dtype=torch.float32) if key == "step"
+                                         else torch.empty(p.shape, dtype=p.dtype, device="meta"))
+    check_against(header, expected, path, "the optimizer state does not match the model")
+    tensors = load_tensors(path)
+    sd = optimizer.state_dict()
+    sd["state"] = {i: {key: tensors[f"{name}.{key}"] for key in keys}
+                   for i, name in enumerate(names)}
+    optimizer.load_state_dict(sd)
+
+
+def read_trainer_state(ckpt: Checkpoint) -> dict:
+    path = ckpt.path / STATE_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise MinigptError(f"{path} is missing or not valid JSON") from None
+    if (not isinstance(state, dict) or not isinstance(state.get("step"), int)
+            or isinstance(state["step"], bool) or state["step"] < 0):
+        raise MinigptError(f"{path} is not a minigpt trainer state (no valid 'step')")
+    return state
+
+
+def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
+             step: int | None = None) -> LoadedRun:
+    """Load a trained run for inference: the verified latest checkpoint's config, tokenizer and
+    weights, model on `device` in eval mode. `run_dir=None` = the latest run under runs/.
+    Every failure is a one-line MinigptError naming the file; nothing is unpickled."""
+    run_dir = find_latest_run() if run_dir is None else Path(run_dir)
+    dev = device if isinstance(device, torch.device) else resolve_device(str(device))
+    ckpt = find_checkpoint(run_dir, step=step)  # None: the latest; else a kept checkpoint
+    cfg = ckpt.cfg
+    if cfg.model.vocab_size <= 0:
+        raise MinigptError(f"{ckpt.path / CONFIG_FILE}: model.vocab_size is {cfg.model.vocab_size}"
+                           "; a trained run's config must record the real vocabulary size")
+    tokenizer = Tokenizer.load(ckpt.path)
+    if tokenizer.n_vocab > cfg.model.vocab_size:
+        raise MinigptError(f"{ckpt.path}: the tokenizer has {tokenizer.n_vocab} tokens but "
+                           f"model.vocab_size is {cfg.model.vocab_size}; files from different runs?")
+    model = GPT(cfg.model)
+    load_model_weights(model, ckpt)
+    model.to(dev).eval()
+    return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir)
+
+
+def find_latest_run(root: Path = DEFAULT_RUNS) -> Path:
+    """The run under `root` with the most recently committed checkpoint."""
+    root = Path(root)
+    best: tuple[float, Path] | None = None
+    if root.is_dir():
+        for d in root.iterdir():
+            link = d / CKPT_DIR / LATEST
+            try:
+                mtime = link.lstat().st_mtime
+            except OSError:
+                continue
+            if best is None or mtime > best[0]:
+                best = (mtime, d)
+    if best is None:
+        raise MinigptError(f"no trained run found under {root}/ (looked for "
+                           f"{root}/*/{CKPT_DIR}/{LATEST}); train one with `minigpt train`, or "
+                           "pass --run DIR")
+    return best[1]

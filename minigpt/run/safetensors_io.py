@@ -1,0 +1,118 @@
+"""Reading and writing safetensors files defensively: nothing here unpickles, and a file's
+header is checked (magic bytes, header length, dtypes, shapes, offsets) before any tensor is
+read, so a pickle, a zip, a truncated file or a crafted header claiming a huge tensor is a
+one-line MinigptError, never an allocation or a crash inside the safetensors library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from minigpt.errors import MinigptError
+
+# safetensors dtype codes and their sizes in bytes.
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+               "U8": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+TORCH_TO_ST = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+               torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+               torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
+def tensors_to_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """Serialise CPU-contiguous copies of `tensors` (shared storage is not allowed)."""
+    flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    return st_save(flat, metadata=metadata)
+
+
+def sniff(path: Path, what: str) -> None:
+    """Reject files that are clearly not safetensors by their first bytes, before parsing.
+
+    A PyTorch `.pt`/`.pth` file is a zip ('PK\\x03\\x04') or a raw pickle (protocol byte 0x80);
+    minigpt never loads either, because unpickling runs arbitrary code."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as e:
+        raise MinigptError(f"cannot read {path}: {e.strerror}") from None
+    if head.startswith(b"PK\x03\x04"):
+        raise MinigptError(f"{path} is a zip archive (a PyTorch .pt/.pth?), not safetensors; "
+                           f"{what} are loaded only from safetensors, never from pickles")
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        raise MinigptError(f"{path} is a Python pickle, not safetensors; minigpt never loads "
+                           f"pickles (they can run code); {what} must be a .safetensors file")
+
+
+def read_header(path: Path, what: str) -> tuple[dict[str, dict], dict[str, str]]:
+    """Parse and validate a safetensors header: returns ({name: {dtype, shape, data_offsets}},
+    metadata). Checks the 8-byte little-endian header length against the file size, that the
+    header is a JSON object, every dtype is known, shapes are non-negative ints, every byte
+    range matches its dtype x shape and lies inside the file (a truncated file fails here)."""
+    sniff(path, what)
+    size = path.stat().st_size
+    bad = f"{path} is not a valid safetensors file"
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise MinigptError(f"{bad} ({size} bytes: truncated or empty); {what} are damaged")
+        n = int.from_bytes(head, "little")
+        if n < 2 or n > min(size - 8, MAX_HEADER_BYTES):
+            raise MinigptError(f"{bad} (header length {n} does not fit the file size {size}: "
+                               f"truncated or not safetensors); {what} are damaged")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise MinigptError(f"{bad} (header is not JSON); {what} are damaged") from None
+    if not isinstance(header, dict):
+        raise MinigptError(f"{bad} (header is not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise MinigptError(f"{bad} (__metadata__ is not an object)")
+    data_size = size - 8 - n
+    for name, info in header.items():
+        where = f"{path}: tensor '{name}'"
+        if not isinstance(info, dict) or info.get("dtype") not in DTYPE_SIZES:
+            raise MinigptError(f"{where} has an unknown dtype; {what} are damaged")
+        shape, offs = info.get("shape"), info.get("data_offsets")
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+                or not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and o >= 0 for o in offs)):
+            raise MinigptError(f"{where} has a malformed shape or offsets; {what} are damaged")
+        nbytes = math.prod(shape) * DTYPE_SIZES[info["dtype"]]
+        if offs[1] - offs[0] != nbytes or offs[1] > data_size:
+            raise MinigptError(f"{where}: its bytes do not fit in the file (truncated?); "
+                               f"{what} are damaged")
+    return header, {str(k): str(v) for k, v in metadata.items()}
+
+
+def check_against(header: dict[str, dict], expected: dict[str, torch.Tensor], path: Path,
+                  hint: str) -> None:
+    """Every expected tensor present with the same dtype and shape, and nothing extra; the
+    error names the first mismatching tensor. Runs before any tensor data is read."""
+    for name, ref in expected.items():
+        info = header.get(name)
+        if info is None:
+            raise MinigptError(f"{path}: tensor '{name}' is missing; {hint}")
+        want_dtype = TORCH_TO_ST.get(ref.dtype)
+        if info["dtype"] != want_dtype or list(info["shape"]) != list(ref.shape):
+            raise MinigptError(
+                f"{path}: tensor '{name}' is {info['dtype']}{list(info['shape'])} but the config "
+                f"needs {want_dtype}{list(ref.shape)}; {hint}")
+    extra = sorted(set(header) - set(expected))
+    if extra:
+        raise MinigptError(f"{path}: unexpected tensor '{extra[0]}'; {hint}")
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Read the tensors of a file whose header was already validated (CPU tensors)."""
+    try:
+        return st_load(path.read_bytes())
+    except Exception as e:  # noqa: BLE001 - the library raises its own SafetensorError
+        raise MinigptError(f"{path}: cannot read tensors ({e})") from None

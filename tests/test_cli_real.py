@@ -1,0 +1,343 @@
+"""The installed program as people use it: the `minigpt` console script (the entry point pip
+installed, never `python -m minigpt`) in a subprocess, from a directory outside the checkout,
+with the token cache in a temporary directory.
+
+- Usage errors, for every command: the parser's message (with a did-you-mean for commands and
+  flags) on stderr, exit code 2, no traceback (issue #15 finding 1).
+- Every `minigpt ...` command in the README's code blocks, extracted from the README:
+  training commands get tiny `--set` overrides. Quick tier: the commands that read a run, in a
+  directory whose runs/ holds a 3-step run trained by the real command; slow tier: all of
+  them in README order from an empty directory (training included), and `bench --quick`.
+  Skipped, and why: usage synopses (they hold `[options]` brackets or `<placeholders>`: not
+  runnable as written), `torchrun` lines (several processes; tests/test_train.py covers DDP)
+  and anything that is not `minigpt` (`pip install`, `pytest`).
+- The fixes of issue #15 as the installed program shows them: tiny temperatures, non-finite
+  logits, `runs` and `curves` bad input, resume of a run that saved nothing yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from minigpt.paths import PROJECT_ROOT
+
+MINIGPT = shutil.which("minigpt")
+README = (PROJECT_ROOT / "README.md").read_text()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# A 2-layer, 4-head, 32-wide byte model: every README command can read it (inspect-heads
+# --layer 1 --head 2), and 3 steps train in a few seconds.
+TINY = {"model.n_layer": 2, "model.n_head": 4, "model.n_embd": 32, "model.block_size": 32,
+        "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 3,
+        "train.warmup_steps": 1, "train.eval_interval": 3, "train.eval_batches": 1,
+        "train.checkpoint_interval": 3, "train.log_interval": 1, "train.sample_tokens": 0}
+
+
+def tiny(**over) -> list[str]:
+    return [x for k, v in {**TINY, **over}.items() for x in ("--set", f"{k}={v}")]
+
+
+# --------------------------------------------------------------------------------------------
+# The README's commands.
+
+
+def code_lines(text: str) -> list[str]:
+    """Lines of the fenced blocks and of the indented code blocks (4 spaces, after a blank
+    line: a list item's continuation lines are not code)."""
+    lines = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE):
+        lines += block.splitlines()
+    prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
+    in_block, previous_blank = False, True
+    for line in prose.splitlines():
+        if line.startswith("    ") and (in_block or previous_blank):
+            in_block = True
+            lines.append(line)
+        elif line.strip():
+            in_block = False
+        previous_blank = not line.strip()
+    return lines
+
+
+def readme_commands() -> tuple[list[list[str]], list[tuple[str, str]]]:
+    """(runnable minigpt commands as argv lists without "minigpt", in README order, each
+    once; [(line, why skipped)])."""
+    commands, skipped = [], []
+    for line in code_lines(README):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue  # not shell (a tree drawing)
+        if not words:
+            continue
+        parts, part = [], []
+        for w in words + ["&&"]:
+            if w == "&&":
+                parts.append(part)
+                part = []
+            else:
+                part.append(w)
+        for p in parts:
+            if not p or p[0] != "minigpt":
+                if p and p[0] in ("torchrun", "pip", "pytest"):
+                    skipped.append((line.strip(), f"{p[0]}: not a minigpt command"))
+                continue
+            if any(("[" in w or "<" in w) for w in p[1:]):
+                skipped.append((line.strip(), "usage synopsis"))
+            elif p[1:] not in commands:
+                commands.append(p[1:])
+    return commands, skipped
+
+
+COMMANDS, SKIPPED = readme_commands()
+
+
+def for_test(argv: list[str], resume_steps: int = 5) -> list[str]:
+    """A README command as the tests run it: training gets the tiny overrides (on --resume
+    the same ones, with more steps: the stored values are accepted, finding 4)."""
+    if argv[0] != "train":
+        return argv
+    return [*argv, *(tiny(**{"train.max_steps": resume_steps}) if "--resume" in argv
+                     else tiny())]
+
+
+def test_the_readme_commands_were_found():
+    """The extraction sees every kind of command and skips only what it says it skips."""
+    kinds = {c[0] for c in COMMANDS}
+    assert kinds == {"train", "sample", "inspect-heads", "bench", "runs", "curves", "export"}
+    assert ["sample", "--num-samples", "3", "--stop", "\\n\\n", "--json"] in COMMANDS
+    assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
+    reasons = {why for _, why in SKIPPED}
+    assert reasons == {"usage synopsis", "torchrun: not a minigpt command",
+                       "pip: not a minigpt command", "pytest: not a minigpt command"}
+    assert all("minigpt" in line for line, _ in SKIPPED if "synopsis" in _)
+
+
+# --------------------------------------------------------------------------------------------
+# Running the installed program.
+
+
+@pytest.fixture(scope="session")
+def program() -> str:
+    assert MINIGPT is not None, "the `minigpt` console script is not on PATH: pip install -e ."
+    return MINIGPT
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory) -> dict[str, str]:
+    return {**os.environ, "MINIGPT_CACHE": str(tmp_path_factory.mktemp("real-cache"))}
+
+
+def minigpt(program: str, args: list[str], cwd: Path, env: dict, timeout: float = 300,
+            ok: bool = True) -> subprocess.CompletedProcess:
+    assert not cwd.resolve().is_relative_to(PROJECT_ROOT), "run outside the checkout"
+    r = subprocess.run([program, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout, check=False)
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    if ok:
+        assert r.returncode == 0, f"minigpt {shlex.join(args)}: exit {r.returncode}\n{r.stderr}"
+    return r
+
+
+@pytest.fixture(scope="session")
+def place(program, env, tmp_path_factory) -> Path:
+    """A working directory outside the checkout whose runs/ holds `default` (3 steps, trained
+    by the real command) and `bytes` (a copy), as the README's commands expect."""
+    cwd = tmp_path_factory.mktemp("real-cwd")
+    minigpt(program, ["train", "--out", "runs/default", *tiny()], cwd, env)
+    shutil.copytree(cwd / "runs" / "default", cwd / "runs" / "bytes", symlinks=True)
+    return cwd
+
+
+# --------------------------------------------------------------------------------------------
+# Usage errors (finding 1).
+
+USAGE_ERRORS = [
+    (["trian"], "No such command 'trian'. Did you mean 'train'?"),
+    (["sample", "--bogus"], "No such option: --bogus"),
+    (["sample", "-n", "abc"], "Invalid value for '-n' / '--max-new-tokens'"),
+    (["inspect-heads", "--layer"], "Option '--layer' requires an argument"),
+    (["sample", "--tempreature", "0.5"], "(Possible options: --temperature)"),
+    (["train", "--sett", "x=1"], "(Possible options: --set)"),
+    (["runs", "--jsn"], "(Possible options: --json)"),
+    (["curves", "runs/default"], "Missing option '--out'"),
+    (["curves", "--out", "x.png"], "Missing argument 'RUN'"),
+    (["bench", "--suite"], "Option '--suite' requires an argument"),
+    (["inspect-heads", "--max-tokens", "many"], "Invalid value for '--max-tokens'"),
+]
+
+
+def _usage_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    errors = [x for x in r.stderr.splitlines() if x.startswith("Error: ")]
+    assert len(errors) == 1 and needle in errors[0], r.stderr
+
+
+@pytest.mark.parametrize("args, needle", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_usage_errors_are_the_parsers_message_and_exit_2(program, env, tmp_path, args, needle):
+    _usage_error(minigpt(program, args, tmp_path, env, ok=False), needle)
+
+
+def test_every_command_rejects_an_unknown_flag(program, env, tmp_path):
+    """Every command `minigpt --help` lists, with a flag it does not have."""
+    help_text = minigpt(program, ["--help"], tmp_path, env).stdout
+    names = re.findall(r"^  ([a-z-]+) ", help_text[help_text.index("Commands:"):], re.MULTILINE)
+    assert set(names) == {"train", "sample", "inspect-heads", "bench", "runs", "curves",
+                          "export"}
+    for name in names:
+        _usage_error(minigpt(program, [name, "--no-such-flag"], tmp_path, env, ok=False),
+                     "No such option: --no-such-flag")
+
+
+# --------------------------------------------------------------------------------------------
+# The README's commands that read runs (quick tier; training and bench are slow, below).
+
+QUICK = [c for c in COMMANDS if c[0] not in ("train", "bench")]
+
+
+def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> None:
+    """What each kind of README command must have produced, beyond exit code 0."""
+    if argv[0] == "sample":
+        if "--json" in argv:
+            docs = [json.loads(x) for x in r.stdout.splitlines()]
+            assert len(docs) == int(argv[argv.index("--num-samples") + 1])
+            for d in docs:
+                assert d["finish_reason"] in ("stop", "length", "eot")
+                assert "\n\n" not in d["text"]  # --stop "\n\n" (finding 3)
+        else:
+            assert r.stdout.strip()
+        assert "sampling from" in r.stderr
+    elif argv[0] == "inspect-heads":
+        assert "explicit vs SDPA" in r.stderr + r.stdout
+        for fmt, name in (("html", "attention.html"), ("png", "attention_grid.png")):
+            if fmt in argv:
+                written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
+                assert written and (cwd / written[0]).is_file(), r.stderr
+    elif argv[0] == "runs":
+        if "--json" in argv:
+            names = {x["name"]: x["status"] for x in json.loads(r.stdout)["runs"]}
+            assert {"default", "bytes"} <= set(names)
+        else:
+            assert re.search(r"default .* finished .* (\d+)/\1 ", r.stdout), r.stdout
+    elif argv[0] == "curves":
+        out = cwd / argv[argv.index("--out") + 1]
+        assert out.read_bytes()[:8] == PNG_MAGIC
+    elif argv[0] == "export":
+        out = cwd / argv[argv.index("--out") + 1]
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+            p.name for p in out.iterdir()}
+
+
+def downloads(argv: list[str]) -> bool:
+    """`--model hf:...` downloads from the Hugging Face hub, which tests never reach."""
+    return any(a.startswith("hf:") for a in argv)
+
+
+@pytest.mark.parametrize("argv", QUICK, ids=[" ".join(c) for c in QUICK])
+def test_readme_command_works_on_a_trained_run(program, env, place, argv):
+    if downloads(argv):  # offline: the real download path fails in one line, nothing else
+        r = minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"}, ok=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, r.stderr
+        assert lines[0].startswith("error: --model hf:") and "download failed" in lines[0]
+        return
+    check_output(argv, minigpt(program, argv, place, env), place)
+
+
+def test_every_run_has_its_curves_png(place):
+    assert (place / "runs" / "default" / "curves.png").read_bytes()[:8] == PNG_MAGIC
+
+
+# --------------------------------------------------------------------------------------------
+# Issue #15's other findings, as the installed program shows them.
+
+
+def test_tiny_temperature_is_greedy_not_a_traceback(program, env, place):
+    """Finding 2: `-t 1e-40` was an IndexError; with -n 1 it printed id 257. (That it equals
+    greedy decoding is tests/test_cli_sample.py's check.)"""
+    r = minigpt(program, ["sample", "--run", "runs/default", "-n", "1", "-t", "1e-40",
+                          "--json"], place, env)
+    assert json.loads(r.stdout)["tokens"] == 1
+
+
+RUNS_CURVES_BAD = [
+    (["curves", "nope", "--out", "c.png"], "unknown run 'nope'"),
+    pytest.param(["runs", "empty"], "no runs under empty/", marks=pytest.mark.slow),
+    pytest.param(["curves", "fresh", "--out", "c.png"], "has no metrics yet",
+                 marks=pytest.mark.slow),
+    pytest.param(["curves", "runs/default", "--out", "/proc/c.png"],
+                 "--out /proc/c.png: cannot write", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("args, needle", RUNS_CURVES_BAD)
+def test_runs_and_curves_bad_input(program, env, place, tmp_path, args, needle):
+    """One error line, exit 2, nothing written (every case in-process: test_hardening.py)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "train.lock").write_text("")
+    (tmp_path / "runs").symlink_to(place / "runs")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    r = minigpt(program, args, tmp_path, env, ok=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert needle in lines[0], lines[0]
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_non_finite_logits_are_one_error_line(program, env, tmp_path):
+    from conftest import save_tiny_run
+
+    save_tiny_run(tmp_path / "nan", nan=True)
+    r = minigpt(program, ["sample", "--run", "nan", "-n", "3"], tmp_path, env, ok=False)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1].startswith("error: generation step 1: ")
+
+
+# --------------------------------------------------------------------------------------------
+# Slow: the README from an empty directory, in order, training included.
+
+
+@pytest.mark.slow
+def test_the_readme_in_order_from_an_empty_directory(program, env, tmp_path):
+    """Every README command once, in README order, in a fresh directory: trainings (tiny),
+    the resume of runs/default with the same overrides (finding 4), a corpus under ~/texts/
+    (HOME points into tmp; matplotlib keeps its own cache), bench --quick."""
+    import matplotlib
+
+    home = tmp_path / "home"
+    (home / "texts").mkdir(parents=True)
+    (home / "texts" / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    env = {**env, "HOME": str(home), "MPLCONFIGDIR": matplotlib.get_cachedir()}
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    for argv in (c for c in COMMANDS if not downloads(c)):  # hf: is the quick tier's (offline)
+        args = for_test(argv)
+        r = minigpt(program, args, cwd, env, timeout=600)
+        check_output(args, r, cwd)
+        if argv[:2] == ["train", "--out"] and "--resume" in argv:
+            assert "from step 3" in r.stderr and "step 5/5" in r.stderr
+        if argv[0] == "bench":
+            json.loads(r.stdout.strip().splitlines()[-1])  # the compact summary line
+    assert {p.name for p in (cwd / "runs").iterdir()} >= {"default", "bytes", "induction",
+                                                         "mine"}
+
+
+@pytest.mark.slow
+def test_resume_where_a_kill_left_only_the_lock(program, env, tmp_path):
+    """Finding 5: the run directory holds only train.lock; --resume starts it at step 0."""
+    run = tmp_path / "runs" / "killed"
+    run.mkdir(parents=True)
+    (run / "train.lock").write_text("")
+    r = minigpt(program, ["train", "--out", "runs/killed", "--resume", *tiny()], tmp_path, env)
+    assert "holds no saved checkpoint yet" in r.stderr and "step 3/3" in r.stderr

@@ -1,0 +1,202 @@
+"""`minigpt export --format hf`: a run per position encoding exported and loaded by transformers
+(AutoModelForCausalLM / AutoTokenizer, no custom code) gives the same logits (1e-4), the same
+greedy continuation and the same token ids, and imports back into minigpt; the RoPE
+permutation is what makes GPT-NeoX agree; what has no equivalent is refused; an export is
+written whole or not at all."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from test_hf import MIXED, PROMPT, corpus, perturb
+from typer.testing import CliRunner
+
+from minigpt.cli import app
+from minigpt.config import ModelConfig, from_dict
+from minigpt.errors import MinigptError, WriteError
+from minigpt.hf import export_hf, load_model
+from minigpt.hf.arch import export_kind
+from minigpt.model import GPT
+from minigpt.run import load_run
+from minigpt.run.checkpoint import save_checkpoint
+from minigpt.sample import generate
+from minigpt.tokenizer import EOT, build_tokenizer, bytes_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+SHAPE = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 64}
+RUNS = {
+    "learned": {"pos_encoding": "learned", "bias": True, "activation": "gelu_tanh",
+                "norm_eps": 1e-3},
+    "rope": {"pos_encoding": "rope", "bias": False, "tie_weights": False, "rope_base": 500.0},
+    "rope-bias-tied": {"pos_encoding": "rope", "bias": True, "activation": "gelu_tanh"},
+    "learned-nobias": {"pos_encoding": "learned", "bias": False, "tie_weights": False},
+}
+TEXTS = [t.replace(EOT, "<|end of text|>") for t in MIXED] + [corpus()[-3000:]]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    """A BPE trained by minigpt (rustbpe) on Shakespeare and the mixed texts."""
+    root = tmp_path_factory.mktemp("bpe")
+    (root / "corpus.txt").write_text(corpus() + "\n".join(MIXED * 5), encoding="utf-8")
+    cfg = from_dict({"tokenizer": {"vocab_size": 400},
+                     "data": {"corpus": str(root / "corpus.txt"), "cache_dir": str(root)}})
+    return build_tokenizer(cfg)
+
+
+def make_run(run_dir: Path, tok, seed: int = 0, **model) -> Path:
+    cfg = from_dict({"model": {**SHAPE, **model, "vocab_size": tok.n_vocab},
+                     "tokenizer": {"vocab_size": 400}})
+    net = GPT.from_config(cfg, seed=seed)
+    perturb(net, seed)
+    save_checkpoint(run_dir, step=3, model=net, cfg=cfg, tokenizer=tok, trainer_state={"step": 3})
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def exported(bpe, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """name -> (run dir, exported dir), exported through the CLI."""
+    root = tmp_path_factory.mktemp("export")
+    out = {}
+    for i, (name, model) in enumerate(RUNS.items()):
+        run = make_run(root / "runs" / name, bpe, seed=i, **model)
+        r = CliRunner().invoke(app, ["export", "--run", str(run), "--format", "hf", "--out",
+                                     str(root / name)])
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout.strip() == str(root / name)
+        out[name] = (run, root / name)
+    return out
+
+
+def hf_model(directory: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        directory, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_transformers_loads_the_export_with_equal_logits_and_greedy_tokens(exported, name):
+    run_dir, out = exported[name]
+    run = load_run(run_dir, "cpu")
+    ref = hf_model(out)
+    want = "GPT2LMHeadModel" if name.startswith("learned") else "GPTNeoXForCausalLM"
+    assert type(ref).__name__ == want
+    idx = torch.randint(0, run.tokenizer.n_vocab, (2, 64), generator=torch.Generator()
+                        .manual_seed(5))
+    with torch.no_grad():
+        theirs = ref(idx).logits
+    assert (run.model(idx)[0] - theirs).abs().max() <= 1e-4
+    prompt = run.tokenizer.encode(PROMPT)
+    eot = run.tokenizer.eot_id
+    ours = list(generate(run.model, prompt, 30, temperature=0.0, stop_ids=[eot]))
+    with torch.no_grad():
+        gen = ref.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
+                           eos_token_id=eot, pad_token_id=eot)[0, len(prompt):].tolist()
+    assert ours == gen
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_exported_tokenizer_gives_minigpts_ids(exported, name):
+    run_dir, out = exported[name]
+    tok = load_run(run_dir, "cpu").tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert theirs.encode(text) == ids, text
+        assert theirs.decode(ids) == text
+    assert theirs.eos_token_id == tok.eot_id == theirs.convert_tokens_to_ids(EOT)
+
+
+def test_a_bytes_tokenizer_exports_too(tmp_path):
+    tok = bytes_tokenizer()
+    run = make_run(tmp_path / "run", tok, pos_encoding="learned")
+    out = export_hf(load_run(run, "cpu"), tmp_path / "out").out
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    for text in TEXTS:
+        assert theirs.encode(text) == tok.encode(text) == list(text.encode("utf-8"))
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_export_imports_back(exported, name):
+    run_dir, out = exported[name]
+    run, back = load_run(run_dir, "cpu"), load_model(out, "cpu")
+    idx = torch.randint(0, run.tokenizer.n_vocab, (1, 64), generator=torch.Generator()
+                        .manual_seed(6))
+    assert (run.model(idx)[0] - back.model(idx)[0]).abs().max() <= 1e-5
+    assert back.tokenizer.ranks == run.tokenizer.ranks
+    assert back.tokenizer.pattern == run.tokenizer.pattern
+    assert back.cfg.model.pos_encoding == run.cfg.model.pos_encoding
+
+
+def test_without_the_rope_permutation_gpt_neox_disagrees(exported, bpe, tmp_path, monkeypatch):
+    """The parity above needs the q/k row permutation: exporting with the identity instead
+    (pairs left interleaved) makes transformers compute something else."""
+    from minigpt.hf import weights
+
+    monkeypatch.setattr(weights, "rope_interleaved_to_halves", torch.arange)
+    run_dir, _ = exported["rope"]
+    run = load_run(run_dir, "cpu")
+    out = export_hf(run, tmp_path / "unpermuted").out
+    idx = torch.randint(0, run.tokenizer.n_vocab, (1, 64), generator=torch.Generator()
+                        .manual_seed(7))
+    with torch.no_grad():
+        assert (run.model(idx)[0] - hf_model(out)(idx).logits).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding"),
+    ({"pos_encoding": "none"}, "model.pos_encoding"),
+    ({"norm": "rmsnorm"}, "model.norm"),
+    ({"mlp": False}, "model.mlp"),
+])
+def test_what_has_no_equivalent_is_refused_by_name(change, needle):
+    with pytest.raises(MinigptError, match=needle):
+        export_kind(ModelConfig(**{**SHAPE, "vocab_size": 300, **change}))
+
+
+def test_a_failed_export_leaves_nothing(exported, tmp_path, monkeypatch):
+    import minigpt.hf.export as ex
+
+    calls = []
+
+    def full(path, data):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    real = ex.write_file_synced
+    monkeypatch.setattr(ex, "write_file_synced", full)
+    run = load_run(exported["learned"][0], "cpu")
+    (tmp_path / "out").mkdir()  # an empty --out is allowed; it must stay as it was
+    with pytest.raises(WriteError, match="no space left"):
+        export_hf(run, tmp_path / "out")
+    assert len(calls) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_the_installed_command_exports_what_transformers_loads(exported, tmp_path):
+    run_dir, _ = exported["rope"]
+    r = subprocess.run(["minigpt", "export", "--run", str(run_dir), "--out",
+                        str(tmp_path / "hf")], check=False, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "hf")
+    assert "GPTNeoXForCausalLM" in r.stderr and "AutoModelForCausalLM" in r.stderr
+    files = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert files == ["config.json", "generation_config.json", "model.safetensors",
+                     "tokenizer.json", "tokenizer_config.json"]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "gpt_neox"
+    run = load_run(run_dir, "cpu")
+    idx = torch.tensor([run.tokenizer.encode(PROMPT)])
+    with torch.no_grad():
+        assert (run.model(idx)[0] - hf_model(tmp_path / "hf")(idx).logits).abs().max() <= 1e-4

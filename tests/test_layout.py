@@ -1,0 +1,133 @@
+"""The house rules of the package layout (README "How the code is laid out"), read from the
+source with `ast`: imports flow one way, ground floor up; no import cycles; only the CLI
+speaks typer and rich; the ground floor and the config never import torch; no module grows
+into a room nobody can read in one sitting."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from minigpt.paths import PACKAGE_DIR
+
+# Floors, lowest first. A module may import modules of its own floor or below, never above.
+FLOORS = [
+    ("ground", {"minigpt", "minigpt.errors", "minigpt.paths", "minigpt.files", "minigpt.events"}),
+    ("config", {"minigpt.fields", "minigpt.config"}),
+    ("data", {"minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),
+    ("model", {"minigpt.attention", "minigpt.device", "minigpt.model"}),
+    ("sample, run", {"minigpt.sample", "minigpt.run"}),
+    ("hf", {"minigpt.hf"}),
+    ("train, heads", {"minigpt.train", "minigpt.heads"}),
+    ("bench", {"minigpt.bench"}),
+    ("cli", {"minigpt.cli", "minigpt.__main__"}),
+]
+MAX_LINES = 420  # "no module over ~400 lines"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def floor_of(name: str) -> int:
+    """The floor of a module: the floor listing it or the package that holds it."""
+    for i, (_, members) in enumerate(FLOORS):
+        if name in members or any(name.startswith(m + ".") for m in members if m != "minigpt"):
+            return i
+    raise AssertionError(f"{name} is on no floor: add it to FLOORS and to the README")
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module imported anywhere in the file (top level and inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            # `from minigpt.heads import inspection` imports the submodule too
+            found |= {f"{node.module}.{a.name}" for a in node.names
+                      if f"{node.module}.{a.name}" in MODULES}
+    return found
+
+
+GRAPH = {name: {m for m in imports_of(p) if m in MODULES and m != name}
+         for name, p in MODULES.items()}
+
+
+def test_every_module_is_on_a_floor():
+    for name in MODULES:
+        floor_of(name)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_flow_one_way(name):
+    up = [f"{m} ({FLOORS[floor_of(m)][0]})" for m in sorted(GRAPH[name])
+          if floor_of(m) > floor_of(name)]
+    assert not up, f"{name} ({FLOORS[floor_of(name)][0]}) imports upwards: {up}"
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH[node]):
+            if nxt in ("minigpt",) or nxt == node:
+                continue
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in sorted(MODULES):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_only_the_cli_imports_typer_and_rich_and_nothing_imports_the_cli():
+    for name, p in MODULES.items():
+        if floor_of(name) == len(FLOORS) - 1:
+            continue
+        tops = {m.split(".")[0] for m in imports_of(p)}
+        assert not tops & {"typer", "rich", "click"}, f"{name} imports {tops & {'typer', 'rich'}}"
+        assert not any(m.startswith("minigpt.cli") for m in imports_of(p)), name
+
+
+def test_the_cli_never_imports_click():
+    """typer >= 0.22 vendors click and does not install it."""
+    for name, p in MODULES.items():
+        assert "click" not in {m.split(".")[0] for m in imports_of(p)}, name
+
+
+def test_ground_floor_and_config_do_not_import_torch():
+    for name, p in MODULES.items():
+        if floor_of(name) <= 1:
+            tops = {m.split(".")[0] for m in imports_of(p)}
+            assert not tops & {"torch", "numpy", "safetensors"}, f"{name} imports {tops}"
+
+
+def test_the_rules_catch_what_they_look_for(tmp_path):
+    """The checks above read real import statements, also inside functions."""
+    src = tmp_path / "m.py"
+    src.write_text("import os\ndef f():\n    from minigpt.cli.main import app\n"
+                   "    import typer\n")
+    assert {"minigpt.cli.main", "typer", "os"} <= imports_of(src)
+    assert floor_of("minigpt.cli.main") > floor_of("minigpt.model")
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_too_long_to_read(name):
+    n = len(MODULES[name].read_text().splitlines())
+    assert n <= MAX_LINES, f"{name}: {n} lines; split it by what it does"

@@ -1,0 +1,131 @@
+"""`minigpt runs` (minigpt.run.listing): where each column comes from, every status, damaged
+metrics, bad input; through the library and typer's CliRunner (the installed command in
+test_cli_real.py). Listing never changes a file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from minigpt.cli import app
+from minigpt.errors import MinigptError
+from minigpt.run import load_run
+from minigpt.run.listing import list_runs, read_row
+from minigpt.run.lock import RunLock
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every path under root with its bytes (or link target) and mtime: listing changes none."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        body = os.readlink(p) if p.is_symlink() else (p.read_bytes() if p.is_file() else b"")
+        out[str(p.relative_to(root))] = (body, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def runs(trained_runs, tmp_path) -> Path:
+    """A runs/ directory with a run in every state, copied from the session's trained runs."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    for name in ("finished", "stopped"):
+        shutil.copytree(trained_runs[name]["dir"], root / name, symlinks=True)
+    shutil.copytree(root / "stopped", root / "killed", symlinks=True)
+    (root / "killed" / "summary.md").unlink()  # kill -9: no summary written
+    shutil.copytree(root / "stopped", root / "training", symlinks=True)
+    (root / "nothing-saved").mkdir()
+    RunLock(root / "nothing-saved").acquire().release()
+    shutil.copytree(root / "finished", root / "damaged", symlinks=True)
+    (root / "damaged" / "checkpoints" / "latest").unlink()
+    os.symlink("../../elsewhere", root / "damaged" / "checkpoints" / "latest")
+    (root / "not-a-run").mkdir()  # someone's notes: not listed
+    (root / "not-a-run" / "notes.txt").write_text("mine\n")
+    return root
+
+
+def test_every_status_and_where_the_columns_come_from(runs, trained_runs):
+    with RunLock(runs / "training"):  # a trainer at work
+        before = tree(runs)
+        rows = {r.name: r for r in list_runs(runs)}
+        assert tree(runs) == before  # the probe wrote no file, changed no time stamp
+    assert {n: r.status for n, r in rows.items()} == {
+        "damaged": "damaged", "finished": "finished", "killed": "killed",
+        "nothing-saved": "no checkpoint", "stopped": "stopped", "training": "training"}
+    done = trained_runs["finished"]["done"]
+    fin = rows["finished"]
+    assert (fin.step, fin.max_steps) == (6, 6)
+    assert fin.best_val_bpb == pytest.approx(done.best_val_bpb, rel=1e-12)
+    assert fin.params == load_run(runs / "finished").model.num_params()["total"] == done.params
+    last = json.loads((runs / "finished" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert fin.wall_time == last["elapsed"]
+    assert fin.last_change == max(p.lstat().st_mtime for p in (
+        runs / "finished", runs / "finished" / "metrics.jsonl", runs / "finished" / "summary.md",
+        runs / "finished" / "config.yaml", runs / "finished" / "checkpoints" / "latest"))
+    assert (rows["stopped"].step, rows["stopped"].max_steps) == (4, 6)
+    empty = rows["nothing-saved"]
+    assert (empty.step, empty.max_steps, empty.params, empty.best_val_bpb) == (0, None, None,
+                                                                                None)
+
+
+def test_a_damaged_metrics_log_is_read_around_and_counted(runs):
+    log = runs / "finished" / "metrics.jsonl"
+    good = read_row(runs / "finished")
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(["garbage{", *lines[:3], "\x00\x01", *lines[3:], '{"kind": "tr'])
+                   + "\n")
+    row = read_row(runs / "finished")
+    assert row.skipped_lines == 3
+    assert (row.step, row.best_val_bpb, row.wall_time) == (good.step, good.best_val_bpb,
+                                                           good.wall_time)
+    r = CliRunner().invoke(app, ["runs", str(runs / "finished")])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.strip() == f"note: {log}: skipped 3 damaged lines"
+
+
+def test_runs_table_and_json(runs):
+    r = CliRunner().invoke(app, ["runs", str(runs)])
+    assert r.exit_code == 0, r.stderr
+    header = next(x for x in r.stdout.splitlines() if "name" in x)
+    for column in ("name", "status", "step", "best val bits/byte", "parameters", "wall time",
+                   "last change"):
+        assert column in header
+    finished = next(x for x in r.stdout.splitlines() if " finished " in x)
+    row = read_row(runs / "finished")
+    assert "6/6" in finished and f"{row.best_val_bpb:.4f}" in finished
+    assert f"{row.params:,}" in finished
+    assert "not-a-run" not in r.stdout
+    j = CliRunner().invoke(app, ["runs", str(runs), "--json"])
+    doc = json.loads(j.stdout)
+    assert [x["name"] for x in doc["runs"]] == sorted(
+        ["damaged", "finished", "killed", "nothing-saved", "stopped", "training"])
+    assert {x["name"]: x["status"] for x in doc["runs"]}["training"] == "stopped"  # unlocked
+
+
+def test_default_directory_is_runs_under_the_working_directory(runs, monkeypatch):
+    monkeypatch.chdir(runs.parent)
+    r = CliRunner().invoke(app, ["runs", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["directory"] == "runs"
+
+
+@pytest.mark.parametrize("what", ["empty", "missing", "a-file"])
+def test_no_runs_is_one_line_saying_where_it_looked(tmp_path, what):
+    target = tmp_path / "there"
+    if what == "empty":
+        target.mkdir()
+        (target / "notes").mkdir()
+    elif what == "a-file":
+        target.write_text("x")
+    with pytest.raises(MinigptError):
+        list_runs(target)
+    r = CliRunner().invoke(app, ["runs", str(target)])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert str(target) in lines[0]
+    if what == "empty":
+        assert "no runs under" in lines[0] and "config.yaml" in lines[0]

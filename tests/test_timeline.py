@@ -1,0 +1,168 @@
+"""Heads forming during training (minigpt.heads.timeline and its hooks): probe scores per
+step in metrics.jsonl, the "became an induction head" events, heads.png, kept checkpoints
+and `inspect-heads --checkpoint STEP`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_train import losses, tiny_sets
+
+from minigpt.config import ConfigError, ModelConfig, load_config
+from minigpt.errors import ArgumentError
+from minigpt.events import HeadFormedEvent
+from minigpt.heads import timeline
+from minigpt.model import GPT
+from minigpt.run import load_run
+from minigpt.run.checkpoint import discard_uncommitted, kept_steps
+from minigpt.tokenizer import bytes_tokenizer
+from minigpt.train import train
+
+
+def heads_records(run) -> list[dict]:
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == "heads"]
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "often", "2.5"])
+def test_a_bad_interval_is_one_line_naming_the_field(value):
+    with pytest.raises(ConfigError, match=f"train.head_scores_interval: '{value}' is not a "
+                       "positive number of steps, 'eval' or 'off'"):
+        load_config(None, [f"train.head_scores_interval={value}"])
+
+
+def test_intervals_and_the_probe_minimum():
+    from minigpt.config import head_scores_every
+
+    every = lambda v: head_scores_every(load_config(None, [
+        f"train.head_scores_interval={v}", "train.eval_interval=40"]).train)
+    assert (every("eval"), every("off"), every("7")) == (40, 0, 7)
+    with pytest.raises(ConfigError, match=r"need model.block_size >= 4, got 3; set "
+                       "train.head_scores_interval: off"):
+        load_config(None, ["model.block_size=3"])
+    load_config(None, ["model.block_size=3", "train.head_scores_interval=off"])
+
+
+# ---- scores and events ----------------------------------------------------------------------
+
+
+def tiny_model(**kw) -> GPT:
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=12, vocab_size=257, **kw)
+    return GPT.from_config(cfg, seed=0)
+
+
+def test_probe_scores_cover_every_head_and_leave_the_model_as_it_was():
+    model = tiny_model().train()
+    cfg = load_config(None, ["model.n_layer=2", "model.n_head=2", "model.n_embd=16",
+                             "model.block_size=12", "tokenizer.vocab_size=256"])
+    rng_before = torch.get_rng_state()
+    scores = timeline.probe_scores(model, cfg, bytes_tokenizer())
+    assert set(scores) == {"induction", "previous", "duplicate", "first"}
+    for rows in scores.values():
+        assert len(rows) == 2 and all(len(r) == 2 and all(0 <= v <= 1 for v in r) for r in rows)
+    assert model.training and torch.equal(torch.get_rng_state(), rng_before)
+
+
+def test_a_head_is_announced_once_when_it_crosses_the_threshold(monkeypatch):
+    script = iter([
+        {"induction": [[0.1, 0.2], [0.5, 0.89]], "previous": [[0.95, 0.1], [0.1, 0.1]],
+         "duplicate": [[0.0, 0.0], [0.0, 0.0]], "first": [[0.0, 0.0], [0.0, 0.0]]},
+        {"induction": [[0.1, 0.2], [0.5, 0.93]], "previous": [[0.97, 0.1], [0.1, 0.1]],
+         "duplicate": [[0.0, 0.0], [0.0, 0.0]], "first": [[0.0, 0.0], [0.0, 0.0]]},
+        {"induction": [[0.1, 0.2], [0.5, 0.80]], "previous": [[0.97, 0.1], [0.1, 0.1]],
+         "duplicate": [[0.0, 0.0], [0.0, 0.0]], "first": [[0.0, 0.0], [0.0, 0.0]]},
+    ])
+    monkeypatch.setattr(timeline, "probe_scores", lambda *a, **k: next(script))
+    earlier = [{"kind": "heads", "step": 100, "scores": {"previous": [[0.91, 0], [0, 0]]}}]
+    watch = timeline.HeadWatch(None, None, None, earlier)  # formed before a resume: silent
+    rec, events = watch.measure(200)
+    assert rec["kind"] == "heads" and rec["step"] == 200 and events == []
+    rec, events = watch.measure(300)
+    assert events == [HeadFormedEvent(300, 1, 1, "induction", "an induction head", 0.93)]
+    assert watch.measure(400)[1] == []  # dipping below and back is not news
+
+
+def test_draw_timeline_is_a_png_with_a_panel_per_layer():
+    recs = [{"kind": "heads", "step": s, "scores": {
+        k: [[0.1 * s / 100, 0.2], [0.3, 0.4]] for k in ("induction", "previous", "duplicate")}}
+        for s in (100, 200, 300)]
+    png = timeline.draw_timeline(recs + [{"kind": "eval", "step": 300}])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and timeline.draw_timeline([]) is None
+
+
+# ---- in a training run ----------------------------------------------------------------------
+
+
+def test_head_scores_never_change_the_training(tmp_path):
+    """The same seed trains to bit-identical losses with and without head scores."""
+    on, off = tmp_path / "on", tmp_path / "off"
+    train(load_config(None, tiny_sets(tmp_path, **{"train.head_scores_interval": 2})), on)
+    train(load_config(None, tiny_sets(tmp_path, **{"train.head_scores_interval": "off"})), off)
+    # every train and eval record (loss, val loss) is the same; "heads" records come on top
+    strip = lambda run: [x for x in losses(run) if x[1] is not None or x[2] is not None]
+    assert len(strip(on)) == 8 and strip(on) == strip(off)
+    assert [r["step"] for r in heads_records(on)] == [2, 4, 6] and heads_records(off) == []
+    assert (on / "heads.png").read_bytes()[:4] == b"\x89PNG" and not (off / "heads.png").exists()
+
+
+def test_the_default_scores_heads_at_each_evaluation_and_resume_keeps_the_log(tmp_path):
+    run = tmp_path / "run"
+    sets = tiny_sets(tmp_path)  # eval_interval 3, max_steps 6, head scores at 'eval'
+    train(load_config(None, sets), run, stop_after=3)
+    assert [r["step"] for r in heads_records(run)] == [3]
+    from minigpt.run.resume import resume_config
+
+    train(resume_config(run, []), run, resume=True)
+    assert [r["step"] for r in heads_records(run)] == [3, 6]
+
+
+# ---- kept checkpoints -----------------------------------------------------------------------
+
+
+def test_keep_checkpoints_keeps_the_newest_and_inspect_can_load_each(tmp_path):
+    run = tmp_path / "run"
+    train(load_config(None, tiny_sets(tmp_path, **{"train.max_steps": 9,
+                                                   "train.keep_checkpoints": 2})), run)
+    assert kept_steps(run) == [6, 9]
+    assert load_run(run, "cpu", step=6).step == 6 and load_run(run, "cpu").step == 9
+    with pytest.raises(ArgumentError, match=r"^checkpoint 3: .* kept: 6, 9 \(train"):
+        load_run(run, "cpu", step=3)
+    default = tmp_path / "default"  # keep_checkpoints 1: only the latest, as before
+    train(load_config(None, tiny_sets(tmp_path)), default)
+    assert kept_steps(default) == [6]
+
+
+def test_an_uncommitted_step_dir_is_discarded_before_a_resume(tmp_path):
+    run = tmp_path / "run"
+    train(load_config(None, tiny_sets(tmp_path, **{"train.keep_checkpoints": 3})), run,
+          stop_after=3)
+    import shutil
+
+    # a save killed after its rename and before the commit leaves a newer, uncommitted dir
+    shutil.copytree(run / "checkpoints" / "step-000003", run / "checkpoints" / "step-000005")
+    assert kept_steps(run) == [3]
+    discard_uncommitted(run)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000003"]
+
+
+def test_inspect_heads_checkpoint_through_the_real_command(tmp_path):
+    run = tmp_path / "run"
+    train(load_config(None, tiny_sets(tmp_path, **{"train.keep_checkpoints": 2})), run)
+    cmd = [sys.executable, "-m", "minigpt", "inspect-heads", "--run", str(run), "--probe",
+           "induction", "--device", "cpu", "--json"]
+    ok = subprocess.run([*cmd, "--checkpoint", "3"], capture_output=True, text=True,
+                        check=False)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["step"] == 3
+    bad = subprocess.run([*cmd, "--checkpoint", "4"], capture_output=True, text=True,
+                        check=False)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [(
+        f"error: --checkpoint 4: {run} keeps no checkpoint of that step; kept: 3, 6 "
+        "(train.keep_checkpoints sets how many are kept)")]
