@@ -198,9 +198,11 @@ class QKNorm(nn.Module):
     def forward(self, qk: Tensor, gain_shape: tuple[int, ...] = (2, 1, -1)) -> Tensor:
         """qk: queries and keys stacked on one axis, (B, T, 2, H, D) in training (the default
         `gain_shape` (2, 1, D) broadcasts the two gains along it); the decode step passes its
-        own layout's shape. Returns the normalised qk, same shape."""
+        own layout's shape. Returns the normalised qk, same shape and dtype (under autocast
+        the fp32 gains would otherwise promote a bf16 q and k away from v's dtype)."""
         gains = torch.stack((self.q_weight, self.k_weight)).view(gain_shape)  # (2, ..., D)
-        return F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gains
+        out = F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gains
+        return out if out.dtype == qk.dtype else out.to(qk.dtype)
 
 
 # --------------------------------------------------------------------------------------------

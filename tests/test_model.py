@@ -420,6 +420,19 @@ def test_qk_norm_normalises_each_head_before_rope_with_its_own_gains():
     assert n["attention"] == build().num_params()["attention"] + 2 * 2 * 8  # 2 gains of D / layer
 
 
+def test_qk_norm_keeps_q_and_k_in_vs_dtype_under_bf16_autocast():
+    from minigpt.attention import QKNorm
+
+    qk = torch.randn(2, 3, 2, 4, 8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert QKNorm(8, 1e-5)(qk).dtype == torch.bfloat16
+        model = build(**OPTIONS)  # QK-norm, ReLU^2, soft-cap
+        logits, loss = model(tokens(2, 8), tokens(2, 8, seed=1))
+    loss.backward()
+    assert logits.dtype == torch.float32 and math.isfinite(loss.item())
+    assert model.blocks[0].attn.qk_norm.k_weight.grad.abs().max() > 0
+
+
 def test_logit_softcap_squashes_logits_for_loss_and_sampling():
     idx, tgt = tokens(2, 10), tokens(2, 10, seed=1)
     plain, capped = build(), build(logit_softcap=0.5)
