@@ -182,6 +182,29 @@ class Rotary(nn.Module):
                 rot[start:end, None, None])
 
 
+class QKNorm(nn.Module):
+    """QK-norm: RMSNorm of every head's query and key over head_dim, then a learned gain per
+    dimension (`q_weight` for queries, `k_weight` for keys, each (D,), shared by the layer's
+    heads, initialised to 1). Applied after the projection and before RoPE, so the attention
+    logit q.k * scale is bounded by the gains rather than by the weights' growth. The gains are
+    1-D, so they train like the other norms' gains (AdamW, no weight decay)."""
+
+    def __init__(self, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.q_weight = nn.Parameter(torch.ones(head_dim))
+        self.k_weight = nn.Parameter(torch.ones(head_dim))
+
+    def forward(self, qk: Tensor, gain_shape: tuple[int, ...] = (2, 1, -1)) -> Tensor:
+        """qk: queries and keys stacked on one axis, (B, T, 2, H, D) in training (the default
+        `gain_shape` (2, 1, D) broadcasts the two gains along it); the decode step passes its
+        own layout's shape. Returns the normalised qk, same shape and dtype (under autocast
+        the fp32 gains would otherwise promote a bf16 q and k away from v's dtype)."""
+        gains = torch.stack((self.q_weight, self.k_weight)).view(gain_shape)  # (2, ..., D)
+        out = F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gains
+        return out if out.dtype == qk.dtype else out.to(qk.dtype)
+
+
 # --------------------------------------------------------------------------------------------
 
 

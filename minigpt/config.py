@@ -49,8 +49,9 @@ class ModelConfig:
     norm: str = f("layernorm", "normalisation in each block", choices=("layernorm", "rmsnorm"))
     norm_eps: float = f(1e-5, "epsilon added to the variance in every norm", min_exclusive=0.0,
                         max=1.0)
-    activation: str = f("gelu", "MLP nonlinearity: gelu (exact, erf) or gelu_tanh (GPT-2's tanh "
-                        "approximation, gelu_new)", choices=("gelu", "gelu_tanh"))
+    activation: str = f("gelu", "MLP nonlinearity: gelu (exact, erf), gelu_tanh (GPT-2's tanh "
+                        "approximation, gelu_new) or relu2 (ReLU squared)",
+                        choices=("gelu", "gelu_tanh", "relu2"))
     mlp: bool = f(True, "include the MLP in each block; false = attention-only model")
     dropout: float = f(0.0, "dropout probability in [0, 1)", min=0.0, max_exclusive=1.0)
     bias: bool = f(False, "bias terms in linear layers and LayerNorm")
@@ -59,6 +60,12 @@ class ModelConfig:
         "sdpa", "attention kernel: sdpa (fused) or explicit (softmax written out)",
         choices=("sdpa", "explicit"),
     )
+    qk_norm: bool = f(False, "RMSNorm each head's query and key before RoPE (a learned gain per "
+                      "head dimension, one for queries and one for keys, shared by a layer's heads)")
+    head_init: str = f("normal", "LM head init: normal = N(0, 0.02); zero = all zeros (needs "
+                       "tie_weights false)", choices=("normal", "zero"))
+    logit_softcap: float = f(0.0, "0 = off; else logits = cap * tanh(logits / cap), for the loss "
+                             "and for sampling", min=0.0)
 
     @property
     def head_dim(self) -> int:
@@ -102,12 +109,26 @@ class TrainConfig:
     micro_batch_size: int = f(0, "sequences per forward pass per device; 0 = no accumulation",
                               min=0)
     max_steps: int = f(2000, "optimizer steps", min=1)
-    learning_rate: float = f(1e-3, "peak learning rate", min_exclusive=0.0)
-    min_lr: float = f(1e-4, "floor of the cosine decay", min=0.0)
+    learning_rate: float = f(1e-3, "peak learning rate (AdamW's; Muon's is muon_lr)",
+                             min_exclusive=0.0)
+    min_lr: float = f(1e-4, "floor of the decay (Muon's floor: muon_lr * min_lr / learning_rate)",
+                      min=0.0)
     warmup_steps: int = f(100, "linear warm-up steps", min=0)
+    schedule: str = f("cosine", "after warm-up: cosine = cosine decay to min_lr; wsd = stable at "
+                      "the peak, then a linear decay to min_lr", choices=("cosine", "wsd"))
+    decay_fraction: float = f(0.2, "wsd: fraction of max_steps spent in the final linear decay",
+                              min=0.0, max=1.0)
     weight_decay: float = f(0.1, "AdamW decay on matrices (not on norms, biases)", min=0.0)
     beta1: float = f(0.9, "AdamW beta1", min=0.0, max_exclusive=1.0)
     beta2: float = f(0.99, "AdamW beta2", min=0.0, max_exclusive=1.0)
+    optimizer: str = f("adamw", "adamw = AdamW for every weight; muon = Muon for the 2-D matrices "
+                       "in the blocks, AdamW for embeddings, head, gains and biases",
+                       choices=("adamw", "muon"))
+    muon_lr: float = f(0.02, "peak Muon learning rate (optimizer muon), scheduled like "
+                       "learning_rate", min_exclusive=0.0)
+    muon_momentum: float = f(0.95, "Muon's Nesterov momentum", min=0.0, max_exclusive=1.0)
+    muon_weight_decay: float = f(0.0, "Muon's decoupled weight decay on the block matrices",
+                                 min=0.0)
     grad_clip: float = f(1.0, "clip the global gradient norm to this; 0 = off", min=0.0)
     eval_interval: int = f(250, "evaluate every this many steps", min=1)
     eval_batches: int = f(20, "validation batches per evaluation", min=1)
@@ -167,6 +188,10 @@ def _validate_cross(cfg: Config) -> None:
         raise ConfigError(
             f"data.induction_vocab: {cfg.data.induction_vocab} exceeds model.vocab_size="
             f"{m.vocab_size}")
+    if m.head_init == "zero" and m.tie_weights:
+        raise ConfigError(
+            "model.head_init: zero needs model.tie_weights: false (a tied LM head is the token "
+            "embedding, which must not start at zero); untie it or use head_init: normal")
     d, half = cfg.data, max(1, m.block_size // 2)
     if d.induction_max_period > half:
         raise ConfigError(
@@ -253,7 +278,7 @@ def to_yaml(cfg: Config) -> str:
 
 # Model fields added after 0.1 enter the hash only when set away from their default: weights
 # saved before a field existed carry a hash without it, and must still load.
-_HASHED_IF_CHANGED = ("norm_eps", "activation")
+_HASHED_IF_CHANGED = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap")
 
 
 def model_hash(model_cfg: ModelConfig) -> str:

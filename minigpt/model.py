@@ -21,6 +21,7 @@ Notebook API (stable; inspect-heads and export use it):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -31,6 +32,7 @@ from minigpt.attention import (
     INSPECT,
     AttnSpec,
     KVCache,
+    QKNorm,
     Rotary,
     apply_rope,
     attention,
@@ -68,18 +70,23 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # W_O
         self.c_proj.residual_proj = True  # scaled init, see GPT._init_weights
         self.dropout = cfg.dropout
+        self.qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
                 cache: KVCache | None, layer: int, spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
         B, T, C = x.shape
         # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise K, V).
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
-        if rope is None:
+        if rope is None and self.qk_norm is None:
             q, k, v = qkv.unbind(2)  # 3 x (B, T, H, D)
-        else:  # positions live in q and k only (rotated together, one op); v stays position-free
+        else:  # q and k are normalised and rotated together (one op each); v is left alone
             # split, not slicing: its backward is one cat instead of zero-fill + copy per slice
             qk, v = qkv.split([2, 1], dim=2)  # (B, T, 2, H, D), (B, T, 1, H, D)
-            q, k = apply_rope(qk, *rope).unbind(2)  # tables (T, 1, 1, D/2): 2 x (B, T, H, D)
+            if self.qk_norm is not None:  # before RoPE: the rotation keeps the norm
+                qk = self.qk_norm(qk)
+            if rope is not None:  # positions live in q and k only; v stays position-free
+                qk = apply_rope(qk, *rope)  # tables (T, 1, 1, D/2)
+            q, k = qk.unbind(2)  # 2 x (B, T, H, D)
             v = v.squeeze(2)  # (B, T, H, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         past = 0
@@ -96,6 +103,19 @@ class CausalSelfAttention(nn.Module):
         return (F.dropout(y, drop) if drop else y), probs
 
 
+def relu2(x: Tensor) -> Tensor:
+    """ReLU squared, max(x, 0)^2 (So et al., Primer, 2021)."""
+    return F.relu(x).square()
+
+
+# model.activation -> the function; elementwise, so any shape in, the same shape out
+ACTIVATIONS = {
+    "gelu": F.gelu,  # x * Phi(x), Phi the normal CDF (erf)
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's gelu_new
+    "relu2": relu2,
+}
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -103,11 +123,10 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.residual_proj = True
         self.dropout = cfg.dropout
-        # F.gelu's `approximate`: "none" = x * Phi(x) (erf); "tanh" = GPT-2's gelu_new
-        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
+        self.act = ACTIVATIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, C) -> (B, T, 4C)
+        h = self.act(self.c_fc(x))  # (B, T, C) -> (B, T, 4C)
         y = self.c_proj(h)  # (B, T, 4C) -> (B, T, C)
         return F.dropout(y, self.dropout) if self.training and self.dropout else y
 
@@ -136,7 +155,9 @@ class GPT(nn.Module):
 
     `cfg.pos_encoding`: rope (inside every attention layer), learned (GPT-2 table added at the
     input; more than block_size positions is a MinigptError), sinusoidal (fixed table added at
-    the input), none. The LM head shares the embedding matrix when `cfg.tie_weights`.
+    the input), none. The LM head shares the embedding matrix when `cfg.tie_weights`; with
+    `cfg.head_init` zero (untied only) it starts at zero, so the first predictions are uniform.
+    `cfg.logit_softcap` > 0 squashes every logit into (-cap, cap): cap * tanh(logit / cap).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -166,6 +187,8 @@ class GPT(nn.Module):
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # one Parameter, two uses
         self.apply(self._init_weights)
+        if cfg.head_init == "zero":  # after the normal init, so every other weight is unchanged
+            nn.init.zeros_(self.lm_head.weight)
 
     def _init_weights(self, module: nn.Module) -> None:
         """GPT-2: N(0, 0.02) everywhere; projections into the residual stream (attention W_O,
@@ -272,7 +295,12 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(T)
         logits = self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, V)
-        return logits.float(), all_probs
+        return self._softcap(logits.float()), all_probs
+
+    def _softcap(self, logits: Tensor) -> Tensor:
+        """cap * tanh(logits / cap) with cap = cfg.logit_softcap (0 = logits unchanged)."""
+        cap = self.cfg.logit_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def _decode_one(self, idx: Tensor, cache: KVCache) -> Tensor:
         """`_run` for the hot loop of generation: one new token of one sequence at inference
@@ -287,22 +315,28 @@ class GPT(nn.Module):
                                "reset() the cache and prefill again")
         x = self._embed(idx, pos).view(1, C)  # (1, 1) -> (1, C)
         rope = self.rotary.tables(pos, 1) if self.rotary is not None else None
-        for i, (ln_1, w_qkv, b_qkv, w_o, b_o, ln_2, mlp) in enumerate(self._decode_plan()):
+        plan = self._decode_plan()
+        for i, (ln_1, w_qkv, b_qkv, qk_norm, w_o, b_o, ln_2, mlp) in enumerate(plan):
             qkv = F.linear(ln_1(x), w_qkv, b_qkv).view(3, 1, H, 1, D)  # q | k | v, head-major
-            if rope is not None:  # q and k rotated together: (2, 1, H, 1, D)
-                q, k = apply_rope(qkv.narrow(0, 0, 2), *rope).unbind(0)
-                v = qkv[2]
-            else:
+            if rope is None and qk_norm is None:
                 q, k, v = qkv.unbind(0)
+            else:  # q and k normalised and rotated together: (2, 1, H, 1, D)
+                qk, v = qkv.narrow(0, 0, 2), qkv[2]
+                if qk_norm is not None:
+                    qk = qk_norm(qk, (2, 1, 1, 1, D))  # gains broadcast along axis 0
+                if rope is not None:
+                    qk = apply_rope(qk, *rope)
+                q, k = qk.unbind(0)
             k, v = cache.append(i, k, v)  # each (1, H, pos + 1, D)
             y, _ = attention(q, k, v, past_length=pos, impl=self._spec.impl)  # (1, H, 1, D)
             x = x + F.linear(y.view(1, C), w_o, b_o)
             if mlp is not None:
-                w_fc, b_fc, w_out, b_out, approximate = mlp
-                h = F.gelu(F.linear(ln_2(x), w_fc, b_fc), approximate=approximate)  # (1, 4C)
+                w_fc, b_fc, w_out, b_out, act = mlp
+                h = act(F.linear(ln_2(x), w_fc, b_fc))  # (1, 4C)
                 x = x + F.linear(h, w_out, b_out)
         cache.advance(1)
-        return F.linear(self.ln_f(x), self.lm_head.weight).float().view(1, 1, -1)  # (1, 1, V)
+        logits = F.linear(self.ln_f(x), self.lm_head.weight).float().view(1, 1, -1)  # (1, 1, V)
+        return self._softcap(logits)
 
     def _decode_plan(self) -> list[tuple]:
         """Per block: the norms as plain functions and the weights, looked up once (attribute
@@ -314,9 +348,10 @@ class GPT(nn.Module):
             for b in self.blocks:
                 a, m = b.attn, b.mlp
                 mlp = None if m is None else (m.c_fc.weight, m.c_fc.bias, m.c_proj.weight,
-                                              m.c_proj.bias, m.approximate)
-                plan.append((_norm_fn(b.ln_1), a.c_attn.weight, a.c_attn.bias, a.c_proj.weight,
-                             a.c_proj.bias, _norm_fn(b.ln_2) if m is not None else None, mlp))
+                                              m.c_proj.bias, m.act)
+                plan.append((_norm_fn(b.ln_1), a.c_attn.weight, a.c_attn.bias, a.qk_norm,
+                             a.c_proj.weight, a.c_proj.bias,
+                             _norm_fn(b.ln_2) if m is not None else None, mlp))
             self.__dict__["_plan"] = plan
         return plan
 

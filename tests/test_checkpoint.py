@@ -88,6 +88,39 @@ def test_optimizer_state_round_trip(saved):
             assert torch.equal(opt.state[p][key], opt2.state[p2][key])
 
 
+def test_muon_and_adamw_states_round_trip_through_one_file(tmp_path):
+    """train.optimizer muon: both parts' states go into optimizer.safetensors under the
+    parameter names and come back into a fresh chain; the other optimizer's file is refused."""
+    cfg = _cfg("train.optimizer=muon", "model.qk_norm=true")
+    model, opt, names = _trained(cfg)
+    run = tmp_path / "run"
+    run.mkdir()
+    _save(run, cfg, model, opt, names, 1)
+    model2 = GPT(cfg.model)
+    opt2, names2 = build_optimizer(model2, cfg.train, torch.device("cpu"))
+    assert names2 == names
+    load_optimizer_state(opt2, names2, ck.find_checkpoint(run))
+    for part, part2 in zip(opt.parts, opt2.parts):
+        keys = {"Muon": ["momentum_buffer"], "AdamW": ["exp_avg", "exp_avg_sq", "step"]}
+        params = [p for g in part.param_groups for p in g["params"]]
+        params2 = [p for g in part2.param_groups for p in g["params"]]
+        for p, p2 in zip(params, params2, strict=True):
+            for key in keys[type(part).__name__]:
+                assert torch.equal(part.state[p][key], part2.state[p2][key])
+                assert part.state[p][key].abs().sum() > 0
+    adamw_cfg = _cfg("model.qk_norm=true")  # same model, the other optimizer
+    other, other_names = build_optimizer(GPT(adamw_cfg.model), adamw_cfg.train,
+                                         torch.device("cpu"))
+    with pytest.raises(MinigptError, match=r"exp_avg' is missing.*train.optimizer"):
+        load_optimizer_state(other, other_names, ck.find_checkpoint(run))
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    m3, o3, n3 = _trained(adamw_cfg)
+    _save(run2, adamw_cfg, m3, o3, n3, 1)
+    with pytest.raises(MinigptError, match=r"momentum_buffer' is missing"):
+        load_optimizer_state(opt2, names2, ck.find_checkpoint(run2))
+
+
 def test_compiled_and_plain_models_save_the_same_names():
     cfg = _cfg()
     model = GPT(cfg.model)

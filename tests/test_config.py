@@ -99,6 +99,16 @@ def test_yaml_scalars_are_coerced_by_field_type(tmp_path, text, field, value):
     ("model:\n  n_layer: [2\n", "invalid YAML at line"),
     ("train:\n  min_lr: 0.1\n  learning_rate: 0.01\n", "train.min_lr: 0.1 exceeds"),
     ("train:\n  batch_size: 12\n  micro_batch_size: 5\n", "train.micro_batch_size: 5 does not"),
+    ("model:\n  head_init: zero\n", "model.head_init: zero needs model.tie_weights: false"),
+    ("model:\n  head_init: zeros\n", "model.head_init: 'zeros' is not one of normal, zero"),
+    ("model:\n  activation: relu\n", "model.activation: 'relu' is not one of"),
+    ("model:\n  logit_softcap: -1\n", "model.logit_softcap: must be >= 0.0"),
+    ("train:\n  optimizer: sgd\n", "train.optimizer: 'sgd' is not one of adamw, muon"),
+    ("train:\n  schedule: linear\n", "train.schedule: 'linear' is not one of cosine, wsd"),
+    ("train:\n  decay_fraction: 1.5\n", "train.decay_fraction: must be <= 1.0"),
+    ("train:\n  muon_lr: 0\n", "train.muon_lr: must be > 0.0"),
+    ("train:\n  muon_momentum: 1\n", "train.muon_momentum: must be < 1.0"),
+    ("train:\n  muon_weight_decay: -0.1\n", "train.muon_weight_decay: must be >= 0.0"),
 ])
 def test_validation_errors_are_one_line_and_name_the_field(tmp_path, text, needle):
     p = write(tmp_path, text)
@@ -171,20 +181,30 @@ def test_model_hash_changes_with_shape_only():
     a = Config().model
     assert model_hash(a) == model_hash(dataclasses.replace(a))
     assert model_hash(a) != model_hash(dataclasses.replace(a, n_layer=a.n_layer + 1))
-    for later in ({"norm_eps": 1e-6}, {"activation": "gelu_tanh"}):
-        assert model_hash(a) != model_hash(dataclasses.replace(a, **later))
+    later = ({"norm_eps": 1e-6}, {"activation": "gelu_tanh"}, {"activation": "relu2"},
+             {"qk_norm": True}, {"head_init": "zero", "tie_weights": False},
+             {"logit_softcap": 30.0})
+    hashes = {model_hash(dataclasses.replace(a, **change)) for change in later}
+    assert len(hashes) == len(later) and model_hash(a) not in hashes
 
 
-def test_model_hash_of_runs_saved_before_the_later_fields_is_unchanged():
-    """Weights saved before model.norm_eps / model.activation existed carry a hash of the
-    other fields; a config at the new fields' defaults must reproduce it."""
+LATER_FIELDS = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap")
+
+
+@pytest.mark.parametrize("shape", [{}, {"n_layer": 6, "pos_encoding": "learned", "bias": True}])
+def test_model_hash_of_runs_saved_before_the_later_fields_is_unchanged(shape):
+    """Weights saved before model.norm_eps / activation (0.1) and qk_norm / head_init /
+    logit_softcap (issue 18) existed carry a hash of the other fields; a config at the new
+    fields' defaults must reproduce it, so those runs still load and resume."""
     import hashlib
     import json
 
-    a = Config().model
-    old = {k: v for k, v in dataclasses.asdict(a).items() if k not in ("norm_eps", "activation")}
+    a = dataclasses.replace(Config().model, **shape)
+    old = {k: v for k, v in dataclasses.asdict(a).items() if k not in LATER_FIELDS}
     legacy = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     assert model_hash(a) == legacy
+    # ... and such a run's config.yaml (no new keys) still loads to the same hash
+    assert model_hash(from_dict({"model": old}).model) == legacy
 
 
 def test_every_field_is_documented():

@@ -155,10 +155,15 @@ def test_without_the_rope_permutation_gpt_neox_disagrees(exported, bpe, tmp_path
     ({"pos_encoding": "none"}, "model.pos_encoding"),
     ({"norm": "rmsnorm"}, "model.norm"),
     ({"mlp": False}, "model.mlp"),
+    ({"activation": "relu2"}, "model.activation"),
+    ({"qk_norm": True}, "model.qk_norm"),
+    ({"logit_softcap": 30.0}, "model.logit_softcap"),
+    ({"pos_encoding": "learned", "qk_norm": True}, "model.qk_norm"),
 ])
 def test_what_has_no_equivalent_is_refused_by_name(change, needle):
-    with pytest.raises(MinigptError, match=needle):
+    with pytest.raises(MinigptError, match=needle) as err:
         export_kind(ModelConfig(**{**SHAPE, "vocab_size": 300, **change}))
+    assert "\n" not in str(err.value)
 
 
 def test_a_failed_export_leaves_nothing(exported, tmp_path, monkeypatch):

@@ -327,11 +327,13 @@ def test_activation_and_norm_eps_options():
     x = torch.linspace(-6, 6, 101)
     gelu_new = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
     m = build(activation="gelu_tanh", norm_eps=1e-3, bias=True)
-    assert torch.allclose(torch.nn.functional.gelu(x, approximate=m.blocks[0].mlp.approximate),
-                          gelu_new, atol=1e-6)
+    assert torch.allclose(m.blocks[0].mlp.act(x), gelu_new, atol=1e-6)
     assert {n.eps for n in m.modules() if isinstance(n, torch.nn.LayerNorm)} == {1e-3}
     d = build()
-    assert d.blocks[0].mlp.approximate == "none"
+    exact_gelu = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    assert torch.allclose(d.blocks[0].mlp.act(x), exact_gelu, atol=1e-6)
+    r = build(activation="relu2").blocks[0].mlp.act(x)
+    assert torch.equal(r, torch.where(x > 0, x * x, torch.zeros_like(x)))
     assert {n.eps for n in d.modules() if isinstance(n, torch.nn.LayerNorm)} == {1e-5}
     idx = tokens(1, 8)
     exact = build(seed=1)
@@ -350,3 +352,113 @@ def test_flops_per_token_hand_count():
     assert flops_per_token(cfg, 4) == 6 * n + attn == 10464
     assert flops_per_token(dataclasses.replace(cfg, mlp=False), 4) == 6 * (2 * 256 + 80) + 768
     assert GPT(cfg).num_params()["matmul"] == n
+
+
+# ---- speedrun options: QK-norm, ReLU^2, logit soft-cap, zero head ------------------------
+
+
+OPTIONS = {"qk_norm": True, "activation": "relu2", "logit_softcap": 2.0}  # cap 2: active at init
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_options_sdpa_and_explicit_agree_on_logits_and_gradients(pos):
+    idx, tgt = tokens(3, 20), tokens(3, 20, seed=1)
+    results = []
+    for impl in ("sdpa", "explicit"):
+        model = build(pos_encoding=pos, attn_impl=impl, **OPTIONS)
+        logits, loss = model(idx, tgt)
+        loss.backward()
+        results.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+        assert torch.allclose(model.forward_with_attention(idx)[0], logits, atol=1e-5)
+    (l1, g1), (l2, g2) = results
+    assert torch.allclose(l1, l2, atol=1e-5)
+    for name in g1:
+        assert torch.allclose(g1[name], g2[name], atol=1e-5), name
+    assert g1["blocks.0.attn.qk_norm.q_weight"].abs().max() > 1e-5  # the gains learn
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_options_kv_cache_one_token_decode_equals_recompute(pos):
+    """The one-token decode path (`_decode_one`) applies QK-norm, ReLU^2 and the soft-cap like
+    the full forward, at every step (weights perturbed so the gains are not all 1)."""
+    model = build(pos_encoding=pos, block_size=64, **OPTIONS).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    seq = tokens(1, 60, seed=4)
+    cache = model.new_kv_cache(1)
+    with torch.no_grad():
+        full, _ = model(seq)
+        steps = [model(seq[:, :5], kv_cache=cache)[0][0]]  # prefill 5, then one at a time
+        steps += [model(seq[:, t:t + 1], kv_cache=cache)[0][0] for t in range(5, 60)]
+    assert (torch.cat(steps) - full[0]).abs().max().item() < 1e-4
+
+
+def test_qk_norm_normalises_each_head_before_rope_with_its_own_gains():
+    from minigpt.attention import QKNorm
+
+    norm = QKNorm(8, 1e-6)
+    with torch.no_grad():
+        norm.q_weight.fill_(2.0)
+        norm.k_weight.fill_(3.0)
+    qk = torch.randn(2, 5, 2, 4, 8) * (0.5 + 10 * torch.rand(2, 5, 2, 4, 1))  # (B, T, 2, H, D)
+    rms = norm(qk).pow(2).mean(-1).sqrt()  # (B, T, 2, H)
+    assert torch.allclose(rms[:, :, 0], torch.full((2, 5, 4), 2.0), atol=1e-4)
+    assert torch.allclose(rms[:, :, 1], torch.full((2, 5, 4), 3.0), atol=1e-4)
+    # In the model: scaling W_Q and W_K changes nothing with QK-norm (the norm undoes it),
+    # and changes the logits without it.
+    idx = tokens(2, 12)
+    for qk_norm in (True, False):
+        model = build(qk_norm=qk_norm).eval()
+        before = model(idx)[0]
+        with torch.no_grad():
+            for b in model.blocks:
+                b.attn.c_attn.weight[:64].mul_(7.0)  # rows of W_Q | W_K (C = 32 each)
+        moved = (model(idx)[0] - before).abs().max().item()
+        assert (moved < 1e-4) if qk_norm else (moved > 1e-3)
+    n = build(qk_norm=True).num_params()
+    assert n["attention"] == build().num_params()["attention"] + 2 * 2 * 8  # 2 gains of D / layer
+
+
+def test_qk_norm_keeps_q_and_k_in_vs_dtype_under_bf16_autocast():
+    from minigpt.attention import QKNorm
+
+    qk = torch.randn(2, 3, 2, 4, 8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert QKNorm(8, 1e-5)(qk).dtype == torch.bfloat16
+        model = build(**OPTIONS)  # QK-norm, ReLU^2, soft-cap
+        logits, loss = model(tokens(2, 8), tokens(2, 8, seed=1))
+    loss.backward()
+    assert logits.dtype == torch.float32 and math.isfinite(loss.item())
+    assert model.blocks[0].attn.qk_norm.k_weight.grad.abs().max() > 0
+
+
+def test_logit_softcap_squashes_logits_for_loss_and_sampling():
+    idx, tgt = tokens(2, 10), tokens(2, 10, seed=1)
+    plain, capped = build(), build(logit_softcap=0.5)
+    capped.load_state_dict(plain.state_dict())
+    raw, _ = plain(idx)
+    logits, loss = capped(idx, tgt)
+    assert torch.allclose(logits, 0.5 * torch.tanh(raw / 0.5), atol=1e-6)
+    assert logits.abs().max() <= 0.5 < raw.abs().max()
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits.view(-1, 50),
+                                                                 tgt.view(-1)))
+    capped.eval()
+    cache = capped.new_kv_cache(1)
+    with torch.no_grad():  # the decode step is capped too
+        capped(idx[:1, :9], kv_cache=cache)
+        last = capped(idx[:1, 9:10], kv_cache=cache)[0]
+    assert torch.allclose(last[0, 0], logits[0, 9], atol=1e-6)
+
+
+def test_zero_head_starts_uniform_and_leaves_the_other_weights_alone():
+    zero, normal = build(tie_weights=False, head_init="zero"), build(tie_weights=False)
+    assert not zero.lm_head.weight.any() and normal.lm_head.weight.std() > 0.01
+    for (n, p), (_, q) in zip(zero.named_parameters(), normal.named_parameters()):
+        if n != "lm_head.weight":
+            assert torch.equal(p, q), n
+    logits, loss = zero(tokens(2, 8), tokens(2, 8, seed=1))
+    assert not logits.any() and loss.item() == pytest.approx(math.log(50))
+    with pytest.raises(Exception, match="model.head_init"):  # tied: refused by the config
+        from minigpt.config import from_dict
+        from_dict({"model": {"head_init": "zero"}})

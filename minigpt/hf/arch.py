@@ -155,6 +155,15 @@ def export_kind(m: ModelConfig) -> str:
         raise MinigptError(f"model.norm is {m.norm!r}: GPT-2 and GPT-NeoX use LayerNorm")
     if not m.mlp:
         raise MinigptError("model.mlp is false: GPT-2 and GPT-NeoX blocks always have an MLP")
+    if m.activation not in ("gelu", "gelu_tanh"):
+        raise MinigptError(f"model.activation is {m.activation!r}: GPT-2 and GPT-NeoX export "
+                           "gelu and gelu_tanh only")
+    if m.qk_norm:
+        raise MinigptError("model.qk_norm is true: GPT-2 and GPT-NeoX do not normalise queries "
+                           "and keys")
+    if m.logit_softcap:
+        raise MinigptError(f"model.logit_softcap is {m.logit_softcap:g}: GPT-2 and GPT-NeoX do "
+                           "not soft-cap their logits")
     return GPT2 if m.pos_encoding == "learned" else NEOX
 
 

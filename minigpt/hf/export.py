@@ -3,8 +3,9 @@
 no custom code.
 
 learned positions -> GPT2LMHeadModel; rope -> GPTNeoXForCausalLM (full rotary, sequential
-residual, q/k rows permuted to NeoX's rotate-half layout); sinusoidal / none, RMSNorm and
-attention-only models are refused, naming the setting (`arch.export_kind`). Biases a bias-free
+residual, q/k rows permuted to NeoX's rotate-half layout); sinusoidal / none, RMSNorm,
+attention-only models, ReLU^2, QK-norm and logit soft-capping are refused, naming the setting
+(`arch.export_kind`). Biases a bias-free
 minigpt model lacks are written as zeros (the same function).
 
 The directory is written whole or not at all: every file goes into a temporary sibling

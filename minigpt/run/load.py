@@ -74,24 +74,46 @@ def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint) -> None:
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
                          ckpt: Checkpoint) -> None:
-    """Restore AdamW moments saved by optimizer_tensors (validated against the params)."""
+    """Restore the state saved by optimizer_tensors (validated against the params first).
+
+    `optimizer` is one torch optimizer or a chain with `.parts` (train.optim.OptimizerChain);
+    `names` spans the parts in order. AdamW and Muon parts expect exactly their own keys
+    (`_STATE_KEYS`), so a file from the other train.optimizer fails naming the first missing
+    tensor instead of resuming with a silently reset state; another optimizer gets the keys
+    saved for its parameters. A file saved before the first step restores nothing."""
     path = ckpt.path / OPTIM_FILE
     header, _ = read_header(path, "optimizer state")
     if not header:  # saved before the first step: nothing to restore
         return
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    keys = sorted({k.rsplit(".", 1)[1] for k in header}) or ["exp_avg", "exp_avg_sq", "step"]
-    expected = {}
-    for name, p in zip(names, params):
-        for key in keys:
-            expected[f"{name}.{key}"] = (torch.empty((), dtype=torch.float32) if key == "step"
-                                         else torch.empty(p.shape, dtype=p.dtype, device="meta"))
-    check_against(header, expected, path, "the optimizer state does not match the model")
+    saved_keys: dict[str, set[str]] = {}
+    for k in header:
+        stem, key = k.rsplit(".", 1)
+        saved_keys.setdefault(stem, set()).add(key)
+    plan, expected, start = [], {}, 0
+    for opt in getattr(optimizer, "parts", [optimizer]):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        part = names[start:start + len(params)]
+        start += len(params)
+        keys = _STATE_KEYS.get(type(opt).__name__) \
+            or sorted(set().union(*(saved_keys.get(n, set()) for n in part)))
+        for name, p in zip(part, params):
+            for key in keys:
+                expected[f"{name}.{key}"] = (
+                    torch.empty((), dtype=torch.float32) if key == "step"
+                    else torch.empty(p.shape, dtype=p.dtype, device="meta"))
+        plan.append((opt, part, keys))
+    check_against(header, expected, path, "the optimizer state does not match the model and "
+                  "train.optimizer")
     tensors = load_tensors(path)
-    sd = optimizer.state_dict()
-    sd["state"] = {i: {key: tensors[f"{name}.{key}"] for key in keys}
-                   for i, name in enumerate(names)}
-    optimizer.load_state_dict(sd)
+    for opt, part, keys in plan:
+        sd = opt.state_dict()
+        sd["state"] = {i: {key: tensors[f"{name}.{key}"] for key in keys}
+                       for i, name in enumerate(part)}
+        opt.load_state_dict(sd)
+
+
+# The state each optimizer keeps per parameter, by class name.
+_STATE_KEYS = {"AdamW": ("exp_avg", "exp_avg_sq", "step"), "Muon": ("momentum_buffer",)}
 
 
 def read_trainer_state(ckpt: Checkpoint) -> dict:

@@ -37,7 +37,8 @@ RESUME_SAFE = {("run", "device")} | {
                            "beta1", "beta2", "grad_clip", "eval_interval", "eval_batches",
                            "log_interval", "checkpoint_interval", "sample_tokens",
                            "sample_prompts", "precision", "compile", "micro_batch_size",
-                           "keep_checkpoints", "head_scores_interval")}
+                           "keep_checkpoints", "head_scores_interval", "schedule",
+                           "decay_fraction", "muon_lr", "muon_momentum", "muon_weight_decay")}
 
 
 def run_dir_for(cfg: Config, out: str | Path | None) -> Path:
@@ -112,7 +113,7 @@ def _changed(stored: Config, path: Path, origin: str, section: str, key: str,
         raise ConfigError(
             f"{origin}: {section}.{key} cannot change on --resume: the run was trained with "
             f"{section}.{key}={_show(old)} ({path}), this command gives {_show(value)}; only "
-            "train.* except train.batch_size, and run.device, may change; give the stored "
+            "train.* except train.batch_size and train.optimizer, and run.device, may change; give the stored "
             "value or leave it out, or start a new run (another --out) to change it")
     return True
 

@@ -7,9 +7,10 @@ slice and splits it into micro-batches of `micro_batch_size`. Each micro-loss is
 the number of micro-batches per rank and DDP averages over ranks, so the gradient is the mean
 over the global batch: a DDP run equals a single-process run up to float summation order.
 
-Resume (`resume=True`, config from resume.resume_config): weights, AdamW moments, RNG states,
-the data generator, counters and the metrics log are restored from the committed checkpoint,
-so on CPU the rest of the run is bit-identical to an uninterrupted one.
+Resume (`resume=True`, config from resume.resume_config): weights, optimizer state (AdamW
+moments; with train.optimizer muon also Muon's momentum buffers), RNG states, the data
+generator, counters and the metrics log are restored from the committed checkpoint, so on CPU
+the rest of the run is bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class _Trainer:
 
     # -- one optimizer step -----------------------------------------------------------------
     def step(self, flag: StopFlag) -> tuple[float, float, float, bool]:
-        """Forward/backward over this rank's micro-batches, clip, AdamW. Returns (mean loss of
+        """Forward/backward over this rank's micro-batches, clip, optimizer. Returns (mean loss of
         the global batch, lr, grad norm before clipping, whether any rank was signalled)."""
         t, info, step = self.cfg.train, self.info, self.state["step"]
         lr = lr_at(step, t)
@@ -267,8 +268,9 @@ class _Trainer:
                 "format": 1, "minigpt_version": __version__, **self.state,
                 "max_steps": t.max_steps, "batch_size": t.batch_size,
                 "world_size": self.info.world_size, "bytes_per_token": self.data.bytes_per_token,
-                "schedule": {"warmup_steps": t.warmup_steps, "learning_rate": t.learning_rate,
-                             "min_lr": t.min_lr, "next_lr": lr_at(step, t)},
+                "schedule": {"kind": t.schedule, "warmup_steps": t.warmup_steps,
+                             "learning_rate": t.learning_rate, "min_lr": t.min_lr,
+                             "next_lr": lr_at(step, t)},
                 "rng": rng_state(self.data_gen)}
             trainer_state = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                              for k, v in trainer_state.items()}  # JSON has no inf

@@ -1,7 +1,14 @@
-"""The optimizer and its learning-rate schedule.
+"""The optimizers and the learning-rate schedule.
 
 Step numbering: `it` counts optimizer updates from 0; update `it` uses `lr_at(it)`. The
 schedule is a pure function of `it` and the config, so a resumed run recomputes it exactly.
+
+`train.optimizer: adamw` is one AdamW over every parameter. `muon` is two optimizers over
+disjoint parameters, stepped together as one `OptimizerChain`: torch.optim.Muon for the 2-D
+weight matrices inside the blocks (attention and MLP projections), AdamW for everything else
+(token/position embeddings, an untied LM head, norm and QK-norm gains, biases). Muon
+orthogonalises each matrix's momentum (Newton-Schulz), which suits hidden-layer matrices but
+not embeddings (a lookup, not a linear map of the residual stream) or vectors.
 """
 
 from __future__ import annotations
@@ -14,41 +21,110 @@ from minigpt.config import TrainConfig
 
 
 def lr_at(it: int, t: TrainConfig) -> float:
-    """Linear warm-up from lr/(warmup+1) to lr over `warmup_steps` updates, then cosine decay
-    from learning_rate to min_lr at the last update (it = max_steps - 1); min_lr after that."""
+    """The AdamW learning rate of update `it` (Muon's is this x muon_lr / learning_rate).
+
+    Both schedules warm up linearly from lr/(warmup+1) to lr over `warmup_steps` updates
+    (update `warmup_steps` is the first at the peak) and reach min_lr at the last update
+    (it = max_steps - 1), staying there after it. In between:
+    - cosine: cosine decay from learning_rate to min_lr.
+    - wsd (warm-up, stable, decay): learning_rate until the last n = round(decay_fraction *
+      max_steps) updates (never before the warm-up ends), which step down linearly:
+      the j-th of them (j = 1..n) gets learning_rate - j/n * (learning_rate - min_lr).
+      decay_fraction 0 keeps the peak to the end."""
     if it < t.warmup_steps:
         return t.learning_rate * (it + 1) / (t.warmup_steps + 1)
+    if t.schedule == "wsd":
+        start = max(t.warmup_steps, t.max_steps - round(t.decay_fraction * t.max_steps))
+        if it < start:
+            return t.learning_rate
+        ratio = min(1.0, (it - start + 1) / max(1, t.max_steps - start))  # (0, 1]
+        return t.learning_rate - ratio * (t.learning_rate - t.min_lr)
     span = max(1, t.max_steps - 1 - t.warmup_steps)
     ratio = min(1.0, (it - t.warmup_steps) / span)
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
     return t.min_lr + coeff * (t.learning_rate - t.min_lr)
 
 
+class OptimizerChain:
+    """Several torch optimizers over disjoint parameters, used as one: `step`, `zero_grad`,
+    `param_groups` (every part's groups, in order; the dicts are the parts' own, so setting a
+    group's lr reaches its optimizer) and `state` (a merged {param: state} snapshot for
+    reading). Checkpoints save and restore each part (`parts`, see run/checkpoint.py's
+    optimizer_tensors and run/load.py's load_optimizer_state)."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+        self.parts = list(parts)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.parts for g in opt.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {p: s for opt in self.parts for p, s in opt.state.items()}
+
+    def step(self) -> None:
+        for opt in self.parts:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.parts:
+            opt.zero_grad(set_to_none=set_to_none)
+
+
 def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device
-                    ) -> tuple[torch.optim.AdamW, list[str]]:
-    """AdamW with two groups: weight decay on matrices (dim >= 2: linear weights and the token
+                    ) -> tuple[torch.optim.AdamW | OptimizerChain, list[str]]:
+    """The optimizer of `train.optimizer` at update 0's learning rate, and the parameter names
+    in optimizer order (every part's param_groups concatenated; for checkpoints).
+
+    AdamW has two groups: weight decay on matrices (dim >= 2: linear weights and the token
     embedding, which is also the tied LM head), none on norms and biases (decaying a gain
     towards 0 only hurts). Tied parameters appear once. Fused kernel on CUDA and CPU (on CPU
     it made a small-model step ~10-25% faster than the default foreach kernel).
 
-    Returns the optimizer and the parameter names in optimizer order (for checkpoints)."""
-    groups, names = param_groups(model, t.weight_decay)
+    muon: an OptimizerChain of [Muon over the blocks' 2-D matrices, the AdamW above over the
+    rest]. Every group carries `lr_scale`, its peak over learning_rate (1 for AdamW,
+    muon_lr / learning_rate for Muon), which `set_lr` multiplies in."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    muon = [(n, p) for n, p in named if t.optimizer == "muon" and is_block_matrix(n, p)]
+    rest = [(n, p) for n, p in named if not (t.optimizer == "muon" and is_block_matrix(n, p))]
+    groups, names = _adamw_groups(rest, t.weight_decay)
     extra = {"fused": True} if device.type in ("cuda", "cpu") else {}
-    opt = torch.optim.AdamW(groups, lr=lr_at(0, t), betas=(t.beta1, t.beta2), **extra)
-    return opt, names
+    adamw = torch.optim.AdamW(groups, lr=lr_at(0, t), betas=(t.beta1, t.beta2), **extra)
+    if t.optimizer == "adamw":
+        return adamw, names
+    scale = t.muon_lr / t.learning_rate
+    opt = torch.optim.Muon([{"params": [p for _, p in muon], "lr_scale": scale}],
+                           lr=lr_at(0, t) * scale, weight_decay=t.muon_weight_decay,
+                           momentum=t.muon_momentum, nesterov=True)
+    return OptimizerChain([opt, adamw]), [n for n, _ in muon] + names
+
+
+def is_block_matrix(name: str, p: torch.Tensor) -> bool:
+    """A 2-D weight inside a transformer block (W_QKV, W_O, MLP in and out): Muon's share."""
+    return name.startswith("blocks.") and p.dim() == 2
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> tuple[list[dict], list[str]]:
-    """[decayed matrices (dim >= 2), undecayed norms and biases] and the parameter names in
-    that order. Each Parameter appears once (named_parameters() drops tied aliases)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    """AdamW's [decayed matrices (dim >= 2), undecayed norms and biases] over every parameter
+    and the parameter names in that order. Each Parameter appears once (named_parameters()
+    drops tied aliases)."""
+    return _adamw_groups([(n, p) for n, p in model.named_parameters() if p.requires_grad],
+                         weight_decay)
+
+
+def _adamw_groups(named: list[tuple[str, torch.Tensor]], weight_decay: float
+                  ) -> tuple[list[dict], list[str]]:
     decay = [(n, p) for n, p in named if p.dim() >= 2]
     no_decay = [(n, p) for n, p in named if p.dim() < 2]
-    groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay},
-              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+    groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay, "lr_scale": 1.0},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0, "lr_scale": 1.0}]
     return groups, [n for n, _ in decay] + [n for n, _ in no_decay]
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(optimizer: torch.optim.Optimizer | OptimizerChain, lr: float) -> None:
+    """Set every group to `lr` (the AdamW rate of `lr_at`) times its `lr_scale`, so each
+    optimizer keeps its ratio to its own peak."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        scale = group.get("lr_scale", 1.0)
+        group["lr"] = lr if scale == 1.0 else lr * scale
