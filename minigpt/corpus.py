@@ -7,6 +7,17 @@ Streaming contract: no function here holds more than about `chunk_bytes` (plus o
 file in memory, so a corpus larger than RAM works. Pieces are cut at the start of a line that
 begins with a non-space character; for the GPT-4 split pattern that is an exact pre-token
 boundary, so tokenizing piece by piece gives the same ids as tokenizing the whole text.
+
+The train/validation split is defined on the corpus BYTES, before any tokenizer exists
+(`split_corpus`): the corpus is its files' bytes concatenated in order, total N; the target is
+N - round(N * val_fraction); the split point is the first line start at or after the target
+(the start of a file, or the byte after a `\n`), not counting the very end of the corpus; in a
+last file with no line break after the target, the first UTF-8 character start at or after
+it. Bytes before the split point are the training text (the BPE is trained on them alone), the
+rest is the validation text; the two are tokenized separately. At a line start the point
+depends only on the bytes before it (the `\n` that makes it a line start is training text),
+so editing the validation text never changes the tokenizer; in the fallback case the point
+moves only if the edit adds a line break to that last file.
 """
 
 from __future__ import annotations
@@ -14,8 +25,9 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError, WriteError
@@ -25,6 +37,7 @@ CHUNK_BYTES = 1 << 20  # read size; pieces are about this long
 _WS = b" \t\r\n\x0b\x0c"
 _BOM = b"\xef\xbb\xbf"
 _HASH_CACHE: dict[tuple, str] = {}
+SPLIT_RULE = "bytes-at-line-start-v1"  # part of every cache key built on the split
 
 
 def list_corpus(spec: str) -> list[Path]:
@@ -111,16 +124,24 @@ def _cut(buf: bytes) -> int:
 
 
 def iter_pieces(path: Path, invalid_utf8: str = "error", chunk_bytes: int = CHUNK_BYTES,
-                ) -> Iterator[tuple[str, int]]:
-    """Yield (text, n_bytes) pieces of one file, in order, about `chunk_bytes` each.
+                start: int = 0, end: int | None = None) -> Iterator[tuple[str, int]]:
+    """Yield (text, n_bytes) pieces of bytes [start, end) of one file (default: all of it), in
+    order, about `chunk_bytes` each. `start` must be a UTF-8 character start.
 
-    A leading UTF-8 BOM is dropped. NUL bytes mean a binary file: MinigptError. Invalid UTF-8
-    raises a MinigptError naming the file and byte offset unless `invalid_utf8 == "replace"`."""
-    offset = 0  # file offset of buf[0]
+    A leading UTF-8 BOM (at byte 0) is dropped. NUL bytes mean a binary file: MinigptError.
+    Invalid UTF-8 raises a MinigptError naming the file and byte offset unless
+    `invalid_utf8 == "replace"`."""
+    offset = start  # file offset of buf[0]
+    left = None if end is None else max(0, end - start)  # bytes still to read; None = to EOF
     buf = b""
     with _open(path) as fh:
+        if start:
+            fh.seek(start)
         while True:
-            data = fh.read(chunk_bytes)
+            want = chunk_bytes if left is None else min(chunk_bytes, left)
+            data = fh.read(want) if want else b""
+            if left is not None:
+                left -= len(data)
             buf += data
             if not buf:
                 return
@@ -145,6 +166,102 @@ def iter_pieces(path: Path, invalid_utf8: str = "error", chunk_bytes: int = CHUN
             yield text, len(piece)
             if not data and not buf:
                 return
+
+
+# --------------------------------------------------------------------------------------------
+# The train/validation split on bytes (module docstring).
+
+
+@dataclass(frozen=True)
+class Span:
+    """Bytes [start, end) of corpus file number `index`; `start == 0` begins the file (the
+    token stream puts `<|endoftext|>` before it)."""
+    index: int
+    path: Path
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class CorpusSplit:
+    at: int                 # corpus byte offset of the first validation byte
+    total: int              # corpus bytes (all files)
+    train: tuple[Span, ...]
+    val: tuple[Span, ...]
+
+    @property
+    def train_bytes(self) -> int:
+        return self.at
+
+
+def split_corpus(files: Sequence[Path], val_fraction: float) -> CorpusSplit:
+    """The byte split of the module docstring: the training spans hold the corpus bytes
+    [0, at), the validation spans [at, total); every file appears in order, a file that the
+    point falls inside is cut in two, and an empty file at the point counts as validation."""
+    sizes = [q.stat().st_size for q in files]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    total = sum(sizes)
+    target = total - round(total * val_fraction)
+    at = total
+    for i, (q, s0, n) in enumerate(zip(files, starts, sizes)):
+        if s0 >= target:  # a file start is a line start
+            at = s0
+            break
+        if s0 + n <= target:
+            continue
+        nl = _find_newline(q, target - s0 - 1)  # the '\n' before a line start >= target
+        at = s0 + n if nl is None else s0 + nl + 1
+        if at >= total:  # no line start left in the corpus: a character start instead
+            at = s0 + _char_start(q, target - s0)
+        break
+    train = tuple(Span(i, q, 0, min(n, at - s0))
+                  for i, (q, s0, n) in enumerate(zip(files, starts, sizes)) if s0 < at)
+    val = tuple(Span(i, q, max(0, at - s0), n)
+                for i, (q, s0, n) in enumerate(zip(files, starts, sizes)) if s0 + n > at or s0 >= at)
+    return CorpusSplit(at, total, train, val)
+
+
+def _find_newline(path: Path, pos: int) -> int | None:
+    """File offset of the first b'\n' at or after `pos`, or None; reads in blocks."""
+    with _open(path) as fh:
+        fh.seek(pos)
+        while block := fh.read(CHUNK_BYTES):
+            i = block.find(b"\n")
+            if i != -1:
+                return pos + i
+            pos += len(block)
+    return None
+
+
+def _char_start(path: Path, pos: int) -> int:
+    """The first offset >= `pos` whose byte is not a UTF-8 continuation byte (or EOF)."""
+    with _open(path) as fh:
+        fh.seek(pos)
+        for b in fh.read(4):
+            if b & 0xC0 != 0x80:
+                return pos
+            pos += 1
+    return pos
+
+
+def spans_hash(spans: Sequence[Span]) -> str:
+    """sha256 (hex) over the spans' bytes and lengths, in order (not the file names): what a
+    BPE trained on these spans depends on. Memoised per process like `corpus_hash`."""
+    stats = tuple((str(s.path), s.start, s.end, st.st_size, st.st_mtime_ns, st.st_ino)
+                  for s in spans for st in [s.path.stat()])
+    if stats in _HASH_CACHE:
+        return _HASH_CACHE[stats]
+    h = hashlib.sha256(b"minigpt-spans-v1\0")
+    for s in spans:
+        h.update(f"{s.start}:{s.end}".encode() + b"\0")
+        with _open(s.path) as fh:
+            fh.seek(s.start)
+            left = s.end - s.start
+            while left > 0 and (block := fh.read(min(CHUNK_BYTES * 4, left))):
+                h.update(block)
+                left -= len(block)
+    _HASH_CACHE[stats] = digest = h.hexdigest()
+    return digest
 
 
 def empty_corpus_error(spec: str, files: list[Path]) -> MinigptError:

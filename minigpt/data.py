@@ -1,10 +1,21 @@
 """Token data: the corpus tokenized once into a memory-mapped cache, or synthetic induction data.
 
 Token cache (under `<cache dir>/tokens/`): `<key>.bin` holds every token of the corpus, each file
-preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32; `<key>.json` (written
-last, so it marks a complete cache) holds counts and bytes_per_token. The key hashes the corpus
-contents, the tokenizer hash and the split settings: any change builds a new cache, nothing stale
-is read. The split is deterministic: the last `val_fraction` of the tokens is validation.
+preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32: the training tokens,
+then the validation tokens; `<key>.json` (written last, so it marks a complete cache) holds
+counts and bytes_per_token. The key hashes the corpus contents, the tokenizer hash and the split
+settings and rule: any change builds a new cache, nothing stale is read.
+
+The split (`split=`):
+- "bytes" (every new run): `corpus.split_corpus` cuts the corpus BYTES at a line start near
+  the last `val_fraction`; the training text and the validation text are tokenized separately,
+  so no token straddles the cut and the BPE (trained on the training text only) never saw a
+  validation byte.
+- "tokens" (runs made before the byte split; their checkpoints record no `data_split`): the
+  whole corpus tokenized in one stream and the last round(n_tokens * val_fraction) tokens are
+  validation. Kept so that such a run resumes on exactly the data it trained on.
+bytes_per_token = (UTF-8 bytes the validation tokens stand for) / (validation tokens), so
+val bits/byte = val loss (nats/token) / ln 2 / bytes_per_token under either split.
 
 Batches: `sample_offsets` draws start offsets from a caller-owned torch.Generator (the trainer
 saves its state for an exact resume); `get_batch` turns offsets into x, y = tokens[o : o+T],
@@ -40,11 +51,14 @@ import torch
 from minigpt.config import Config
 from minigpt.corpus import (
     CHUNK_BYTES,
+    SPLIT_RULE,
+    Span,
     cache_writes,
     corpus_hash,
     empty_corpus_error,
     iter_pieces,
     list_corpus,
+    split_corpus,
 )
 from minigpt.errors import MinigptError
 from minigpt.events import DatasetReady, OnEvent, TokenizeProgress, TokenizingFile, no_events
@@ -52,7 +66,8 @@ from minigpt.files import atomic_file, atomic_write_bytes
 from minigpt.paths import cache_root
 from minigpt.tokenizer import Tokenizer
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the byte split (1: whole-corpus tokens; such caches are never read)
+SPLITS = ("bytes", "tokens")  # see the module docstring; "tokens" = runs made before "bytes"
 _BATCH_PIECES = 8  # pieces (~1 MB each) encoded together on tiktoken's threads
 
 
@@ -69,6 +84,7 @@ class Dataset:
     induction_min_period: int = 0  # > 0: pairs layout, segment lengths from [this, max_period]
     induction_max_period: int = 0  # 0: block_size // 2
     induction_distinct: bool = False  # new ids of a row drawn without replacement
+    split: str = "bytes"       # how train and val were cut (SPLITS); checkpoints record it
     info: dict = field(default_factory=dict)  # corpus/cache facts for logs (JSON-safe)
 
     @property
@@ -138,13 +154,17 @@ class Dataset:
 
 
 def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
-                    on_event: OnEvent | None = None) -> Dataset:
+                    on_event: OnEvent | None = None, split: str = "bytes") -> Dataset:
     """The Dataset for `cfg.data`: induction data, or the tokenized corpus (from the cache when
     corpus, tokenizer and split settings are unchanged, else built and cached atomically).
-    Raises one-line MinigptErrors for unusable corpora and for splits shorter than
-    model.block_size + 1 tokens."""
+    `split` is "bytes" for every new run, "tokens" to resume a run made before the byte split
+    (module docstring). Raises one-line MinigptErrors for unusable corpora and for splits
+    shorter than model.block_size + 1 tokens."""
     on_event = on_event or no_events
     dc, T = cfg.data, cfg.model.block_size
+    if split not in SPLITS:
+        raise MinigptError(f"unknown data split '{split}' (known: {', '.join(SPLITS)}); the run "
+                           "was made by a newer minigpt: upgrade to resume it")
     if dc.source == "induction":
         if dc.induction_vocab > tokenizer.n_vocab:
             raise MinigptError(f"data.induction_vocab: {dc.induction_vocab} exceeds the "
@@ -154,13 +174,14 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
         return Dataset(empty, empty, 1.0, T, induction_vocab=dc.induction_vocab,
                        induction_min_period=dc.induction_min_period,
                        induction_max_period=dc.induction_max_period,
-                       induction_distinct=dc.induction_distinct,
+                       induction_distinct=dc.induction_distinct, split=split,
                        info={"source": "induction", "induction_vocab": dc.induction_vocab})
 
     files = list_corpus(dc.corpus)
     chash = corpus_hash(files)
     key_src = {"v": CACHE_VERSION, "corpus": chash, "tokenizer": tokenizer.hash,
                "val_fraction": dc.val_fraction, "invalid_utf8": dc.invalid_utf8,
+               "split": SPLIT_RULE if split == "bytes" else "tokens",
                "chunk": CHUNK_BYTES}  # piece cuts can shift gpt2-pattern tokens: part of the key
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
     directory = cache_root(dc.cache_dir) / "tokens"
@@ -168,10 +189,15 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
     meta = _read_meta(meta_path, bin_path)
     cached = meta is not None
     if meta is None:
+        if split == "bytes":
+            cut = split_corpus(files, dc.val_fraction)
+            parts, split_at = [list(cut.train), list(cut.val)], cut.at
+        else:
+            parts, split_at = [[Span(i, q, 0, q.stat().st_size) for i, q in enumerate(files)]], None
         with cache_writes(directory):
-            meta = _build(files, dc.corpus, dc.invalid_utf8, dc.val_fraction, tokenizer,
-                          bin_path, on_event)
-            meta.update(key_src)
+            meta = _build(parts, dc.val_fraction, dc.invalid_utf8, tokenizer, bin_path,
+                          on_event)
+            meta.update(key_src, split_at=split_at)
             atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
     if not meta["has_text"]:
         raise empty_corpus_error(dc.corpus, files)
@@ -188,8 +214,9 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
                 f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
     on_event(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
     info = {"source": "text", "corpus": dc.corpus, "n_files": len(files), "corpus_hash": chash,
-            "cache": str(bin_path), "n_train": len(train), "n_val": len(val)}
-    return Dataset(train, val, meta["bytes_per_token"], T, info=info)
+            "cache": str(bin_path), "n_train": len(train), "n_val": len(val), "split": split,
+            "split_at_byte": meta.get("split_at"), "val_bytes": meta["val_bytes"]}
+    return Dataset(train, val, meta["bytes_per_token"], T, split=split, info=info)
 
 
 def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
@@ -204,37 +231,48 @@ def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
         return None
 
 
-def _build(files: list[Path], spec: str, invalid_utf8: str, val_fraction: float,
+def _build(parts: list[list[Span]], val_fraction: float, invalid_utf8: str,
            tokenizer: Tokenizer, bin_path: Path, emit: OnEvent) -> dict:
-    """Stream-tokenize `files` into `bin_path` (atomically) and return the cache metadata."""
+    """Stream-tokenize the spans of each part, in order, into `bin_path` (atomically) and
+    return the cache metadata. Two parts: train then val (the byte split). One part: the whole
+    corpus, whose last round(n * val_fraction) tokens are val (the token split)."""
     dtype = np.uint16 if tokenizer.n_vocab <= 2**16 else np.uint32
-    total = sum(q.stat().st_size for q in files)
-    done, n_tokens, has_text = 0, 0, False
+    n_files = len({s.index for part in parts for s in part})
+    total = sum(s.end - s.start for part in parts for s in part)
+    done, n_tokens, has_text, counts = 0, 0, False, []
     eot = np.array([tokenizer.eot_id], dtype=dtype)
     with atomic_file(bin_path) as fh:
-        for index, q in enumerate(files):
-            emit(TokenizingFile(q, q.stat().st_size, index, len(files)))
-            eot.tofile(fh)
-            n_tokens += 1
-            batch: list[str] = []
-            pieces = iter_pieces(q, invalid_utf8)
-            while True:
-                item = next(pieces, None)
-                if item is not None:
-                    text, n = item
-                    batch.append(text)
-                    done += n
-                    has_text = has_text or (bool(text) and not text.isspace())
-                if batch and (item is None or len(batch) >= _BATCH_PIECES):
-                    for ids in tokenizer.encode_batch(batch):
-                        np.asarray(ids, dtype=dtype).tofile(fh)
-                        n_tokens += len(ids)
-                    batch = []
-                    emit(TokenizeProgress(done, total))
-                if item is None:
-                    break
-    n_val = round(n_tokens * val_fraction)
-    n_train = n_tokens - n_val
+        for part in parts:
+            start_count = n_tokens
+            for span in part:
+                if span.start == 0:  # a file begins: <|endoftext|>, as every document
+                    emit(TokenizingFile(span.path, span.path.stat().st_size, span.index,
+                                        n_files))
+                    eot.tofile(fh)
+                    n_tokens += 1
+                batch: list[str] = []
+                pieces = iter_pieces(span.path, invalid_utf8, start=span.start, end=span.end)
+                while True:
+                    item = next(pieces, None)
+                    if item is not None:
+                        text, n = item
+                        batch.append(text)
+                        done += n
+                        has_text = has_text or (bool(text) and not text.isspace())
+                    if batch and (item is None or len(batch) >= _BATCH_PIECES):
+                        for ids in tokenizer.encode_batch(batch):
+                            np.asarray(ids, dtype=dtype).tofile(fh)
+                            n_tokens += len(ids)
+                        batch = []
+                        emit(TokenizeProgress(done, total))
+                    if item is None:
+                        break
+            counts.append(n_tokens - start_count)
+    if len(parts) == 2:
+        n_train, n_val = counts
+    else:
+        n_val = round(n_tokens * val_fraction)
+        n_train = n_tokens - n_val
     # bytes_per_token on the val split, in blocks so a huge split is never copied whole.
     tokens = np.memmap(bin_path, dtype=dtype, mode="r")
     lengths = tokenizer.token_byte_lengths()
@@ -244,4 +282,4 @@ def _build(files: list[Path], spec: str, invalid_utf8: str, val_fraction: float,
     bpt = val_bytes / n_val if n_val and val_bytes else 1.0
     return {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_train": n_train,
             "n_val": n_val, "val_bytes": val_bytes, "bytes_per_token": bpt,
-            "has_text": has_text, "n_files": len(files), "corpus_bytes": total}
+            "has_text": has_text, "n_files": n_files, "corpus_bytes": total}

@@ -35,12 +35,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` is a GPU with bf16 tensor cores (CUDA compute capability >= 8.0, or
+    ROCm). Not `torch.cuda.is_bf16_supported()`, which also says yes where bf16 is only
+    emulated (T4, V100: several times slower than fp16 or fp32)."""
+    if device.type != "cuda":
+        return False
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `train.precision`: bf16 on CUDA under `auto` (CPUs here have no
-    native bf16: emulated is ~5x slower), bf16 wherever `bf16` is asked; None = plain fp32."""
+    """The autocast dtype for `train.precision`: bf16 on CUDA under `auto` where the GPU has
+    bf16 tensor cores (CPUs here have no native bf16: emulated is ~5x slower), bf16 wherever
+    `bf16` is asked; None = plain fp32."""
     if precision == "auto":
-        ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if ok else None
+        return torch.bfloat16 if native_bf16(device) else None
     return torch.bfloat16 if precision == "bf16" else None
 
 

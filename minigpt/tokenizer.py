@@ -27,11 +27,13 @@ import tiktoken
 from minigpt.config import Config
 from minigpt.corpus import (
     CHUNK_BYTES,
+    SPLIT_RULE,
     cache_writes,
-    corpus_hash,
     empty_corpus_error,
     iter_pieces,
     list_corpus,
+    spans_hash,
+    split_corpus,
 )
 from minigpt.errors import MinigptError
 from minigpt.events import BPETrained, OnEvent, TokenizerCacheHit, TrainingBPE, no_events
@@ -223,8 +225,10 @@ def build_tokenizer(cfg: Config, on_event: OnEvent | None = None) -> Tokenizer:
     - `tokenizer.encoding` set: a named tiktoken encoding (from tiktoken's local cache only),
       a `.tiktoken` file, or a directory holding a saved minigpt tokenizer;
     - else `vocab_size: 256`: raw bytes;
-    - else a BPE trained with rustbpe on the corpus, cached under the cache dir by corpus
-      content hash + settings (a second call with the same corpus and settings loads it)."""
+    - else a BPE trained with rustbpe on the TRAINING text of the corpus only (the bytes
+      before the split point, `corpus.split_corpus`: the validation text never shapes the
+      vocabulary), cached under the cache dir by the training text's hash + settings (a second
+      call with the same training text and settings loads it)."""
     on_event = on_event or no_events
     tc = cfg.tokenizer
     if tc.encoding:
@@ -237,9 +241,13 @@ def build_tokenizer(cfg: Config, on_event: OnEvent | None = None) -> Tokenizer:
 def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:
     tc, dc = cfg.tokenizer, cfg.data
     files = list_corpus(dc.corpus)
-    key_src = {"v": FORMAT_VERSION, "corpus": corpus_hash(files), "vocab_size": tc.vocab_size,
-               "pattern": tc.pattern, "train_max_bytes": tc.train_max_bytes,
-               "invalid_utf8": dc.invalid_utf8, "chunk": CHUNK_BYTES}
+    spans = split_corpus(files, dc.val_fraction).train
+    # Keyed by the training text itself: val_fraction matters only through where the split
+    # falls, and editing the validation text reuses the cached tokenizer.
+    key_src = {"v": FORMAT_VERSION, "split": SPLIT_RULE, "train_text": spans_hash(spans),
+               "vocab_size": tc.vocab_size, "pattern": tc.pattern,
+               "train_max_bytes": tc.train_max_bytes, "invalid_utf8": dc.invalid_utf8,
+               "chunk": CHUNK_BYTES}
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
     directory = cache_root(dc.cache_dir) / "tokenizers" / key
     if (directory / SIDECAR_FILE).is_file():
@@ -251,13 +259,13 @@ def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:
             pass  # a corrupt cache entry is retrained and overwritten
 
     limit = tc.train_max_bytes or None
-    total = sum(q.stat().st_size for q in files)
+    total = sum(sp.end - sp.start for sp in spans)
     emit(TrainingBPE(dc.corpus, min(total, limit) if limit else total, tc.vocab_size))
     seen = {"bytes": 0, "text": False}
 
     def texts():
-        for q in files:
-            for text, n in iter_pieces(q, dc.invalid_utf8):
+        for sp in spans:
+            for text, n in iter_pieces(sp.path, dc.invalid_utf8, start=sp.start, end=sp.end):
                 if limit is not None and seen["bytes"] >= limit:
                     return
                 if limit is not None and seen["bytes"] + n > limit:

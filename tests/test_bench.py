@@ -228,8 +228,30 @@ def test_mfu_formula_and_peak_table():
     assert gpu_peak_tflops("NVIDIA H100 PCIe") == ("H100 PCIe", 756.0)
     assert gpu_peak_tflops("NVIDIA GeForce RTX 4090") == ("RTX 4090", 165.0)
     assert gpu_peak_tflops("NVIDIA A10") == ("A10", 125.0)
-    for unknown in ("NVIDIA A10G", "Tesla T4", "NVIDIA GeForce GTX 1080"):
+    assert gpu_peak_tflops("NVIDIA H200") == ("H200 SXM", 989.0)
+    assert gpu_peak_tflops("NVIDIA H200 NVL") == ("H200 NVL", 835.0)
+    assert gpu_peak_tflops("NVIDIA H100 NVL") == ("H100 NVL", 835.0)
+    assert gpu_peak_tflops("NVIDIA L40S") == ("L40S", 362.0)
+    assert gpu_peak_tflops("NVIDIA L40") == ("L40", 181.0)
+    assert gpu_peak_tflops("NVIDIA L4") == ("L4", 121.0)
+    assert gpu_peak_tflops("Tesla T4") == ("T4 (fp16)", 65.0)
+    for unknown in ("NVIDIA A10G", "NVIDIA GeForce GTX 1080", "NVIDIA GeForce RTX 4080"):
         assert gpu_peak_tflops(unknown) is None  # "n/a", never a wrong number
+
+
+def test_fp16_only_gpus_have_no_bf16_peak(monkeypatch):
+    """T4 and V100 have no bf16 tensor cores: their table figure is the fp16 rate, so a bf16
+    (emulated) run gets MFU n/a rather than a ratio to the wrong peak."""
+    from minigpt.bench.train import find_peak
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    cuda = torch.device("cuda")
+    assert find_peak(cuda, torch.float16, None, 64).tflops == 65.0
+    bf16 = find_peak(cuda, torch.bfloat16, None, 64)
+    assert bf16.tflops is None and "float16" in bf16.note and "--peak-tflops" in bf16.note
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
+    assert find_peak(cuda, torch.bfloat16, None, 64).tflops == 756.0
+    assert find_peak(cuda, torch.float32, None, 64).tflops is None  # fp32: not in the table
 
 
 # -------------------------------------------------------------------------------------------

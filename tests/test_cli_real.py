@@ -9,8 +9,9 @@ with the token cache in a temporary directory.
   directory whose runs/ holds a 3-step run trained by the real command; slow tier: all of
   them in README order from an empty directory (training included), and `bench --quick`.
   Skipped, and why: usage synopses (they hold `[options]` brackets or `<placeholders>`: not
-  runnable as written), `torchrun` lines (several processes; tests/test_train.py covers DDP)
-  and anything that is not `minigpt` (`pip install`, `pytest`).
+  runnable as written), `torchrun` lines (several processes; tests/test_train.py covers DDP),
+  anything that is not `minigpt` (`pip install`, `pytest`), and `--device cuda` commands on
+  a machine without CUDA (tests/test_cuda.py runs `bench --device cuda` where there is one).
 - The fixes of issue #15 as the installed program shows them: tiny temperatures, non-finite
   logits, `runs` and `curves` bad input, resume of a run that saved nothing yet.
 """
@@ -26,10 +27,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from minigpt.paths import PROJECT_ROOT
 
 MINIGPT = shutil.which("minigpt")
+CUDA = torch.cuda.is_available()
 README = (PROJECT_ROOT / "README.md").read_text()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -92,6 +95,8 @@ def readme_commands() -> tuple[list[list[str]], list[tuple[str, str]]]:
                 continue
             if any(("[" in w or "<" in w) for w in p[1:]):
                 skipped.append((line.strip(), "usage synopsis"))
+            elif "--device" in p and p[p.index("--device") + 1:][:1] == ["cuda"] and not CUDA:
+                skipped.append((line.strip(), "needs CUDA, absent here"))
             elif p[1:] not in commands:
                 commands.append(p[1:])
     return commands, skipped
@@ -117,7 +122,9 @@ def test_the_readme_commands_were_found():
     assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
     reasons = {why for _, why in SKIPPED}
     assert reasons == {"usage synopsis", "torchrun: not a minigpt command",
-                       "pip: not a minigpt command", "pytest: not a minigpt command"}
+                       "pip: not a minigpt command", "pytest: not a minigpt command"} | (
+        set() if CUDA else {"needs CUDA, absent here"})
+    assert (["bench", "--device", "cuda", "--json", "bench-cuda.json"] in COMMANDS) == CUDA
     assert all("minigpt" in line for line, _ in SKIPPED if "synopsis" in _)
 
 

@@ -90,12 +90,14 @@ def test_chunked_tokenization_equals_whole_text(tmp_path):
 
 
 def test_tokens_split_and_bytes_per_token(tmp_path):
-    path = write(tmp_path / "c.txt", SHAKESPEARE[:10_000])
+    text = SHAKESPEARE[:10_000]
+    path = write(tmp_path / "c.txt", text)
     events: list = []
     ds = prepare(cfg_for(path, val_fraction=0.25), events=events)
-    full = np.concatenate([ds.train, ds.val])
-    assert full.tolist() == [256] + list(SHAKESPEARE[:10_000].encode())
-    assert len(ds.val) == round(len(full) * 0.25)  # the last quarter
+    at = text.index("\n", 7_500 - 1) + 1  # the first line start at or after the last quarter
+    assert 7_500 < at < 7_600 and ds.info["split_at_byte"] == at and ds.split == "bytes"
+    assert ds.train.tolist() == [256] + list(text[:at].encode())
+    assert ds.val.tolist() == list(text[at:].encode())
     assert ds.train.dtype == np.uint16 and isinstance(ds.train, np.memmap)
     assert ds.bytes_per_token == 1.0
     assert isinstance(events[0], TokenizingFile) and events[0].n_bytes == 10_000
@@ -111,6 +113,80 @@ def test_bpe_bytes_per_token_is_measured_on_val(tmp_path):
     val_bytes = len(tok.decode(ds.val.tolist()).encode("utf-8"))
     assert ds.bytes_per_token == pytest.approx(val_bytes / len(ds.val))
     assert ds.bytes_per_token > 1.5
+
+
+def _split_at(files: list[Path], val_fraction: float) -> int:
+    """The byte split written out from its definition (README, corpus.py), by brute force."""
+    data = [f.read_bytes() for f in files]
+    corpus = b"".join(data)
+    starts = {sum(map(len, data[:i])) for i in range(len(data))}
+    target = len(corpus) - round(len(corpus) * val_fraction)
+    for p in range(target, len(corpus)):
+        if p in starts or corpus[p - 1:p] == b"\n":
+            return p
+    return next((p for p in range(target, len(corpus)) if corpus[p] & 0xC0 != 0x80), len(corpus))
+
+
+@pytest.mark.parametrize("names, fraction", [
+    (["one-line"], 0.1), (["lines"], 0.3), (["lines", "one-line"], 0.1), (["lines", "cjk"], 0.05),
+    (["one-line", "lines"], 0.5), (["lines", "one-line"], 0.9), (["cjk"], 0.07),
+    (["lines", "empty", "lines2"], 0.5)])
+def test_byte_split_follows_its_definition(tmp_path, names, fraction):
+    """Train = the corpus bytes before the split point, val = the rest, each file still after
+    one <|endoftext|>; the point is where the README's definition puts it (a line start, a file
+    start, or in a last file without a line break after the target, a character start)."""
+    bodies = {"one-line": "no line break in here at all " * 20, "empty": "",
+              "lines": "".join(f"line {i} of a few\n" for i in range(40)),
+              "lines2": "".join(f"more {i}\n" for i in range(30)), "cjk": "日本語のテキスト" * 30}
+    files = [write(tmp_path / "d" / f"{i}-{n}.txt", bodies[n]) for i, n in enumerate(names)]
+    ds = prepare(cfg_for(tmp_path / "d", block_size=4, val_fraction=fraction))
+    at = _split_at(files, fraction)
+    assert ds.info["split_at_byte"] == at
+    corpus = b"".join(f.read_bytes() for f in files)
+    sizes = [len(f.read_bytes()) for f in files]
+    starts = [sum(sizes[:i]) for i in range(len(files))]
+    eot = EOT.encode()
+    expect_train = b"".join(eot + corpus[s:min(at, s + n)]
+                            for n, s in zip(sizes, starts) if s < at)
+    expect_val = b"".join((eot if s >= at else b"") + corpus[max(s, at):s + n]
+                          for n, s in zip(sizes, starts) if s + n > at or s >= at)
+    tok = bytes_tokenizer()
+    assert tok.decode(ds.train.tolist()).encode() == expect_train
+    assert tok.decode(ds.val.tolist()).encode() == expect_val
+    # val bytes per val token: an <|endoftext|> stands for no corpus byte
+    assert ds.bytes_per_token == pytest.approx(len(corpus[at:]) / len(ds.val))
+
+
+def test_bpe_split_tokenizes_each_side_separately(tmp_path):
+    """With a BPE, no token straddles the split point: train decodes to exactly the training
+    text and val to the validation text; bytes_per_token is the val text's bytes per token."""
+    text = SHAKESPEARE[:60_000]
+    path = write(tmp_path / "c.txt", text)
+    cfg = from_dict({"model": {"block_size": 16}, "tokenizer": {"vocab_size": 400},
+                     "data": {"corpus": str(path)}})
+    tok = build_tokenizer(cfg)
+    ds = prepare_dataset(cfg, tok)
+    at = _split_at([path], 0.1)
+    assert tok.decode(ds.train.tolist()) == EOT + text[:at]
+    assert tok.decode(ds.val.tolist()) == text[at:]
+    assert ds.val.tolist() == tok.encode(text[at:])
+    assert ds.bytes_per_token == pytest.approx(len(text[at:].encode()) / len(ds.val))
+
+
+def test_token_split_of_old_runs_is_kept(tmp_path):
+    """split="tokens" (runs made before the byte split): the whole corpus in one token stream,
+    the last round(n * val_fraction) tokens are val; it has its own cache entry."""
+    text = SHAKESPEARE[:10_000]
+    path = write(tmp_path / "c.txt", text)
+    old = prepare_dataset(cfg_for(path, val_fraction=0.25), bytes_tokenizer(), split="tokens")
+    full = [256] + list(text.encode())
+    assert old.split == "tokens" and old.info["split_at_byte"] is None
+    assert old.train.tolist() == full[:-round(len(full) * 0.25)]
+    assert old.val.tolist() == full[-round(len(full) * 0.25):]
+    new = prepare(cfg_for(path, val_fraction=0.25))
+    assert new.info["cache"] != old.info["cache"] and len(new.val) != len(old.val)
+    with pytest.raises(MinigptError, match="unknown data split 'lines'.*newer minigpt"):
+        prepare_dataset(cfg_for(path), bytes_tokenizer(), split="lines")
 
 
 def test_multiple_files_each_start_with_eot(tmp_path):
@@ -400,7 +476,7 @@ def test_split_too_short(tmp_path):
     assert "short.txt" in msg and "val split of 20 tokens" in msg and "65" in msg
     assert "model.block_size" in msg and "data.val_fraction" in msg
     msg = _error(cfg_for(path, block_size=64, val_fraction=0.9))
-    assert "train split of 20 tokens" in msg
+    assert "train split of 21 tokens" in msg  # <|endoftext|> + the first 20 bytes
 
 
 def test_invalid_utf8_names_offset_and_switch(tmp_path):

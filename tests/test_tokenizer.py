@@ -14,6 +14,7 @@ import tiktoken
 import tiktoken.load
 
 from minigpt.config import Config, MinigptError, from_dict
+from minigpt.corpus import split_corpus
 from minigpt.events import BPETrained, TokenizerCacheHit, TrainingBPE
 from minigpt.paths import DATA_DIR
 from minigpt.tokenizer import (
@@ -164,14 +165,55 @@ def test_trained_tokenizer_cache_reused_and_invalidated(small_corpus, tmp_path):
         other = build_tokenizer(changed, events.append)
         assert isinstance(events[0], TrainingBPE) and other.hash != first.hash
 
-    edited = tmp_path / "edited.txt"
-    edited.write_text(small_corpus.read_text() + "\nA new line, so a new corpus hash.\n")
+    edited = tmp_path / "edited.txt"  # new training text (at the start): trained anew
+    edited.write_text("A new first line, so new training text.\n" + small_corpus.read_text())
     events.clear()
     build_tokenizer(bpe_config(edited, tmp_path / "c", vocab_size=300), events.append)
     assert isinstance(events[0], TrainingBPE)
+    split = split_corpus([small_corpus], 0.1)
+    text = small_corpus.read_bytes()
+    val_edited = tmp_path / "val-edited.txt"  # only validation text changed: the cache serves
+    val_edited.write_bytes(text[:split.at] + text[split.at:].upper())
+    events.clear()
+    cached = build_tokenizer(bpe_config(val_edited, tmp_path / "c", vocab_size=300), events.append)
+    assert [type(e) for e in events] == [TokenizerCacheHit] and cached.hash == first.hash
     # Training is deterministic: a fresh cache dir reproduces the same ranks.
     assert build_tokenizer(bpe_config(small_corpus, tmp_path / "d", vocab_size=300)).hash \
         == first.hash
+
+
+def _saved_files(tok: Tokenizer, directory) -> dict[str, bytes]:
+    tok.save(directory)
+    return {name: (directory / name).read_bytes() for name in (RANKS_FILE, SIDECAR_FILE)}
+
+
+def test_validation_text_never_shapes_the_tokenizer(small_corpus, tmp_path):
+    """The BPE trains on the bytes before the split point only: replacing every validation
+    byte (same length, so the split point stays) leaves both tokenizer files byte-identical,
+    though the new validation text is one made-up word that a BPE trained on it would learn;
+    changing the training text (same length) changes them."""
+    text = small_corpus.read_bytes()
+    at = split_corpus([small_corpus], 0.1).at
+    assert 0.89 * len(text) < at < 0.91 * len(text) and text[at - 1:at] == b"\n"
+    word = b"Zqxjvbrk zqxjvbrk Zqxjvbrk!\n"
+    val = (word * (len(text) // len(word) + 1))[: len(text) - at - 1] + b"\n"
+    variants = {"original": text, "new-val": text[:at] + val,
+                "new-train": text[:at].replace(b"Citizen", b"Citizan") + text[at:],
+                "val-as-train": val + text[:at]}  # the made-up word where the BPE sees it
+    assert variants["new-train"] != text and len(variants["new-train"]) == len(text)
+    files, ranks = {}, {}
+    for name, body in variants.items():
+        path = tmp_path / name / "corpus.txt"
+        path.parent.mkdir()
+        path.write_bytes(body)
+        if name != "val-as-train":
+            assert split_corpus([path], 0.1).at == at
+        tok = build_tokenizer(bpe_config(path, tmp_path / name / "cache", vocab_size=400))
+        files[name], ranks[name] = _saved_files(tok, tmp_path / name / "tok"), tok.ranks
+    assert files["new-val"] == files["original"]
+    assert files["new-train"] != files["original"]
+    learned = lambda r: any(b"qxjv" in t for t in r)
+    assert learned(ranks["val-as-train"]) and not learned(ranks["new-val"])
 
 
 def test_train_max_bytes_limits_training_text(small_corpus, tmp_path):

@@ -45,7 +45,7 @@ from minigpt.bench.train import (
     find_peak,
     run_train_shape,
 )
-from minigpt.device import resolve_device
+from minigpt.device import native_bf16, resolve_device
 from minigpt.errors import ArgumentError
 from minigpt.events import BenchEvent, OnEvent
 from minigpt.files import atomic_write_text
@@ -87,10 +87,10 @@ def parse_suites(names: list[str] | None) -> list[str]:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto = bf16 on CUDA (fp16 if the GPU has no bf16), fp32 on CPU and MPS."""
+    """auto = bf16 on CUDA (fp16 if the GPU has no bf16 tensor cores), fp32 on CPU and MPS."""
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if native_bf16(device) else torch.float16
         return torch.float32
     if name not in DTYPES:
         raise ArgumentError("dtype", f"'{name}' is not one of auto, {', '.join(DTYPES)}")

@@ -22,17 +22,31 @@ from minigpt.events import BenchEvent, OnEvent
 from minigpt.model import GPT, flops_per_token
 from minigpt.train.optim import build_optimizer
 
-# Dense (no sparsity) bf16/fp16 tensor-core peaks, TFLOP/s, from vendor datasheets. Order
-# matters: the first pattern that matches the device name wins. GeForce figures are NVIDIA's
-# FP16-accumulate numbers (fp32 accumulation, what PyTorch uses, peaks at half of them).
+# Dense (no sparsity) bf16 tensor-core peaks with fp32 accumulation, TFLOP/s, from vendor
+# datasheets and architecture whitepapers (the "with sparsity" figures are twice these). Order
+# matters: the first pattern that matches torch.cuda.get_device_name() wins, so the specific
+# variants (PCIe, NVL) come before the family. GeForce/RTX figures are the bf16/fp16 rate with
+# fp32 accumulation (what PyTorch uses); NVIDIA's headline fp16-accumulate rate is twice that.
+# T4 and V100 have no bf16 tensor cores: theirs is the fp16 rate (`--dtype float16`).
 GPU_PEAK_TFLOPS: list[tuple[str, str, float]] = [
+    (r"B200", "B200", 2250.0),
+    (r"H200.*NVL", "H200 NVL", 835.0),
+    (r"GH200", "GH200", 989.0),
+    (r"H200", "H200 SXM", 989.0),
     (r"H100.*PCIe", "H100 PCIe", 756.0),
+    (r"H100.*NVL", "H100 NVL", 835.0),
     (r"H100", "H100 SXM", 989.0),
     (r"A100", "A100", 312.0),
+    (r"L40S", "L40S", 362.0),
+    (r"\bL40\b", "L40", 181.0),
     (r"\bL4\b", "L4", 121.0),
     (r"\bA10\b", "A10", 125.0),
     (r"RTX 4090", "RTX 4090", 165.0),
+    (r"RTX 3090", "RTX 3090", 71.0),
+    (r"\bT4\b", "T4 (fp16)", 65.0),
+    (r"V100", "V100 (fp16)", 125.0),
 ]
+FP16_ONLY = {"T4 (fp16)", "V100 (fp16)"}  # labels whose peak holds for float16 only
 
 
 def gpu_peak_tflops(name: str) -> tuple[str, float] | None:
@@ -88,6 +102,9 @@ def find_peak(device: torch.device, dtype: torch.dtype, override: float | None, 
         if dtype not in (torch.bfloat16, torch.float16):
             return Peak(None, "unknown", name, f"table has {hit[0]} bf16/fp16 peaks only; "
                         "pass --peak-tflops for float32")
+        if hit[0] in FP16_ONLY and dtype != torch.float16:
+            return Peak(None, "unknown", name, f"{hit[0]} has no bf16 tensor cores (its table "
+                        "peak is float16): use --dtype float16 or pass --peak-tflops")
         return Peak(hit[1], "datasheet table", name, f"{hit[0]} dense bf16/fp16 datasheet peak")
     return Peak(None, "unknown", name, f"no peak for {device.type}; pass --peak-tflops")
 

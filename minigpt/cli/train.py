@@ -168,7 +168,8 @@ class _TrainView:
             if self.progress is None:
                 self.line(f"checkpoint step {e.step}: {e.path}")
         elif isinstance(e, events.TrainingBPE):
-            self.line("training the BPE tokenizer on the corpus (cached for next time) ...")
+            self.line("training the BPE tokenizer on the corpus's training split (cached for next "
+                      "time) ...")
         elif isinstance(e, events.DatasetReady):
             self.line(f"data: {e.n_train:,} train / {e.n_val:,} val tokens"
                       + (" (cached)" if e.cached else ""))
