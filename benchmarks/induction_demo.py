@@ -2,7 +2,7 @@
 heads' types on the built-in induction probe.
 
     python benchmarks/induction_demo.py                  # train into a fresh temp dir, inspect
-    python benchmarks/induction_demo.py --seeds 1337,1,2 # one run per seed, and a pass count
+    python benchmarks/induction_demo.py --seeds 1-10     # one run per seed, two at a time
     python benchmarks/induction_demo.py --run DIR        # only inspect an existing run
 
 A run passes when `minigpt train` takes at most --budget seconds (wall clock, whole process incl.
@@ -11,8 +11,11 @@ repeated), a layer-1 head has induction score >= --threshold and a layer-0 head 
 previous-token score >= --threshold. The same layer-1 head must also score >= --threshold on a
 probe with another period (5/16 of block_size, e.g. 10 for block_size 32): a head that attends
 at a fixed offset scores high at one period only, an induction head at every period.
-Exit 0 when every run passes, 1 otherwise. Timings on a shared machine are noisy: note the load
-average printed with them.
+With several seeds the runs go --jobs at a time (default 2), each with one thread
+(OMP_NUM_THREADS=1): two runs on a 2-core machine. The per-seed table gives the scores, the
+training time and the step at which the built-in probe first saw the induction head (from the
+run's `heads` records in metrics.jsonl), then the pass count. Exit 0 when every run passes, 1
+otherwise. Timings on a shared machine are noisy: note the load average printed with them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -31,11 +35,44 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def minigpt(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
+THREADS = {}  # extra environment for every subprocess (OMP_NUM_THREADS=1 with --jobs > 1)
+
+
+def minigpt(*args: str, capture: bool = False, log=None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "minigpt", *args]
     print("$ minigpt " + " ".join(args), file=sys.stderr, flush=True)
-    return subprocess.run(cmd, cwd=ROOT, check=False, text=True,
-                          stdout=subprocess.PIPE if capture else None)
+    return subprocess.run(cmd, cwd=ROOT, check=False, text=True, env={**os.environ, **THREADS},
+                          stdout=subprocess.PIPE if capture else log,
+                          stderr=log)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'1-10' -> 1..10; '1337,1,2' -> those; '1-3,7' -> 1, 2, 3, 7."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    return out
+
+
+def formed_at(run: Path, threshold: float) -> tuple[int | None, int | None]:
+    """First steps at which the run's own head scores (metrics.jsonl `heads` records, one probe
+    period) saw a layer-1 induction head and a layer-0 previous-token head >= threshold."""
+    ind = prev = None
+    path = run / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        rec = json.loads(line)
+        if rec.get("kind") != "heads":
+            continue
+        sc = rec["scores"]
+        if ind is None and len(sc["induction"]) > 1 and max(
+                v or 0 for v in sc["induction"][1]) >= threshold:
+            ind = rec["step"]
+        if prev is None and max(v or 0 for v in sc["previous"][0]) >= threshold:
+            prev = rec["step"]
+    return ind, prev
 
 
 def probe(run: Path, *extra: str) -> dict | None:
@@ -60,10 +97,13 @@ def demo(run: Path | None, config: str, sets: list[str], budget: float,
         run = Path(tempfile.mkdtemp(prefix="minigpt-induction-")) / "run"
         flags = [x for s in sets for x in ("--set", s)]
         t0 = time.perf_counter()
-        r = minigpt("train", "--config", config, "--out", str(run), "--device", "cpu", *flags)
+        with open(run.parent / "train.log", "w") as log:  # quiet: several runs at once
+            r = minigpt("train", "--config", config, "--out", str(run), "--device", "cpu",
+                        *flags, log=log)
         train_s = time.perf_counter() - t0
         if r.returncode:
-            print(f"training failed (exit {r.returncode})", file=sys.stderr)
+            print(f"training failed (exit {r.returncode}); log: {run.parent / 'train.log'}",
+                  file=sys.stderr)
             return None
     block = yaml.safe_load((run / "config.yaml").read_text())["model"]["block_size"]
     other_len = 2 * max(2, block * 5 // 16)  # another period: 5/16 of block_size
@@ -82,6 +122,7 @@ def demo(run: Path | None, config: str, sets: list[str], budget: float,
         "layer0_previous": {"head": prev["head"], "score": prev["previous"]},
         "parity_max_abs_diff": doc["parity_max_abs_diff"],
         "types": [f"L{h['layer']}H{h['head']}:{h['dominant']}" for h in doc["heads"]],
+        "formed_at": dict(zip(("induction", "previous"), formed_at(run, threshold))),
     }
     result["ok_induction"] = min(ind["induction"] or 0,
                                  ind_other["induction"] or 0) >= threshold
@@ -107,30 +148,63 @@ def report(res: dict, budget: float, threshold: float) -> None:
     print(f"run kept at {res['run']}", file=sys.stderr)
 
 
+def table(results: list[dict], threshold: float) -> None:
+    """One line per seed, then the pass count."""
+    print(f"{'seed':>6} {'train s':>8} {'L1 head':>7} {'ind@P':>6} {'ind@P2':>6} {'L0 head':>7} "
+          f"{'prev':>6} {'ind. formed':>11} {'result':>8}", file=sys.stderr)
+    for r in results:
+        if r.get("failed"):
+            print(f"{r['seed']:>6} {'-':>8} {'training or inspection failed':>45}",
+                  file=sys.stderr)
+            continue
+        ind, prev = r["layer1_induction"], r["layer0_previous"]
+        why = "pass" if r["passed"] else "FAIL:" + "".join(
+            c for c, ok in (("i", r["ok_induction"]), ("p", r["ok_previous"]),
+                            ("t", r["ok_time"])) if not ok)
+        at = r["formed_at"]["induction"]
+        print(f"{r['seed']:>6} {r['train_seconds']:>8.1f} {ind['head']:>7} {ind['score']:>6.3f} "
+              f"{ind['score_other_period']:>6.3f} {prev['head']:>7} {prev['score']:>6.3f} "
+              f"{at if at is not None else '-':>11} {why:>8}", file=sys.stderr)
+    passed = sum(bool(r.get("passed")) for r in results)
+    print(f"{passed} of {len(results)} seeds passed (P = period {results[0].get('period', '?')}"
+          f", P2 = {results[0].get('other_period', '?')}; threshold {threshold}; FAIL:i/p/t = "
+          "induction / previous-token / time)", file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, help="inspect this run instead of training one")
     ap.add_argument("--config", default="configs/induction.yaml")
     ap.add_argument("--set", action="append", default=[], help="extra --set for training")
-    ap.add_argument("--seeds", default="", help="comma-separated run.seed values: one run each")
+    ap.add_argument("--seeds", default="", help="run.seed values, e.g. 1-10 or 1337,1,2")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once with several seeds (one "
+                    "thread each)")
     ap.add_argument("--budget", type=float, default=180.0, help="seconds allowed for training")
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     args = ap.parse_args()
 
-    seeds = [s for s in args.seeds.split(",") if s.strip()] if args.run is None else []
-    plans = [[*args.set, f"run.seed={int(s)}"] for s in seeds] or [args.set]
-    results = []
-    for sets in plans:
+    seeds = parse_seeds(args.seeds) if args.run is None else []
+    if len(seeds) > 1:
+        THREADS.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+    def one(seed: int | None) -> dict:
+        sets = [*args.set, *([f"run.seed={seed}"] if seed is not None else [])]
         res = demo(args.run, args.config, sets, args.budget, args.threshold)
-        if res is None:
+        res = res or {"failed": True, "passed": False}
+        res.update(seed=seed, sets=sets)
+        if len(seeds) <= 1 and not res.get("failed"):
+            report(res, args.budget, args.threshold)
+        return res
+
+    if len(seeds) > 1:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            results = list(pool.map(one, seeds))
+        table(results, args.threshold)
+    else:
+        results = [one(seeds[0] if seeds else None)]
+        if results[0].get("failed"):
             return 1
-        res["sets"] = sets
-        report(res, args.budget, args.threshold)
-        results.append(res)
-    if len(results) > 1:
-        passed = sum(r["passed"] for r in results)
-        print(f"{passed} of {len(results)} runs passed", file=sys.stderr)
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
     return 0 if all(r["passed"] for r in results) else 1
