@@ -336,8 +336,8 @@ def test_the_readme_in_order_from_an_empty_directory(program, env, tmp_path):
             assert "from step 3" in r.stderr and "step 5/5" in r.stderr
         if argv[0] == "bench":
             json.loads(r.stdout.strip().splitlines()[-1])  # the compact summary line
-    assert {p.name for p in (cwd / "runs").iterdir()} >= {"default", "bytes", "induction",
-                                                         "mine"}
+    assert {p.name for p in (cwd / "runs").iterdir()} >= {"default", "speedrun", "bytes",
+                                                         "induction", "mine"}
 
 
 @pytest.mark.slow
