@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from minigpt.run.state import read_metrics
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -61,9 +63,8 @@ def formed_at(run: Path, threshold: float) -> tuple[int | None, int | None]:
     """First steps at which the run's own head scores (metrics.jsonl `heads` records, one probe
     period) saw a layer-1 induction head and a layer-0 previous-token head >= threshold."""
     ind = prev = None
-    path = run / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        rec = json.loads(line)
+    records, _ = read_metrics(run / "metrics.jsonl")
+    for rec in records:
         if rec.get("kind") != "heads":
             continue
         sc = rec["scores"]

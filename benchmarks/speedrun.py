@@ -30,13 +30,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from minigpt.run.state import read_metrics  # skips damaged lines, as `minigpt runs` does
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def at_budget(evals: list[dict], startup: float, budget: float) -> float | None:
-    """Val bits/byte of the last evaluation finished by `budget` s of whole-process time."""
-    done = [e for e in evals if startup + e["elapsed"] <= budget]
-    return done[-1]["val_bpb"] if done else None
+def at_budget(evals: list[tuple[int, float, float]], budget: float) -> float | None:
+    """Val bits/byte of the last evaluation (step, whole-process s, bpb) done by `budget` s."""
+    done = [bpb for _, t, bpb in evals if t <= budget]
+    return done[-1] if done else None
 
 
 def one(config: str, sets: list[str], seed: int, threads: int, cache: str | None,
@@ -56,7 +58,7 @@ def one(config: str, sets: list[str], seed: int, threads: int, cache: str | None
     wall = time.perf_counter() - t0
     if rc:
         return {"seed": seed, "failed": f"exit {rc}, log {tmp / 'train.log'}"}
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    recs, _ = read_metrics(run / "metrics.jsonl")
     evals = [r for r in recs if r.get("kind") == "eval"]
     trains = [r for r in recs if r.get("kind") == "train"]
     heads = [r for r in recs if r.get("kind") == "heads"]
@@ -92,9 +94,7 @@ def main() -> int:
         if "failed" in r:
             print(f"seed {r['seed']}: FAILED {r['failed']}", file=sys.stderr)
             continue
-        r["at"] = {str(int(b)): at_budget([{"elapsed": t - r["startup"], "val_bpb": v}
-                                           for _, t, v in r["evals"]], r["startup"], b)
-                   for b in budgets}
+        r["at"] = {str(int(b)): at_budget(r["evals"], b) for b in budgets}
         curve = " ".join(f"{s}:{t:.0f}s:{v:.3f}" for s, t, v in r["evals"])
         at = " ".join(f"@{k}s={v:.4f}" if v is not None else f"@{k}s=-"
                       for k, v in r["at"].items())

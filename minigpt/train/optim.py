@@ -86,8 +86,9 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device
     rest]. Every group carries `lr_scale`, its peak over learning_rate (1 for AdamW,
     muon_lr / learning_rate for Muon), which `set_lr` multiplies in."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    muon = [(n, p) for n, p in named if t.optimizer == "muon" and is_block_matrix(n, p)]
-    rest = [(n, p) for n, p in named if not (t.optimizer == "muon" and is_block_matrix(n, p))]
+    to_muon = [t.optimizer == "muon" and is_block_matrix(n, p) for n, p in named]
+    muon = [np_ for np_, m in zip(named, to_muon) if m]
+    rest = [np_ for np_, m in zip(named, to_muon) if not m]
     groups, names = _adamw_groups(rest, t.weight_decay)
     extra = {"fused": True} if device.type in ("cuda", "cpu") else {}
     adamw = torch.optim.AdamW(groups, lr=lr_at(0, t), betas=(t.beta1, t.beta2), **extra)
@@ -126,5 +127,4 @@ def set_lr(optimizer: torch.optim.Optimizer | OptimizerChain, lr: float) -> None
     """Set every group to `lr` (the AdamW rate of `lr_at`) times its `lr_scale`, so each
     optimizer keeps its ratio to its own peak."""
     for group in optimizer.param_groups:
-        scale = group.get("lr_scale", 1.0)
-        group["lr"] = lr if scale == 1.0 else lr * scale
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # x 1.0 is exact: AdamW runs unchanged
