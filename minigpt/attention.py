@@ -25,6 +25,7 @@ alike, and each pair is rotated by the same angle in its new place.)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +41,18 @@ class AttnSpec:
     (never by changing the config): `impl` sdpa (fused kernel) or explicit (softmax written out);
     `scale` None = 1/sqrt(head_dim); `return_probs` returns the (B, H, Tq, Tk) probabilities
     (explicit only); `causal` False lifts the mask (the permutation demonstration only: models
-    are trained causal)."""
+    are trained causal).
+
+    `head_hook`, if given, is called in every layer as `head_hook(layer, z)` with z the heads'
+    outputs `[batch, head, query, d_head]` (each head's attention-weighted values, before W_O
+    mixes the heads into the residual stream) and returns the z to use: the one place to read,
+    scale, zero or replace a single head's output (heads/ablation.py builds on it)."""
 
     impl: str = "sdpa"
     scale: float | None = None
     return_probs: bool = False
     causal: bool = True
+    head_hook: Callable[[int, Tensor], Tensor] | None = None
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
@@ -111,7 +118,7 @@ def rope_tables(n_pos: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor | None = None) -> Tensor:
     """Rotate interleaved pairs (2i, 2i+1) of the last dim by the angles whose cos/sin are given.
 
-    x (..., D); cos/sin broadcast against (..., D/2), e.g. x (B, T, H, D) with (T, 1, D/2).
+    x (..., D); cos/sin broadcast against (..., D/2), e.g. x (2, B, H, T, D) with (T, D/2).
     Eager mode treats pair (x_2i, x_2i+1) as the complex number x_2i + i x_2i+1 and multiplies
     it by cos + i sin: one fused op, ~3x faster on CPU (fwd+bwd) than the real arithmetic of
     `apply_rope_real`, which torch.compile gets (inductor handles complex poorly). Half/bf16
@@ -170,16 +177,15 @@ class Rotary(nn.Module):
         self._rot: Tensor | None = None  # cos + i sin; not a buffer: Module.to(dtype) would cast it
 
     def tables(self, start: int, length: int) -> tuple[Tensor, Tensor, Tensor]:
-        """cos, sin and cos + i sin for positions [start, start + length), each shaped
-        (T, 1, 1, D/2) to broadcast against q|k stacked as (B, T, 2, H, D/2)."""
+        """cos, sin and cos + i sin for positions [start, start + length), each (T, D/2): they
+        broadcast against q|k stacked as (2, B, H, T, D/2)."""
         end = start + length
         if end > self.cos.shape[0]:  # past block_size during generation: grow (doubling)
             self._fill(max(end, 2 * self.cos.shape[0]), self.cos.device)
         rot = self._rot
         if rot is None or rot.shape[0] != self.cos.shape[0] or rot.device != self.cos.device:
             rot = self._rot = torch.complex(self.cos.float(), self.sin.float())  # (P, D/2)
-        return (self.cos[start:end, None, None], self.sin[start:end, None, None],
-                rot[start:end, None, None])
+        return self.cos[start:end], self.sin[start:end], rot[start:end]
 
 
 class QKNorm(nn.Module):
@@ -195,12 +201,11 @@ class QKNorm(nn.Module):
         self.q_weight = nn.Parameter(torch.ones(head_dim))
         self.k_weight = nn.Parameter(torch.ones(head_dim))
 
-    def forward(self, qk: Tensor, gain_shape: tuple[int, ...] = (2, 1, -1)) -> Tensor:
-        """qk: queries and keys stacked on one axis, (B, T, 2, H, D) in training (the default
-        `gain_shape` (2, 1, D) broadcasts the two gains along it); the decode step passes its
-        own layout's shape. Returns the normalised qk, same shape and dtype (under autocast
-        the fp32 gains would otherwise promote a bf16 q and k away from v's dtype)."""
-        gains = torch.stack((self.q_weight, self.k_weight)).view(gain_shape)  # (2, ..., D)
+    def forward(self, qk: Tensor) -> Tensor:
+        """qk: queries and keys stacked on the first axis, (2, B, H, T, D). Returns the
+        normalised qk, same shape and dtype (under autocast the fp32 gains would otherwise
+        promote a bf16 q and k away from v's dtype)."""
+        gains = torch.stack((self.q_weight, self.k_weight)).view(2, 1, 1, 1, -1)  # (2,1,1,1,D)
         out = F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gains
         return out if out.dtype == qk.dtype else out.to(qk.dtype)
 
@@ -220,7 +225,7 @@ class KVCache:
       model places them at positions `length .. length+T-1` (RoPE angles and learned/sinusoidal
       rows offset by `length`), attends to everything cached plus causally within the new
       tokens, and advances `length` by T. Logits equal a full recompute of the whole sequence.
-    - capacity: if `length + T > max_len` the model raises MinigptError; nothing is written.
+    - capacity: if `length + T > max_len` the model raises ValueError; nothing is written.
     - block_size: `GPT.new_kv_cache(B)` allocates `max_len = block_size`. When the context is
       full the caller crops: keep the last `block_size - 1` (or fewer) tokens, `reset()` the
       cache and prefill them again; positions restart at 0 for the window. Re-prefilling (not
@@ -229,7 +234,7 @@ class KVCache:
       every pos_encoding. For rope / sinusoidal / none the caller may instead allocate
       `max_len > block_size` and keep decoding (tables extend on demand; positions past the
       trained length are extrapolation). With `learned` positions, any position >= block_size
-      raises MinigptError (the table has no row for it): the sampler crops or stops.
+      raises ValueError (the table has no row for it): the sampler crops or stops.
     """
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,

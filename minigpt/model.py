@@ -39,7 +39,6 @@ from minigpt.attention import (
     sinusoidal_table,
 )
 from minigpt.config import Config, ModelConfig
-from minigpt.errors import MinigptError
 
 __all__ = ["GPT", "KVCache", "attention", "flops_per_token"]
 
@@ -48,16 +47,6 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
-
-
-def _norm_fn(norm: nn.Module):
-    """A norm module as a plain function of its input (the same op, no module call)."""
-    if type(norm) is nn.LayerNorm:
-        return lambda x: torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias,
-                                          norm.eps)
-    if type(norm) is nn.RMSNorm:
-        return lambda x: torch.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
-    return norm
 
 
 class CausalSelfAttention(nn.Module):
@@ -75,20 +64,21 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
                 cache: KVCache | None, layer: int, spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
         B, T, C = x.shape
-        # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise K, V).
+        # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise K, V);
+        # one permute puts every head's q, k and v in the `[batch, head, position, d_head]` layout.
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D), a view
         if rope is None and self.qk_norm is None:
-            q, k, v = qkv.unbind(2)  # 3 x (B, T, H, D)
+            q, k, v = qkv.unbind(0)  # 3 x (B, H, T, D)
         else:  # q and k are normalised and rotated together (one op each); v is left alone
             # split, not slicing: its backward is one cat instead of zero-fill + copy per slice
-            qk, v = qkv.split([2, 1], dim=2)  # (B, T, 2, H, D), (B, T, 1, H, D)
+            qk, v = qkv.split([2, 1])  # (2, B, H, T, D), (1, B, H, T, D)
             if self.qk_norm is not None:  # before RoPE: the rotation keeps the norm
                 qk = self.qk_norm(qk)
             if rope is not None:  # positions live in q and k only; v stays position-free
-                qk = apply_rope(qk, *rope)  # tables (T, 1, 1, D/2)
-            q, k = qk.unbind(2)  # 2 x (B, T, H, D)
-            v = v.squeeze(2)  # (B, T, H, D)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+                qk = apply_rope(qk, *rope)  # tables (T, D/2) broadcast over (2, B, H)
+            q, k = qk.unbind(0)  # 2 x (B, H, T, D)
+            v = v.squeeze(0)  # (B, H, T, D)
         past = 0
         if cache is not None:
             past = cache.length
@@ -96,10 +86,12 @@ class CausalSelfAttention(nn.Module):
             if k.dtype != q.dtype:  # the cache is in the weights' dtype; q is autocast's
                 k, v = k.to(q.dtype), v.to(q.dtype)
         drop = self.dropout if self.training else 0.0
-        y, probs = attention(q, k, v, scale=spec.scale, causal=spec.causal, past_length=past,
+        z, probs = attention(q, k, v, scale=spec.scale, causal=spec.causal, past_length=past,
                              impl=spec.impl, return_probs=spec.return_probs,
-                             dropout_p=drop)  # (B, H, T, D)
-        y = self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # merge heads: (B, T, H*D) -> (B, T, C)
+                             dropout_p=drop)  # z: every head's output, (B, H, T, D)
+        if spec.head_hook is not None:  # the one place to read or change a single head
+            z = spec.head_hook(layer, z)
+        y = self.c_proj(z.transpose(1, 2).reshape(B, T, C))  # merge heads: (B, T, H*D) -> (B, T, C)
         return (F.dropout(y, drop) if drop else y), probs
 
 
@@ -154,7 +146,7 @@ class GPT(nn.Module):
     """Token embedding (+ learned/sinusoidal positions) -> n_layer Blocks -> norm -> LM head.
 
     `cfg.pos_encoding`: rope (inside every attention layer), learned (GPT-2 table added at the
-    input; more than block_size positions is a MinigptError), sinusoidal (fixed table added at
+    input; more than block_size positions is a ValueError), sinusoidal (fixed table added at
     the input), none. The LM head shares the embedding matrix when `cfg.tie_weights`; with
     `cfg.head_init` zero (untied only) it starts at zero, so the first predictions are uniform.
     `cfg.logit_softcap` > 0 squashes every logit into (-cap, cap): cap * tanh(logit / cap).
@@ -162,15 +154,13 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        # The config refuses all of these with a one-line error; here they are broken invariants.
         if cfg.vocab_size <= 0:
-            raise MinigptError("model.vocab_size is 0: set it to the tokenizer's n_vocab before "
-                               "building the model (train does this automatically)")
-        if cfg.n_embd % cfg.n_head:
-            raise MinigptError(f"model.n_head: {cfg.n_head} does not divide "
-                               f"model.n_embd={cfg.n_embd}")
-        if cfg.pos_encoding == "rope" and cfg.head_dim % 2:
-            raise MinigptError(f"model.n_embd/model.n_head = {cfg.head_dim} is odd: RoPE needs "
-                               "an even head dimension")
+            raise ValueError("vocab_size is 0: set it to the tokenizer's n_vocab before building "
+                             "the model (GPT.from_config(cfg, vocab_size=...))")
+        if cfg.n_embd % cfg.n_head or (cfg.pos_encoding == "rope" and cfg.head_dim % 2):
+            raise ValueError(f"n_head={cfg.n_head} must divide n_embd={cfg.n_embd} into an "
+                             "(even, for RoPE) head dimension")
         self.cfg = cfg
         self._spec = AttnSpec(cfg.attn_impl)  # how forward() attends unless told otherwise
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # E[y_i]: (V, C)
@@ -226,8 +216,8 @@ class GPT(nn.Module):
         T = idx.shape[1]
         x = self.wte(idx)  # (B, T) -> (B, T, C)
         if self.wpe is not None:
-            if start + T > self.cfg.block_size:
-                raise MinigptError(
+            if start + T > self.cfg.block_size:  # callers crop (sample.py, inspect-heads)
+                raise ValueError(
                     f"sequence reaches position {start + T - 1} but model.block_size="
                     f"{self.cfg.block_size} with pos_encoding 'learned' has no embedding past "
                     f"position {self.cfg.block_size - 1}; crop the context to the last "
@@ -246,14 +236,11 @@ class GPT(nn.Module):
         """THE forward pass. idx (B, T) long -> logits (B, T, vocab_size) float32 and, with
         targets (B, T), the mean cross-entropy (targets of -1 are ignored).
 
-        `attn` says how attention is computed (default: `cfg.attn_impl`, no probabilities).
-        With `kv_cache`, idx continues the cached sequence (see KVCache for the contract);
-        one token at a time this is the decode step of generation, with no mask to build
-        because the one query sees every cached key."""
-        if (kv_cache is not None and attn is None and targets is None and idx.shape == (1, 1)
-                and not self.training and not torch.is_autocast_enabled(idx.device.type)
-                and not torch.compiler.is_compiling()):
-            return self._decode_one(idx, kv_cache), None
+        `attn` says how attention is computed (default: `cfg.attn_impl`) and is where a head's
+        output can be read or changed (`AttnSpec.head_hook`). With `kv_cache`, idx continues
+        the cached sequence (see KVCache for the contract); one token at a time this is the
+        decode step of generation, where the one query sees every cached key and no mask is
+        built. Training, sampling, inspection and imported models all run this pass."""
         logits, _ = self._run(idx, kv_cache, attn or self._spec)
         loss = None
         if targets is not None:
@@ -262,13 +249,13 @@ class GPT(nn.Module):
         return logits, loss
 
     def forward_with_attention(self, idx: Tensor, scale: float | None = None,
-                               causal: bool = True) -> tuple[Tensor, list[Tensor]]:
+                               causal: bool = True, head_hook=None) -> tuple[Tensor, list[Tensor]]:
         """The explicit path: logits (B, T, V) and n_layer attention-probability tensors
         (B, n_head, T, T) (`[batch, head, query, key]`, rows sum to 1). `scale` defaults to
         1/sqrt(head_dim); `causal=False` lifts the mask (the permutation demonstration only:
-        the model is trained causal)."""
-        spec = INSPECT if scale is None and causal else AttnSpec(
-            "explicit", scale=scale, return_probs=True, causal=causal)
+        the model is trained causal); `head_hook` as in AttnSpec."""
+        spec = INSPECT if scale is None and causal and head_hook is None else AttnSpec(
+            "explicit", scale=scale, return_probs=True, causal=causal, head_hook=head_hook)
         return self._run(idx, None, spec)
 
     def _run(self, idx: Tensor, kv_cache: KVCache | None, spec: AttnSpec
@@ -279,12 +266,10 @@ class GPT(nn.Module):
         start = 0
         if kv_cache is not None:
             start = kv_cache.length
-            if T > kv_cache.remaining:
-                raise MinigptError(
-                    f"KV cache full: {kv_cache.length} + {T} tokens > max_len {kv_cache.max_len}; "
-                    "crop the context, reset() the cache and prefill again")
-            if B != kv_cache.batch_size:
-                raise ValueError(f"batch {B} != KV cache batch_size {kv_cache.batch_size}")
+            if T > kv_cache.remaining or B != kv_cache.batch_size:  # callers crop and reset
+                raise ValueError(f"{B} x {T} new tokens do not fit the KV cache ({kv_cache.length}"
+                                 f" of {kv_cache.max_len} positions used, batch "
+                                 f"{kv_cache.batch_size}); crop, reset() and prefill again")
         x = self._embed(idx, start)  # (B, T, C)
         rope = self.rotary.tables(start, T) if self.rotary is not None else None
         all_probs = []
@@ -301,59 +286,6 @@ class GPT(nn.Module):
         """cap * tanh(logits / cap) with cap = cfg.logit_softcap (0 = logits unchanged)."""
         cap = self.cfg.logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
-
-    def _decode_one(self, idx: Tensor, cache: KVCache) -> Tensor:
-        """`_run` for the hot loop of generation: one new token of one sequence at inference
-        with the default attention. Same weights and the same functions (`_embed`,
-        `apply_rope`, `KVCache.append`, `attention`), minus the per-op overhead of the general
-        path (module calls, 3-D views, head transposes), which bounds small models on CPU:
-        about half the time per token at 4 x 128. Tested equal to `_run` at every step."""
-        H, D, C = self.cfg.n_head, self.cfg.head_dim, self.cfg.n_embd
-        pos = cache.length
-        if pos >= cache.max_len:
-            raise MinigptError(f"KV cache full ({cache.max_len} tokens): crop the context, "
-                               "reset() the cache and prefill again")
-        x = self._embed(idx, pos).view(1, C)  # (1, 1) -> (1, C)
-        rope = self.rotary.tables(pos, 1) if self.rotary is not None else None
-        plan = self._decode_plan()
-        for i, (ln_1, w_qkv, b_qkv, qk_norm, w_o, b_o, ln_2, mlp) in enumerate(plan):
-            qkv = F.linear(ln_1(x), w_qkv, b_qkv).view(3, 1, H, 1, D)  # q | k | v, head-major
-            if rope is None and qk_norm is None:
-                q, k, v = qkv.unbind(0)
-            else:  # q and k normalised and rotated together: (2, 1, H, 1, D)
-                qk, v = qkv.narrow(0, 0, 2), qkv[2]
-                if qk_norm is not None:
-                    qk = qk_norm(qk, (2, 1, 1, 1, D))  # gains broadcast along axis 0
-                if rope is not None:
-                    qk = apply_rope(qk, *rope)
-                q, k = qk.unbind(0)
-            k, v = cache.append(i, k, v)  # each (1, H, pos + 1, D)
-            y, _ = attention(q, k, v, past_length=pos, impl=self._spec.impl)  # (1, H, 1, D)
-            x = x + F.linear(y.view(1, C), w_o, b_o)
-            if mlp is not None:
-                w_fc, b_fc, w_out, b_out, act = mlp
-                h = act(F.linear(ln_2(x), w_fc, b_fc))  # (1, 4C)
-                x = x + F.linear(h, w_out, b_out)
-        cache.advance(1)
-        logits = F.linear(self.ln_f(x), self.lm_head.weight).float().view(1, 1, -1)  # (1, 1, V)
-        return self._softcap(logits)
-
-    def _decode_plan(self) -> list[tuple]:
-        """Per block: the norms as plain functions and the weights, looked up once (attribute
-        access through nn.Module costs as much as a small op). Parameters keep their identity
-        through .to() and load_state_dict(), so the plan stays valid."""
-        plan = self.__dict__.get("_plan")
-        if plan is None:
-            plan = []
-            for b in self.blocks:
-                a, m = b.attn, b.mlp
-                mlp = None if m is None else (m.c_fc.weight, m.c_fc.bias, m.c_proj.weight,
-                                              m.c_proj.bias, m.act)
-                plan.append((_norm_fn(b.ln_1), a.c_attn.weight, a.c_attn.bias, a.qk_norm,
-                             a.c_proj.weight, a.c_proj.bias,
-                             _norm_fn(b.ln_2) if m is not None else None, mlp))
-            self.__dict__["_plan"] = plan
-        return plan
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty cache on the model's device/dtype; max_len defaults to block_size."""

@@ -198,8 +198,8 @@ def test_the_training_loop_with_bf16_autocast_and_compile(tmp_path):
 
 @pytest.mark.parametrize("pos", ["rope", "learned", "sinusoidal", "none"])
 def test_kv_cache_decode_equals_full_recompute(pos):
-    """Prefill one token, then 100 one-token steps (GPT._decode_one) and, for a batch of 2,
-    chunks of 5 (the general path): at every step the cached logits equal a full forward of
+    """100 one-token steps and, for a batch of 2, chunks of 5, all through the one forward
+    pass with a KV cache: at every step the cached logits equal a full forward of
     the sequence within 1e-4 (float32)."""
     model = _tiny_gpt(pos_encoding=pos, block_size=128).eval()
     g = torch.Generator().manual_seed(3)

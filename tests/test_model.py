@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minigpt.attention import AttnSpec
-from minigpt.config import Config, MinigptError, ModelConfig
+from minigpt.config import Config, ModelConfig
 from minigpt.model import GPT, KVCache, flops_per_token
 
 ENCODINGS = ["rope", "learned", "sinusoidal", "none"]
@@ -143,7 +143,7 @@ def test_kv_cache_full_raises_and_reset_reprefill_matches_cropped_forward():
     assert cache.max_len == 16
     with torch.no_grad():
         model(seq[:, :16], kv_cache=cache)
-        with pytest.raises(MinigptError, match="KV cache full"):
+        with pytest.raises(ValueError, match="do not fit the KV cache"):
             model(seq[:, 16:17], kv_cache=cache)
         assert cache.length == 16  # nothing was written
         # The documented way on: crop, reset, prefill again (positions restart at 0).
@@ -162,17 +162,72 @@ def test_kv_cache_object_shapes_and_batch_check():
         model(tokens(2, 4), kv_cache=cache)
 
 
+# ---- the head hook: the one place to read or change a single head ------------------------------
+
+
+def zero_head(layer: int, head: int):
+    def hook(i, z):  # z: (B, H, T, D)
+        if i != layer:
+            return z
+        z = z.clone()
+        z[:, head] = 0.0
+        return z
+    return hook
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_head_hook_sees_every_layer_and_an_identity_hook_changes_nothing(impl):
+    model = build(attn_impl=impl, bias=True).eval()
+    idx = tokens(2, 11)
+    seen = []
+    hook = lambda i, z: seen.append((i, tuple(z.shape))) or z  # noqa: E731
+    with torch.no_grad():
+        plain, _ = model(idx)
+        hooked, _ = model(idx, attn=AttnSpec(impl, head_hook=hook))
+    assert seen == [(0, (2, 4, 11, 8)), (1, (2, 4, 11, 8))]  # [batch, head, query, d_head]
+    assert torch.equal(plain, hooked)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_zeroing_a_head_equals_zeroing_its_columns_of_w_o(impl):
+    """Head h's output reaches the residual stream only through columns h*D..(h+1)*D of the
+    layer's W_O, so zeroing it in the hook is the same model as zeroing those columns."""
+    model = build(attn_impl=impl, bias=True).eval()
+    idx = tokens(2, 13)
+    edited = build(attn_impl=impl, bias=True).eval()
+    with torch.no_grad():
+        edited.blocks[1].attn.c_proj.weight[:, 2 * 8:3 * 8] = 0.0  # layer 1, head 2, D = 8
+        want, _ = edited(idx)
+        got, _ = model(idx, attn=AttnSpec(impl, head_hook=zero_head(1, 2)))
+        unchanged, _ = model(idx)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert (got - unchanged).abs().max() > 1e-4  # the head mattered
+
+
+def test_head_hook_applies_through_the_kv_cache():
+    model = build().eval()
+    seq = tokens(1, 20)
+    spec = AttnSpec(head_hook=zero_head(0, 1))
+    with torch.no_grad():
+        full, _ = model(seq, attn=spec)
+        cache = model.new_kv_cache(1)
+        steps = [model(seq[:, :4], kv_cache=cache, attn=spec)[0][0]]
+        steps += [model(seq[:, t:t + 1], kv_cache=cache, attn=spec)[0][0] for t in range(4, 20)]
+    assert torch.allclose(torch.cat(steps), full[0], atol=1e-5)
+
+
 # ---- positions -----------------------------------------------------------------------------
 
 
 def test_learned_positions_beyond_block_size_is_a_clear_error():
+    """Callers crop (sample.py, inspect-heads), so this is a broken invariant: ValueError."""
     model = build(pos_encoding="learned", block_size=8)
-    with pytest.raises(MinigptError, match="block_size=8"):
+    with pytest.raises(ValueError, match="block_size=8"):
         model(tokens(1, 9))
     cache = model.new_kv_cache(1, max_len=20)
     with torch.no_grad():
         model(tokens(1, 8), kv_cache=cache)
-        with pytest.raises(MinigptError, match="learned"):
+        with pytest.raises(ValueError, match="learned"):
             model(tokens(1, 1), kv_cache=cache)
     model(tokens(1, 8))  # exactly block_size is fine
 
@@ -298,7 +353,7 @@ def test_from_config_is_seeded_and_does_not_mutate():
     assert cfg.model.vocab_size == 0
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     assert a.cfg.vocab_size == 30 and isinstance(a.cfg, ModelConfig)
-    with pytest.raises(MinigptError, match="vocab_size"):
+    with pytest.raises(ValueError, match="vocab_size"):
         GPT.from_config(cfg)
 
 
@@ -379,8 +434,8 @@ def test_options_sdpa_and_explicit_agree_on_logits_and_gradients(pos):
 
 @pytest.mark.parametrize("pos", ENCODINGS)
 def test_options_kv_cache_one_token_decode_equals_recompute(pos):
-    """The one-token decode path (`_decode_one`) applies QK-norm, ReLU^2 and the soft-cap like
-    the full forward, at every step (weights perturbed so the gains are not all 1)."""
+    """One token at a time through the KV cache, QK-norm, ReLU^2 and the soft-cap give the full
+    forward's logits at every step (weights perturbed so the gains are not all 1)."""
     model = build(pos_encoding=pos, block_size=64, **OPTIONS).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -401,10 +456,10 @@ def test_qk_norm_normalises_each_head_before_rope_with_its_own_gains():
     with torch.no_grad():
         norm.q_weight.fill_(2.0)
         norm.k_weight.fill_(3.0)
-    qk = torch.randn(2, 5, 2, 4, 8) * (0.5 + 10 * torch.rand(2, 5, 2, 4, 1))  # (B, T, 2, H, D)
-    rms = norm(qk).pow(2).mean(-1).sqrt()  # (B, T, 2, H)
-    assert torch.allclose(rms[:, :, 0], torch.full((2, 5, 4), 2.0), atol=1e-4)
-    assert torch.allclose(rms[:, :, 1], torch.full((2, 5, 4), 3.0), atol=1e-4)
+    qk = torch.randn(2, 2, 4, 5, 8) * (0.5 + 10 * torch.rand(2, 2, 4, 5, 1))  # (2, B, H, T, D)
+    rms = norm(qk).pow(2).mean(-1).sqrt()  # (2, B, H, T)
+    assert torch.allclose(rms[0], torch.full((2, 4, 5), 2.0), atol=1e-4)
+    assert torch.allclose(rms[1], torch.full((2, 4, 5), 3.0), atol=1e-4)
     # In the model: scaling W_Q and W_K changes nothing with QK-norm (the norm undoes it),
     # and changes the logits without it.
     idx = tokens(2, 12)
@@ -423,7 +478,7 @@ def test_qk_norm_normalises_each_head_before_rope_with_its_own_gains():
 def test_qk_norm_keeps_q_and_k_in_vs_dtype_under_bf16_autocast():
     from minigpt.attention import QKNorm
 
-    qk = torch.randn(2, 3, 2, 4, 8, dtype=torch.bfloat16)
+    qk = torch.randn(2, 2, 4, 3, 8, dtype=torch.bfloat16)  # (2, B, H, T, D)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert QKNorm(8, 1e-5)(qk).dtype == torch.bfloat16
         model = build(**OPTIONS)  # QK-norm, ReLU^2, soft-cap

@@ -9,7 +9,6 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minigpt.attention import AttnSpec
 from minigpt.config import MinigptError, ModelConfig
 from minigpt.errors import ArgumentError
 from minigpt.model import GPT
@@ -461,7 +460,7 @@ def test_sample_stop_ids_report_eot():
 
 
 # --------------------------------------------------------------------------------------------
-# The model's one-token decode path against its general path, on the same cache
+# One token at a time through the KV cache, for every architecture option
 
 
 @pytest.mark.parametrize("kw", [
@@ -470,37 +469,17 @@ def test_sample_stop_ids_report_eot():
     {"mlp": False, "tie_weights": False}, {"attn_impl": "explicit", "bias": True},
     {"pos_encoding": "learned", "bias": True, "activation": "gelu_tanh", "norm_eps": 1e-3},
 ])
-def test_one_token_decode_path_equals_the_general_path(kw):
+def test_one_token_decode_steps_equal_the_full_forward(kw):
+    """Prefill 5 tokens, then one token per forward until the cache is full: every step's
+    logits equal the full forward's at that position, and one more token is refused."""
     model = tiny_gpt(block_size=24, **kw)
-    gen = torch.Generator().manual_seed(9)
-    prompt = torch.randint(0, 64, (1, 5), generator=gen)
+    seq = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(9))
     with torch.inference_mode():
-        ref_cache, fast_cache = model.new_kv_cache(1), model.new_kv_cache(1)
-        model(prompt, kv_cache=ref_cache)
-        model(prompt, kv_cache=fast_cache)
-        for t in torch.randint(0, 64, (19,), generator=gen).tolist():  # fills the cache
-            tok = torch.tensor([[t]])
-            want = model._run(tok, ref_cache, model._spec)[0]  # the general path
-            got = model._decode_one(tok, fast_cache)  # the one-token decode path
-            assert got.shape == want.shape
-            assert torch.allclose(got, want, atol=1e-5, rtol=0)
-        assert fast_cache.length == ref_cache.length == 24
-        for a, b in zip(ref_cache.k + ref_cache.v, fast_cache.k + fast_cache.v):
-            assert torch.allclose(a, b, atol=1e-5, rtol=0)
-        with pytest.raises(MinigptError, match="full"):
-            model(tok, kv_cache=fast_cache)
-
-
-def test_forward_takes_the_decode_path_only_for_one_token_at_inference(monkeypatch):
-    model = tiny_gpt(block_size=24)
-    calls = []
-    real = model._decode_one
-    monkeypatch.setattr(model, "_decode_one", lambda idx, c: calls.append(1) or real(idx, c))
-    cache = model.new_kv_cache(1)
-    with torch.inference_mode():
-        model(torch.tensor([[1, 2]]), kv_cache=cache)  # prefill: the general path
-        assert calls == []
-        model(torch.tensor([[3]]), kv_cache=cache)
-        assert calls == [1]
-        model(torch.tensor([[3]]), kv_cache=cache, attn=AttnSpec("explicit", return_probs=True))
-        assert calls == [1]  # asked-for attention options: the general path
+        full, _ = model(seq)  # (1, 24, V)
+        cache = model.new_kv_cache(1)
+        steps = [model(seq[:, :5], kv_cache=cache)[0][0]]  # (5, V)
+        steps += [model(seq[:, t:t + 1], kv_cache=cache)[0][0] for t in range(5, 24)]
+        assert cache.length == 24
+        assert torch.allclose(torch.cat(steps), full[0], atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="do not fit the KV cache"):
+            model(seq[:, :1], kv_cache=cache)
