@@ -165,7 +165,7 @@ def expected() -> dict[Path, str]:
 def main(argv: list[str]) -> int:
     check = argv == ["--check"]
     if argv and not check:
-        print(__doc__.strip().splitlines()[0], "\nusage: python tools/docs_gen.py [--check]")
+        print("usage: python tools/docs_gen.py [--check]", file=sys.stderr)
         return 2
     stale = []
     for path, text in expected().items():
