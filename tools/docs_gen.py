@@ -61,8 +61,9 @@ command line and the field `ModelConfig.n_layer` in `minigpt/config.py`.
   (`data.induction_max_period` <= `model.block_size // 2`, and `induction_min_period` <= the
   longest period), `data.induction_distinct` needs enough ids (`data.induction_vocab` >=
   (`block_size` + 4) // 2), and `data.source: induction` needs `tokenizer.vocab_size: 256` (or
-  a named encoding) with `data.induction_vocab` <= that; head scores while training
-  (`train.head_scores_interval` not `off`) need `model.block_size` >= 4.
+  a named encoding) with `data.induction_vocab` <= that and <= `model.vocab_size` (when set);
+  head scores while training (`train.head_scores_interval` not `off`) need
+  `model.block_size` >= 4.
 - Which settings may change when a run is resumed: [run-directory.md](run-directory.md#resume).
   How the corpus is split and what `data.val_fraction` cuts: [data.md](data.md).
 
@@ -108,7 +109,7 @@ def config_reference() -> str:
     """The whole of docs/config.md, from the field declarations."""
     meta = {f"{section}.{fl.name}": dict(fl.metadata)
             for section, cls in SECTIONS.items() for fl in dataclasses.fields(cls)}
-    out = [CONFIG_INTRO]
+    out = [CONFIG_INTRO.rstrip("\n")]
     section = None
     for path, tname, default, help_text in describe_fields():
         if path.split(".")[0] != section:
