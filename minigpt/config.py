@@ -31,8 +31,8 @@ __all__ = ["Config", "ConfigError", "DataConfig", "MinigptError", "ModelConfig",
 
 
 # --------------------------------------------------------------------------------------------
-# The sections. Keep each field's help to one line: the README's config reference is built
-# from it (`minigpt config-reference`-style tables come from `describe_fields`).
+# The sections. Keep each field's help to one line: docs/config.md is generated from these
+# declarations (`python tools/docs_gen.py`, through `describe_fields`).
 
 
 @dataclass
@@ -364,5 +364,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def describe_fields() -> list[tuple[str, str, Any, str]]:
-    """(path, type, default, help) for every setting: the source of the README's reference."""
+    """(path, type, default, help) for every setting: the source of docs/config.md."""
     return describe(SECTIONS)

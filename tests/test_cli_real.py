@@ -4,10 +4,14 @@ with the token cache in a temporary directory.
 
 - Usage errors, for every command: the parser's message (with a did-you-mean for commands and
   flags) on stderr, exit code 2, no traceback (issue #15 finding 1).
-- Every `minigpt ...` command in the README's code blocks, extracted from the README:
-  training commands get tiny `--set` overrides. Quick tier: the commands that read a run, in a
-  directory whose runs/ holds a 3-step run trained by the real command; slow tier: all of
-  them in README order from an empty directory (training included), and `bench --quick`.
+- Every `minigpt ...` command in the code blocks of the README, docs/cli.md, docs/heads.md
+  and docs/hf.md (tests/doc_commands.py reads them; tests/test_docs.py parses the commands of
+  every other doc): training commands get tiny `--set` overrides. Quick tier: the commands
+  that read a run, in a directory whose runs/ holds a 3-step run trained by the real command;
+  slow tier: all of them in document order from an empty directory (training included), and
+  `bench --quick`.
+- The run directory that run holds is the one docs/run-directory.md draws, and its
+  metrics.jsonl records have the fields the page lists.
   Skipped, and why: usage synopses (they hold `[options]` brackets or `<placeholders>`: not
   runnable as written), `torchrun` lines (several processes; tests/test_train.py covers DDP),
   anything that is not `minigpt` (`pip install`, `pytest`), and `--device cuda` commands on
@@ -28,12 +32,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from doc_commands import RUN_DOCS, code_lines, minigpt_parts
 
 from minigpt.paths import PROJECT_ROOT
 
 MINIGPT = shutil.which("minigpt")
 CUDA = torch.cuda.is_available()
-README = (PROJECT_ROOT / "README.md").read_text()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # A 2-layer, 4-head, 32-wide byte model: every README command can read it (inspect-heads
@@ -49,48 +53,17 @@ def tiny(**over) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# The README's commands.
+# The documentation's commands.
 
 
-def code_lines(text: str) -> list[str]:
-    """Lines of the fenced blocks and of the indented code blocks (4 spaces, after a blank
-    line: a list item's continuation lines are not code)."""
-    lines = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE):
-        lines += block.splitlines()
-    prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
-    in_block, previous_blank = False, True
-    for line in prose.splitlines():
-        if line.startswith("    ") and (in_block or previous_blank):
-            in_block = True
-            lines.append(line)
-        elif line.strip():
-            in_block = False
-        previous_blank = not line.strip()
-    return lines
-
-
-def readme_commands() -> tuple[list[list[str]], list[tuple[str, str]]]:
-    """(runnable minigpt commands as argv lists without "minigpt", in README order, each
+def doc_commands() -> tuple[list[list[str]], list[tuple[str, str]]]:
+    """(runnable minigpt commands as argv lists without "minigpt", in document order, each
     once; [(line, why skipped)])."""
     commands, skipped = [], []
-    for line in code_lines(README):
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            continue  # not shell (a tree drawing)
-        if not words:
-            continue
-        parts, part = [], []
-        for w in words + ["&&"]:
-            if w == "&&":
-                parts.append(part)
-                part = []
-            else:
-                part.append(w)
-        for p in parts:
-            if not p or p[0] != "minigpt":
-                if p and p[0] in ("torchrun", "pip", "pytest"):
+    for line in (x for doc in RUN_DOCS for x in code_lines(doc.read_text(encoding="utf-8"))):
+        for p in minigpt_parts(line):
+            if p[0] != "minigpt":
+                if p[0] in ("torchrun", "pip", "pytest"):
                     skipped.append((line.strip(), f"{p[0]}: not a minigpt command"))
                 continue
             if any(("[" in w or "<" in w) for w in p[1:]):
@@ -102,11 +75,11 @@ def readme_commands() -> tuple[list[list[str]], list[tuple[str, str]]]:
     return commands, skipped
 
 
-COMMANDS, SKIPPED = readme_commands()
+COMMANDS, SKIPPED = doc_commands()
 
 
 def for_test(argv: list[str], resume_steps: int = 5) -> list[str]:
-    """A README command as the tests run it: training gets the tiny overrides (on --resume
+    """A documented command as the tests run it: training gets the tiny overrides (on --resume
     the same ones, with more steps: the stored values are accepted, finding 4)."""
     if argv[0] != "train":
         return argv
@@ -114,9 +87,10 @@ def for_test(argv: list[str], resume_steps: int = 5) -> list[str]:
                      else tiny())]
 
 
-def test_the_readme_commands_were_found():
+def test_the_documented_commands_were_found():
     """The extraction sees every kind of command and skips only what it says it skips."""
     kinds = {c[0] for c in COMMANDS}
+    assert COMMANDS[:2] == [["train"], ["sample", "-p", "ROMEO:", "-n", "200"]]  # README first
     assert kinds == {"train", "sample", "inspect-heads", "bench", "runs", "curves", "export"}
     assert ["sample", "--num-samples", "3", "--stop", "\\n\\n", "--json"] in COMMANDS
     assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
@@ -157,10 +131,11 @@ def minigpt(program: str, args: list[str], cwd: Path, env: dict, timeout: float 
 @pytest.fixture(scope="session")
 def place(program, env, tmp_path_factory) -> Path:
     """A working directory outside the checkout whose runs/ holds `default` (3 steps, trained
-    by the real command) and `bytes` (a copy), as the README's commands expect."""
+    by the real command), `bytes` and `induction` (copies), as the documented commands expect."""
     cwd = tmp_path_factory.mktemp("real-cwd")
     minigpt(program, ["train", "--out", "runs/default", *tiny()], cwd, env)
-    shutil.copytree(cwd / "runs" / "default", cwd / "runs" / "bytes", symlinks=True)
+    for name in ("bytes", "induction"):
+        shutil.copytree(cwd / "runs" / "default", cwd / "runs" / name, symlinks=True)
     return cwd
 
 
@@ -206,13 +181,13 @@ def test_every_command_rejects_an_unknown_flag(program, env, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# The README's commands that read runs (quick tier; training and bench are slow, below).
+# The documented commands that read runs (quick tier; training and bench are slow, below).
 
 QUICK = [c for c in COMMANDS if c[0] not in ("train", "bench")]
 
 
 def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> None:
-    """What each kind of README command must have produced, beyond exit code 0."""
+    """What each kind of documented command must have produced, beyond exit code 0."""
     if argv[0] == "sample":
         if "--json" in argv:
             docs = [json.loads(x) for x in r.stdout.splitlines()]
@@ -250,7 +225,7 @@ def downloads(argv: list[str]) -> bool:
 
 
 @pytest.mark.parametrize("argv", QUICK, ids=[" ".join(c) for c in QUICK])
-def test_readme_command_works_on_a_trained_run(program, env, place, argv):
+def test_documented_command_works_on_a_trained_run(program, env, place, argv):
     if downloads(argv):  # offline: the real download path fails in one line, nothing else
         r = minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"}, ok=False)
         lines = r.stderr.strip().splitlines()
@@ -262,6 +237,45 @@ def test_readme_command_works_on_a_trained_run(program, env, place, argv):
 
 def test_every_run_has_its_curves_png(place):
     assert (place / "runs" / "default" / "curves.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def documented_tree() -> set[str]:
+    """The paths docs/run-directory.md draws under runs/default/ (directories end in /)."""
+    text = (PROJECT_ROOT / "docs" / "run-directory.md").read_text()
+    block = re.search(r"^```\nruns/default/\n(.*?)^```", text, re.DOTALL | re.MULTILINE)[1]
+    paths, stack = set(), []
+    for line in block.splitlines():
+        depth = (len(line) - len(line.lstrip())) // 2 - 1
+        name = line.split()[0]
+        stack[depth:] = [name]
+        paths.add("".join(stack))
+    return paths
+
+
+def test_the_run_directory_is_the_documented_one(place):
+    """Every file and link a trained run holds is drawn in docs/run-directory.md, and every
+    one drawn is there (heads/ only once inspect-heads wrote it)."""
+    run = place / "runs" / "default"
+    actual = {p.relative_to(run).as_posix() + ("/" if p.is_dir() and not p.is_symlink() else "")
+              for p in run.rglob("*")}
+
+    def norm(paths: set[str]) -> set[str]:
+        return {re.sub(r"step-\d{6}", "step-N", p) for p in paths
+                if not p.startswith("heads/") or p == "heads/"}
+    assert norm(actual) - {"heads/"} == norm(documented_tree()) - {"heads/"}
+
+
+def test_metrics_records_have_the_documented_fields(place):
+    text = (PROJECT_ROOT / "docs" / "run-directory.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| (.+) \|$", text, re.MULTILINE)
+    documented = {kind: set(re.findall(r"`(\w+)`", fields)) for kind, fields in rows
+                  if kind != "kind"}  # the header row
+    records = [json.loads(x) for x in
+               (place / "runs" / "default" / "metrics.jsonl").read_text().splitlines()]
+    seen = {r["kind"]: set(r) - {"kind"} for r in records}
+    assert seen == documented
+    scores = next(r for r in records if r["kind"] == "heads")["scores"]
+    assert "`{" + ", ".join(scores) + "}`" in text
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,12 +326,13 @@ def test_non_finite_logits_are_one_error_line(program, env, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# Slow: the README from an empty directory, in order, training included.
+# Slow: the documentation from an empty directory, in order, training included.
 
 
 @pytest.mark.slow
-def test_the_readme_in_order_from_an_empty_directory(program, env, tmp_path):
-    """Every README command once, in README order, in a fresh directory: trainings (tiny),
+def test_the_docs_in_order_from_an_empty_directory(program, env, tmp_path):
+    """Every documented command once, in document order (README, cli.md, heads.md, hf.md), in
+    a fresh directory: trainings (tiny),
     the resume of runs/default with the same overrides (finding 4), a corpus under ~/texts/
     (HOME points into tmp; matplotlib keeps its own cache), bench --quick."""
     import matplotlib
