@@ -861,6 +861,7 @@ def build_hostile(root: Path, models: dict[str, Path]) -> dict[str, Path]:
     tokenizer("vocab-list", lambda t: t["model"].update(vocab=[["a", 1]]))
     tokenizer("eot-id-billion", eot_id(10**9))
     tokenizer("eot-id-negative", eot_id(-5))
+    tokenizer("vocab-id-negative", lambda t: t["model"]["vocab"].update({"!": -1}))
     tokenizer("regex-invalid", split_regex("(unclosed"))
     tokenizer("regex-empty", split_regex(""))
     tokenizer("regex-enormous", split_regex("a|" * 500_000 + "b"))
@@ -982,6 +983,8 @@ HOSTILE = [
                 ("tokenizer.json", "<|endoftext|>", "1000000000", "outside"), quick=True),
     HostileCase("eot-id-negative", hmodel("inspect-heads", "eot-id-negative"),
                 ("tokenizer.json", "-5", "outside")),
+    HostileCase("vocab-id-negative", hmodel("sample", "vocab-id-negative"),
+                ("tokenizer.json", "'!'", "id -1", "outside")),
     HostileCase("vocab-json-huge-id", hmodel("sample", "vocab-merges-huge-id"),
                 ("vocab.json", "outside")),
     # Split regexes: only the patterns minigpt knows run.

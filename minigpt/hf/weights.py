@@ -29,20 +29,18 @@ from torch import Tensor
 from minigpt.attention import rope_interleaved_to_halves
 from minigpt.config import ModelConfig
 from minigpt.errors import MinigptError
-from minigpt.hf.arch import GPT2
+from minigpt.hf.arch import GPT2, brief
 from minigpt.hf.hub import model_file, read_model_json
 from minigpt.run.safetensors_io import read_header
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 << 20  # a 100B-parameter model's index is a few hundred KiB
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.bin")
 FLOATS = ("F32", "F16", "BF16", "F64")
 # Buffers older checkpoints saved along with the weights (causal masks, RoPE frequencies).
 IGNORED = re.compile(r"(^|\.)(attn\.bias|attn\.masked_bias|attention\.bias|attention\.masked_bias"
                      r"|rotary_emb\.inv_freq)$")
-
-
-MAX_INDEX_BYTES = 64 << 20  # a 100B-parameter model's index is a few hundred KiB
 
 
 def weight_files(directory: Path) -> dict[str, tuple[Path, dict]]:
@@ -58,8 +56,8 @@ def weight_files(directory: Path) -> dict[str, tuple[Path, dict]]:
                                "weight_map of tensor name -> shard file)")
         shards = {}
         for shard in sorted(set(wmap.values())):
-            if Path(shard).name != shard or shard in ("", ".", ".."):
-                raise MinigptError(f"{index}: shard {shard!r} is not a file name in the "
+            if Path(shard).name != shard or shard in ("", ".", "..") or "\0" in shard:
+                raise MinigptError(f"{index}: shard {brief(shard)} is not a file name in the "
                                    "model directory")
             path = model_file(directory, shard)
             if path is None:
