@@ -588,3 +588,18 @@ def test_the_cache_without_a_home(monkeypatch, tmp_path):
     monkeypatch.setenv("MINIGPT_CACHE", str(tmp_path / "mine"))
     assert cache_root("") == tmp_path / "mine"
     assert cache_root(str(tmp_path / "cfg")) == tmp_path / "cfg"
+
+
+def test_a_tokenizer_with_too_many_special_tokens_is_refused_before_tiktoken_builds_it():
+    """tiktoken matches special tokens with one regex whose build grows with their count (a
+    million: over a minute): more than MAX_SPECIAL_TOKENS is one line."""
+    from minigpt.errors import MinigptError
+    from minigpt.hf.tokenizer import MAX_SPECIAL_TOKENS, bytes_to_text, ranks_from_hf
+
+    vocab = {bytes_to_text(bytes([b])): b for b in range(256)}
+    added = {f"<|t{i}|>": 256 + i for i in range(MAX_SPECIAL_TOKENS + 1)}
+    with pytest.raises(MinigptError, match="65,537 special tokens"):
+        ranks_from_hf(vocab, [], added, "tokenizer.json", vocab_size=10**6)
+    del added["<|t0|>"]
+    ranks, specials = ranks_from_hf(vocab, [], added, "tokenizer.json", vocab_size=10**6)
+    assert len(ranks) == 256 and len(specials) == MAX_SPECIAL_TOKENS

@@ -80,6 +80,11 @@ def bytes_to_text(token: bytes) -> str:
 # Import.
 
 
+# Real tokenizers add a few to a few thousand; tiktoken's build time grows with the count
+# (a million: over a minute).
+MAX_SPECIAL_TOKENS = 65_536
+
+
 def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: dict[str, int],
                   where: str, vocab_size: int) -> tuple[dict[bytes, int], dict[str, int]]:
     """(ranks, special tokens) from a byte-level BPE's vocabulary, merges and added tokens.
@@ -138,6 +143,10 @@ def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: d
     clash = set(specials.values()) & set(ranks.values())
     if clash:
         raise MinigptError(f"{where}: id {min(clash)} is both an added token and a BPE token")
+    if len(specials) > MAX_SPECIAL_TOKENS:
+        raise MinigptError(f"{where}: {len(specials):,} special tokens (added tokens and "
+                           "vocabulary entries no merge makes); minigpt takes at most "
+                           f"{MAX_SPECIAL_TOKENS:,} (tiktoken matches them with one regex)")
     shared = [i for i, n in Counter(specials.values()).items() if n > 1]
     if shared:
         raise MinigptError(f"{where}: two added tokens share id {min(shared)}")
