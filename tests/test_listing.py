@@ -145,7 +145,6 @@ def test_a_run_with_files_it_cannot_read_is_marked_and_the_others_listed(tmp_pat
     prefix = unprivileged_prefix()
     root = tmp_path / "runs"
     root.mkdir(parents=True)
-    tmp_path.chmod(0o755)
     good = save_tiny_run(root / "good")
     (good / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 3, "loss": 2.0,
                                                     "lr": 1e-3, "elapsed": 1.5}) + "\n")
@@ -197,7 +196,6 @@ def test_runs_on_a_directory_it_cannot_read_is_one_line(tmp_path):
     if prefix is None:
         pytest.skip("running as root without a way to drop CAP_DAC_OVERRIDE (setpriv): file "
                     "permissions do not apply here")
-    tmp_path.chmod(0o755)
     closed = tmp_path / "closed"
     closed.mkdir(mode=0)
     r = run_minigpt(["runs", str(closed)], tmp_path, tuple(prefix))
