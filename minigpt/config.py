@@ -90,7 +90,7 @@ class DataConfig:
     val_fraction: float = f(0.1, "last fraction of the corpus bytes held out for validation (cut at a line start; the BPE never sees it)", min_exclusive=0.0, max_exclusive=1.0)
     invalid_utf8: str = f("error", "on bytes that are not UTF-8: error, or replace with U+FFFD",
                           choices=("error", "replace"))
-    cache_dir: str = f("", "token cache directory; '' = $MINIGPT_CACHE or ~/.cache/minigpt")
+    cache_dir: str = f("", "token cache directory; '' = $MINIGPT_CACHE, $XDG_CACHE_HOME/minigpt or ~/.cache/minigpt")
     induction_vocab: int = f(64, "induction source: token ids drawn from [0, induction_vocab)", min=2)
     induction_min_period: int = f(
         0, "induction source: 0 = [r, r] with r of block_size//2 ids; else rows of back-to-back "
@@ -144,7 +144,7 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    name: str = f("", "run name; '' = the config file's name")
+    name: str = f("", "run name, one directory name under out_dir; '' = the config file's name")
     out_dir: str = f("runs", "parent directory of run directories")
     seed: int = f(1337, "seed for weights, batches and sampling", min=0, max=2**63 - 1)
     device: str = f("auto", "auto = cuda, then mps, then cpu", choices=("auto", "cpu", "cuda", "mps"))
@@ -163,8 +163,22 @@ SECTIONS: dict[str, type] = {"model": ModelConfig, "tokenizer": TokenizerConfig,
             "train": TrainConfig, "run": RunConfig}
 
 
+def check_run_name(name: str) -> None:
+    """run.name names one directory inside run.out_dir: not '.' or '..', no path separator,
+    no control character (NUL, newline, terminal escapes), at most 255 bytes. ConfigError."""
+    bad = next((c for c in name if c in "/\\" or ord(c) < 32 or ord(c) == 127), None)
+    if name in (".", "..") or bad is not None:
+        why = f"holds {bad!r}" if bad is not None else "is not a directory name"
+        raise ConfigError(f"run.name: {name!r} {why}; a run name is one directory name inside "
+                          "run.out_dir (to put a run elsewhere, use --out or run.out_dir)")
+    if len(name.encode("utf-8", "surrogateescape")) > 255:
+        raise ConfigError(f"run.name: {len(name.encode('utf-8', 'surrogateescape'))} bytes is "
+                          "longer than a directory name may be (255); shorten it")
+
+
 def _validate_cross(cfg: Config) -> None:
     """Constraints between fields (single-field ranges are in the metadata)."""
+    check_run_name(cfg.run.name)
     m, t = cfg.model, cfg.train
     if m.n_embd % m.n_head:
         divisors = [h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0 and h <= 64]
@@ -360,6 +374,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     cfg = from_dict(raw, str(p))
     if not cfg.run.name:
         cfg.run.name = p.stem
+        try:
+            check_run_name(cfg.run.name)
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e} (the name comes from the config file's name; set "
+                              "run.name)") from None
     return cfg
 
 

@@ -178,3 +178,107 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
         raise ConfigError(f"{source}: invalid YAML: {str(e).splitlines()[0]}") from None
     except RecursionError:
         raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Reading files that come from elsewhere: regular files only, a size cap, JSON nested too
+# deeply as an error.
+# A FIFO would block the reader forever, /dev/zero would fill memory, a directory raises
+# IsADirectoryError deep in a caller: `open_regular` refuses all of them before reading a byte.
+
+
+class NotRegularFile(OSError):
+    """The path exists but is not a regular file (a FIFO, a device, a socket, a directory)."""
+
+
+class FileTooLarge(OSError):
+    """A regular file larger than the reader's cap."""
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str | Path) -> IO[bytes]:
+    """Open an existing regular file for binary reading (symlinks followed). Anything else is
+    refused without being opened for reading (a FIFO is never waited on, a device never read):
+    NotRegularFile (an OSError whose strerror says what it is). Other OSErrors as `open` raises
+    them (FileNotFoundError, PermissionError, ...)."""
+    import stat
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(errno_mod.EINVAL, f"not a regular file ({_kind(st.st_mode)})",
+                             str(path))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)  # what was opened, if the path changed since the stat above
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno_mod.EINVAL, f"not a regular file ({_kind(st.st_mode)})",
+                                 str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | Path, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most `max_bytes` (`open_regular`'s rules; a larger
+    file is FileTooLarge, an OSError, before anything is read)."""
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_bytes:
+            raise FileTooLarge(errno_mod.EFBIG, f"larger than {_size(max_bytes)} "
+                               f"({_size(size)}): not the file expected here", str(path))
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew while being read
+        raise FileTooLarge(errno_mod.EFBIG, f"larger than {_size(max_bytes)}", str(path))
+    return data
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def read_problem(e: OSError) -> str:
+    """Why a read failed, in a few words for an error line: 'permission denied', 'no such
+    file', 'not a regular file (a FIFO)', 'larger than 16 MiB ...'."""
+    if isinstance(e, (NotRegularFile, FileTooLarge)):
+        return e.strerror
+    if e.errno in (errno_mod.EACCES, errno_mod.EPERM):
+        return "permission denied"
+    if e.errno == errno_mod.ENOENT:
+        return "no such file"
+    if e.errno == errno_mod.ELOOP:
+        return "a symlink loop"
+    return (e.strerror or str(e)).lower()
+
+
+def parse_json(data: bytes) -> Any:
+    """A UTF-8 JSON text. ValueError (one short sentence) for anything else: not UTF-8, not
+    JSON, a number too long to convert, or nested deeper than the interpreter's recursion limit
+    (about 1000 levels; real files nest 5): the parser raises RecursionError there, before the
+    stack is in danger, as `parse_yaml` relies on too. Linear in the size of the text."""
+    import json
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 (invalid byte at offset {e.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply (more than about 1000 levels)") from None
+    except ValueError as e:
+        raise ValueError(f"not valid JSON ({str(e).splitlines()[0][:120]})") from None

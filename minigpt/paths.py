@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from minigpt.errors import MinigptError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 _SHARE_DIR = Path(sys.prefix) / "share" / "minigpt-lab"
 PROJECT_ROOT = (PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "configs").is_dir()
@@ -40,10 +42,21 @@ def resolve_path(value: str | Path) -> Path:
 
 
 def cache_root(cache_dir: str) -> Path:
-    """`data.cache_dir`, else $MINIGPT_CACHE, else ~/.cache/minigpt."""
+    """`data.cache_dir`, else $MINIGPT_CACHE, else $XDG_CACHE_HOME/minigpt, else
+    ~/.cache/minigpt. A relative $XDG_CACHE_HOME is ignored (the XDG rule), and so is an empty
+    or relative $HOME: with neither usable, MinigptError asks for MINIGPT_CACHE rather than
+    guessing (an empty HOME would otherwise put the cache at /.cache/minigpt)."""
     if cache_dir:
         return Path(cache_dir).expanduser().absolute()
     env = os.environ.get("MINIGPT_CACHE")
     if env:
         return Path(env).expanduser().absolute()
-    return Path.home() / ".cache" / "minigpt"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "minigpt"
+    home = os.environ["HOME"] if "HOME" in os.environ else os.path.expanduser("~")
+    if not os.path.isabs(home):
+        raise MinigptError(f"no cache directory: HOME is {home!r}, not an absolute path, and "
+                           "neither MINIGPT_CACHE nor XDG_CACHE_HOME is set; set MINIGPT_CACHE "
+                           "(or data.cache_dir) to a directory for minigpt's cache")
+    return Path(home) / ".cache" / "minigpt"

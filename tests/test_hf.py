@@ -223,6 +223,9 @@ def test_inspect_heads_safetensors_equal_output_attentions(hf_dirs, name, tmp_pa
 # The tokenizer.
 
 
+TOKENIZER_ROWS = 1024  # the embedding rows a model would give: more than the BPE's 701 ids
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dirs(bpe, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tok")
@@ -236,7 +239,7 @@ def test_ids_equal_transformers_gpt2_tokenizer(tokenizer_dirs):
     file set. <|endoftext|> is kept out of the comparison: transformers reads it as the special
     token, minigpt as text (next test)."""
     ref = transformers.GPT2Tokenizer.from_pretrained(tokenizer_dirs["vocab"])
-    ours = {k: load_hf_tokenizer(d, k) for k, d in tokenizer_dirs.items()}
+    ours = {k: load_hf_tokenizer(d, k, TOKENIZER_ROWS) for k, d in tokenizer_dirs.items()}
     texts = [t.replace(EOT, "<|end of text|>") for t in MIXED]
     texts += corpus()[-20_000:].split("\n\n") + ["".join(MIXED[:5]) * 3, ""]
     for text in texts:
@@ -249,7 +252,7 @@ def test_ids_equal_transformers_gpt2_tokenizer(tokenizer_dirs):
 
 
 def test_endoftext_typed_is_text_unless_allowed(tokenizer_dirs):
-    tok = load_hf_tokenizer(tokenizer_dirs["json"], "t")
+    tok = load_hf_tokenizer(tokenizer_dirs["json"], "t", TOKENIZER_ROWS)
     assert tok.eot_id not in tok.encode(MIXED[-1])
     assert tok.encode(MIXED[-1], allow_special=True).count(tok.eot_id) == 1
 
@@ -275,7 +278,7 @@ def test_tokenizer_files_minigpt_cannot_run_exactly_are_refused(tokenizer_dirs, 
     edit(d)
     (tmp_path / "tokenizer.json").write_text(json.dumps(d), encoding="utf-8")
     with pytest.raises(MinigptError, match="tokenizer.json") as e:
-        load_hf_tokenizer(tmp_path, "t")
+        load_hf_tokenizer(tmp_path, "t", TOKENIZER_ROWS)
     assert needle in str(e.value)
 
 
@@ -368,6 +371,29 @@ def test_hub_without_the_extra_says_what_to_install(monkeypatch):
     r = CliRunner().invoke(app, ["inspect-heads", "--model", "hf:gpt2"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "pip install 'minigpt-lab[hf]'" in r.stderr
+
+
+def test_download_failures_are_one_line_and_bugs_keep_their_traceback(monkeypatch):
+    """Only what a download raises when it cannot be made (OSError and the hub's own errors)
+    becomes "download failed"; a TypeError inside the call is a bug, raised as it is."""
+    hub = pytest.importorskip("huggingface_hub")
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from minigpt.errors import ArgumentError
+
+    def raises(e):
+        def snapshot_download(*a, **k):
+            raise e
+        return snapshot_download
+
+    for error in (LocalEntryNotFoundError("offline and not cached"),
+                  OSError("No space left on device")):
+        monkeypatch.setattr(hub, "snapshot_download", raises(error))
+        with pytest.raises(ArgumentError, match="download failed"):
+            load_model("hf:someone/tiny")
+    monkeypatch.setattr(hub, "snapshot_download", raises(TypeError("a bug")))
+    with pytest.raises(TypeError, match="a bug"):
+        load_model("hf:someone/tiny")
 
 
 def minigpt_process(args: list[str], tmp_path: Path, **env: str):

@@ -129,3 +129,76 @@ def test_no_runs_is_one_line_saying_where_it_looked(tmp_path, what):
     assert str(target) in lines[0]
     if what == "empty":
         assert "no runs under" in lines[0] and "config.yaml" in lines[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Runs from elsewhere (issue 26): a metrics.jsonl or train.lock that is a FIFO, /dev/zero or a
+# directory, a run or a log that cannot be read. The listing lists every other run as usual
+# and marks the bad one `unreadable`, with a note naming the file; through the installed
+# command, time and memory capped (a hang or a runaway read fails the test, not the machine).
+
+
+def test_a_run_with_files_it_cannot_read_is_marked_and_the_others_listed(tmp_path):
+    from conftest import save_tiny_run
+    from test_hardening import run_minigpt, unprivileged_prefix
+
+    prefix = unprivileged_prefix()
+    root = tmp_path / "runs"
+    root.mkdir(parents=True)
+    good = save_tiny_run(root / "good")
+    (good / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 3, "loss": 2.0,
+                                                    "lr": 1e-3, "elapsed": 1.5}) + "\n")
+    bad = {}
+    for name in ("metrics-fifo", "metrics-dev-zero", "metrics-dir", "lock-fifo"):
+        bad[name] = root / name
+        shutil.copytree(good, bad[name], symlinks=True)
+    os.unlink(bad["metrics-fifo"] / "metrics.jsonl")
+    os.mkfifo(bad["metrics-fifo"] / "metrics.jsonl")
+    os.unlink(bad["metrics-dev-zero"] / "metrics.jsonl")
+    os.symlink("/dev/zero", bad["metrics-dev-zero"] / "metrics.jsonl")
+    os.unlink(bad["metrics-dir"] / "metrics.jsonl")
+    (bad["metrics-dir"] / "metrics.jsonl").mkdir()
+    os.mkfifo(bad["lock-fifo"] / "train.lock")
+    why = {"metrics-fifo": "metrics.jsonl: not a regular file (a FIFO)",
+           "metrics-dev-zero": "metrics.jsonl: not a regular file (a character device)",
+           "metrics-dir": "metrics.jsonl: not a regular file (a directory)",
+           "lock-fifo": "train.lock: not a regular file (a FIFO)"}
+    if prefix is not None:  # permissions apply to this process (see unprivileged_prefix)
+        for name in ("metrics-unreadable", "run-unreadable"):
+            bad[name] = root / name
+            shutil.copytree(good, bad[name], symlinks=True)
+        (bad["metrics-unreadable"] / "metrics.jsonl").chmod(0)
+        bad["run-unreadable"].chmod(0)
+        why |= {"metrics-unreadable": "metrics.jsonl: permission denied",
+                "run-unreadable": "run-unreadable: permission denied"}
+    before = tree(root)
+    r = run_minigpt(["runs", str(root), "--json"], tmp_path, tuple(prefix or ()))
+    assert r.returncode == 0, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)["runs"]}
+    assert set(rows) == {"good", *bad}
+    assert (rows["good"]["status"], rows["good"]["step"]) == ("killed", 7)
+    assert rows["good"]["problem"] is None and rows["good"]["wall_time_s"] == 1.5
+    notes = r.stderr.strip().splitlines()
+    for name, text in why.items():
+        assert rows[name]["status"] == "unreadable", rows[name]
+        assert rows[name]["problem"].endswith(text) and name in rows[name]["problem"]
+        assert f"note: {rows[name]['problem']}" in notes
+    assert len(notes) == len(why), r.stderr
+    table = run_minigpt(["runs", str(root)], tmp_path, tuple(prefix or ()))
+    assert table.returncode == 0 and "unreadable" in table.stdout, table.stderr
+    assert tree(root) == before  # the listing read what it could and changed nothing
+
+
+def test_runs_on_a_directory_it_cannot_read_is_one_line(tmp_path):
+    from test_hardening import run_minigpt, unprivileged_prefix
+
+    prefix = unprivileged_prefix()
+    if prefix is None:
+        pytest.skip("running as root without a way to drop CAP_DAC_OVERRIDE (setpriv): file "
+                    "permissions do not apply here")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0)
+    r = run_minigpt(["runs", str(closed)], tmp_path, tuple(prefix))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert str(closed) in r.stderr
+    assert "not readable" in r.stderr or "permission denied" in r.stderr

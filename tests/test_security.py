@@ -394,3 +394,212 @@ def test_nothing_is_written_outside_in_a_fresh_process(tmp_path):
     outside = sorted(p for p in new if not p.startswith(("work/run", "cache", *third_party)))
     assert outside == []
     assert not any(p.startswith(third_party) and "minigpt" in p for p in new)
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Files from elsewhere (issue 26; docs/security.md): what `--model` may read through a
+# symlink, the readers that never block or balloon, run names that stay inside run.out_dir,
+# and the cache when HOME is empty. The hostile-input table is in tests/test_hardening.py.
+
+
+def hf_cache_layout(model: Path, hub: Path, repo: str) -> Path:
+    """`model` as huggingface_hub lays a download out: every file a blob under
+    models--ORG--NAME/blobs/<sha256>, the snapshot's files relative links to them."""
+    import hashlib
+
+    folder = hub / ("models--" + repo.replace("/", "--"))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snap = folder / "snapshots" / commit
+    (folder / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in model.iterdir():
+        sha = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copy(f, folder / "blobs" / sha)
+        os.symlink(f"../../blobs/{sha}", snap / f.name)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    return snap
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    from minigpt.hf import export_hf
+    from minigpt.run import load_run
+
+    root = tmp_path_factory.mktemp("exported")
+    run = make_run(root / "run", pos_encoding="learned", bias=True)
+    return export_hf(load_run(run, "cpu"), root / "model").out
+
+
+def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(exported, tmp_path):
+    """The real cache layout (links out of the snapshot into the repo's blobs/) is accepted,
+    through the installed command, both as a directory and as hf:REPO offline; a link from a
+    snapshot into ANOTHER repo's cache folder is not."""
+    from test_hardening import one_error_line, run_minigpt
+
+    snap = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/tiny")
+    assert (snap / "config.json").is_symlink()
+    args = ["sample", "-p", "ab", "-n", "4", "-t", "0", "--json"]
+    local = run_minigpt([*args, "--model", str(exported)], tmp_path)
+    cached = run_minigpt([*args, "--model", str(snap)], tmp_path)
+    assert local.returncode == 0 and cached.returncode == 0, (local.stderr, cached.stderr)
+    assert json.loads(cached.stdout)["text"] == json.loads(local.stdout)["text"]
+    if __import__("importlib").util.find_spec("huggingface_hub") is not None:
+        hub = run_minigpt([*args, "--model", "hf:someone/tiny"], tmp_path,
+                          HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="1")
+        assert hub.returncode == 0, hub.stderr
+        assert json.loads(hub.stdout)["text"] == json.loads(local.stdout)["text"]
+    other = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/other")
+    (snap / "tokenizer.json").unlink()
+    os.symlink(os.path.relpath(other / "tokenizer.json", snap), snap / "tokenizer.json")
+    line = one_error_line(run_minigpt([*args, "--model", str(snap)], tmp_path))
+    assert "tokenizer.json" in line and "outside the model directory" in line
+    assert str(tmp_path / "hf-home" / "hub" / "models--someone--tiny") in line
+
+
+def test_links_inside_a_model_directory_are_followed_and_links_out_refused(exported, tmp_path):
+    from minigpt.errors import MinigptError
+    from minigpt.hf import load_model
+
+    model = tmp_path / "model"
+    shutil.copytree(exported, model)
+    (model / "weights").mkdir()
+    os.replace(model / "model.safetensors", model / "weights" / "real.safetensors")
+    os.symlink("weights/real.safetensors", model / "model.safetensors")  # inside: fine
+    via_link = tmp_path / "link-to-model"
+    os.symlink(model, via_link)  # the directory itself through a link: its target is the root
+    assert load_model(via_link).model.num_params() == load_model(exported).model.num_params()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password\n")
+    for target in (secret, Path("/etc/hostname"), model / ".." / "secret.txt"):
+        (model / "config.json").unlink()
+        os.symlink(target, model / "config.json")
+        with pytest.raises(MinigptError, match="outside the model directory"):
+            load_model(model)
+    (model / "config.json").unlink()
+    os.symlink("config.json", model / "config.json")  # a loop
+    with pytest.raises(MinigptError, match="config.json: cannot read it"):
+        load_model(model)
+
+
+def test_permission_denied_is_reported_with_the_path_in_process(exported, tmp_path,
+                                                                monkeypatch):
+    """What an unreadable directory or config.json says, where the process cannot be made to
+    lack the permission (root without setpriv): the OS error is simulated. The real thing runs
+    in tests/test_hardening.py (model-dir-unreadable, config-unreadable)."""
+    import errno
+
+    from minigpt.errors import MinigptError
+    from minigpt.hf import load_model
+
+    real_listdir, real_open = os.listdir, os.open
+
+    def listdir(path="."):
+        if Path(path) == exported:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    with pytest.raises(MinigptError, match=f"^model {exported}: .*permission denied"):
+        load_model(exported)
+    monkeypatch.setattr(os, "listdir", real_listdir)
+
+    def deny_config(path, flags, *a, **k):
+        if str(path).endswith("config.json"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", deny_config)
+    with pytest.raises(MinigptError, match=r"config\.json: cannot read it \(permission denied\)"):
+        load_model(exported)
+
+
+def test_readers_never_block_on_a_fifo_nor_read_a_device(tmp_path):
+    from minigpt.files import NotRegularFile, read_regular
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes: an ordinary open() would wait forever
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device"),
+                       (tmp_path, "a directory")):
+        with pytest.raises(NotRegularFile, match=kind):
+            read_regular(path, 1 << 20)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 2000)
+    with pytest.raises(OSError, match="larger than 1000 bytes"):
+        read_regular(big, 1000)
+    assert read_regular(big, 2000) == b"x" * 2000
+
+
+def test_json_nested_too_deeply_is_an_error_not_a_crash():
+    from minigpt.files import parse_json
+
+    assert parse_json(b'{"a": [1, {"b": "[[[[[[["}]}') == {"a": [1, {"b": "[[[[[[["}]}
+    assert parse_json(b"[" * 200 + b"]" * 200) is not None
+    for bad, why in ((b"[" * 1_000_000 + b"]" * 1_000_000, "nested too deeply"),
+                     (b'{"a": ' * 100_000 + b"1" + b"}" * 100_000, "nested too deeply"),
+                     (b'{"a": 1', "not valid JSON"), (b"\xff{}", "not UTF-8"),
+                     (b"1" * 5000, "not valid JSON")):
+        with pytest.raises(ValueError, match=why):
+            parse_json(bad)
+
+
+@pytest.mark.parametrize("name, ok", [
+    ("my-run", True), ("a=b", True), ("run 2 (long context)", True), ("résumé", True),
+    ("..", False), (".", False), ("../elsewhere", False), ("/tmp/x", False), ("a/b", False),
+    ("a\\b", False), ("red\x1b[31m", False), ("line\nbreak", False), ("x" * 256, False),
+])
+def test_run_name_is_one_directory_name(name, ok):
+    from minigpt.config import ConfigError, from_dict
+
+    if ok:
+        assert from_dict({"run": {"name": name}}).run.name == name
+    else:
+        with pytest.raises(ConfigError, match="run.name"):
+            from_dict({"run": {"name": name}})
+
+
+def test_a_config_file_name_that_is_no_run_name_says_to_set_one(tmp_path):
+    from minigpt.config import ConfigError, load_config
+
+    (tmp_path / "..yaml").write_text("train:\n  max_steps: 3\n")  # its stem is "."
+    with pytest.raises(ConfigError, match=r"\.\.yaml: run\.name: '\.' .*set run\.name"):
+        load_config(str(tmp_path / "..yaml"))
+    (tmp_path / "ok.yaml").write_text("run:\n  name: fine\n")
+    assert load_config(str(tmp_path / "ok.yaml")).run.name == "fine"
+
+
+def test_the_cache_without_a_home(monkeypatch, tmp_path):
+    from minigpt.errors import MinigptError
+    from minigpt.paths import cache_root
+
+    monkeypatch.delenv("MINIGPT_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_root("") == tmp_path / ".cache" / "minigpt"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    assert cache_root("") == tmp_path / ".cache" / "minigpt"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root("") == tmp_path / "xdg" / "minigpt"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    for home in ("", "relative"):
+        monkeypatch.setenv("HOME", home)
+        with pytest.raises(MinigptError, match="set MINIGPT_CACHE"):
+            cache_root("")
+    monkeypatch.setenv("MINIGPT_CACHE", str(tmp_path / "mine"))
+    assert cache_root("") == tmp_path / "mine"
+    assert cache_root(str(tmp_path / "cfg")) == tmp_path / "cfg"
+
+
+def test_a_tokenizer_with_too_many_special_tokens_is_refused_before_tiktoken_builds_it():
+    """tiktoken matches special tokens with one regex whose build grows with their count (a
+    million: over a minute): more than MAX_SPECIAL_TOKENS is one line."""
+    from minigpt.errors import MinigptError
+    from minigpt.hf.tokenizer import MAX_SPECIAL_TOKENS, bytes_to_text, ranks_from_hf
+
+    vocab = {bytes_to_text(bytes([b])): b for b in range(256)}
+    added = {f"<|t{i}|>": 256 + i for i in range(MAX_SPECIAL_TOKENS + 1)}
+    with pytest.raises(MinigptError, match="65,537 special tokens"):
+        ranks_from_hf(vocab, [], added, "tokenizer.json", vocab_size=10**6)
+    del added["<|t0|>"]
+    ranks, specials = ranks_from_hf(vocab, [], added, "tokenizer.json", vocab_size=10**6)
+    assert len(ranks) == 256 and len(specials) == MAX_SPECIAL_TOKENS

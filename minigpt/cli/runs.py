@@ -25,6 +25,8 @@ def runs_command(
 
     rows = list_runs(directory)
     for r in rows:
+        if r.problem:
+            say(f"note: {r.problem}")
         if r.skipped_lines:
             say(f"note: {r.path / 'metrics.jsonl'}: skipped {r.skipped_lines} damaged "
                 f"line{'s' if r.skipped_lines != 1 else ''}")

@@ -22,6 +22,32 @@ GPT2, NEOX = "gpt2", "gpt_neox"
 ARCHITECTURES = {GPT2: "GPT2LMHeadModel", NEOX: "GPTNeoXForCausalLM"}
 # config.json activation names -> model.activation
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+# GPT-NeoX's context length is the one size no tensor holds: its RoPE tables (positions x
+# head_dim) are capped instead. Pythia: 2048 x 128 = 2^18; a 128k-token context at 128: 2^24.
+MAX_ROPE_TABLE = 1 << 25
+
+
+def brief(value: object) -> str:
+    """repr of a value from a file for an error line, cut short (a crafted file may hold a
+    megabyte where one word belongs)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def brief_json(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _finite(v: object) -> float | None:
+    """A JSON number as a finite float, else None (true/false, strings, 1e999, 10**400)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 class _Fields:
@@ -36,31 +62,30 @@ class _Fields:
     def count(self, key: str, default: int | None = None) -> int:
         v = self.raw.get(key, default)
         if type(v) is not int or v < 1:
-            raise self.refuse(key, f"must be a positive integer, got {v!r}")
+            raise self.refuse(key, f"must be a positive integer, got {brief(v)}")
         return v
 
     def number(self, key: str, default: float) -> float:
-        v = self.raw.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or v <= 0:
-            raise self.refuse(key, f"must be a positive number, got {v!r}")
-        return float(v)
+        v = _finite(self.raw.get(key, default))
+        if v is None or v <= 0:
+            raise self.refuse(key, f"must be a positive number, got {brief(self.raw.get(key))}")
+        return v
 
     def flag(self, key: str, default: bool) -> bool:
         v = self.raw.get(key, default)
         if not isinstance(v, bool):
-            raise self.refuse(key, f"must be true or false, got {v!r}")
+            raise self.refuse(key, f"must be true or false, got {brief(v)}")
         return v
 
     def unsupported_if(self, key: str, bad: bool, value: object, why: str) -> None:
         if bad:
-            raise self.refuse(key, f"is {json.dumps(value)}: {why}; minigpt does not "
+            raise self.refuse(key, f"is {brief_json(value)}: {why}; minigpt does not "
                               "implement it")
 
     def activation(self, key: str, default: str) -> str:
         v = self.raw.get(key, default)
-        if v not in ACTIVATIONS:
-            raise self.refuse(key, f"{v!r} is not supported; minigpt implements "
+        if not isinstance(v, str) or v not in ACTIVATIONS:
+            raise self.refuse(key, f"{brief(v)} is not supported; minigpt implements "
                               f"{', '.join(ACTIVATIONS)}")
         return ACTIVATIONS[v]
 
@@ -70,13 +95,13 @@ def kind_of(raw: object, where: str) -> str:
     if not isinstance(raw, dict):
         raise MinigptError(f"{where}: not a JSON object")
     kind = raw.get("model_type")
-    if kind not in ARCHITECTURES:
+    if not isinstance(kind, str) or kind not in ARCHITECTURES:
         raise MinigptError(
-            f"{where}: model_type {kind!r} is not supported; minigpt imports "
+            f"{where}: model_type {brief(kind)} is not supported; minigpt imports "
             + ", ".join(f"{k} ({a})" for k, a in ARCHITECTURES.items()))
     archs = raw.get("architectures")
     if archs is not None and archs != [ARCHITECTURES[kind]]:
-        raise MinigptError(f"{where}: architectures {archs!r}: minigpt imports "
+        raise MinigptError(f"{where}: architectures {brief(archs)}: minigpt imports "
                            f"{ARCHITECTURES[kind]} (a language-model head) for {kind}")
     return kind
 
@@ -120,7 +145,7 @@ def _neox(c: _Fields) -> dict:
                      "attention and MLP side by side (Pythia)")
     rope = c.raw.get("rope_parameters") or c.raw.get("rope_scaling") or {}
     if not isinstance(rope, dict):
-        raise c.refuse("rope_parameters", f"must be an object, got {rope!r}")
+        raise c.refuse("rope_parameters", f"must be an object, got {brief(rope)}")
     kind = rope.get("rope_type", rope.get("type", "default"))
     c.unsupported_if("rope_parameters.rope_type", kind != "default", kind,
                      "a scaled RoPE")
@@ -128,13 +153,19 @@ def _neox(c: _Fields) -> dict:
     c.unsupported_if("partial_rotary_factor", pct != 1, pct,
                      "rotary on part of each head (Pythia)")
     base = rope.get("rope_theta", c.raw.get("rotary_emb_base", 10000))
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
-        raise c.refuse("rope_theta", f"must be a number > 1, got {base!r}")
+    if _finite(base) is None or not base > 1:
+        raise c.refuse("rope_theta", f"must be a number > 1, got {brief(base)}")
     inner = c.count("intermediate_size", 4 * hidden)
     c.unsupported_if("intermediate_size", inner != 4 * hidden, inner,
                      f"an MLP width other than 4 * hidden_size = {4 * hidden}")
-    return {"n_layer": c.count("num_hidden_layers"), "n_head": c.count("num_attention_heads"),
-            "n_embd": hidden, "block_size": c.count("max_position_embeddings", 2048),
+    heads, positions = c.count("num_attention_heads"), c.count("max_position_embeddings", 2048)
+    if positions * max(1, hidden // heads) > MAX_ROPE_TABLE:
+        raise c.refuse("max_position_embeddings", f"{positions} x head_dim "
+                       f"{hidden // heads} is more than the {MAX_ROPE_TABLE:,} entries of "
+                       "RoPE table minigpt builds (no weight holds this size, so it is bounded "
+                       "here); lower it in config.json")
+    return {"n_layer": c.count("num_hidden_layers"), "n_head": heads,
+            "n_embd": hidden, "block_size": positions,
             "vocab_size": c.count("vocab_size"), "pos_encoding": "rope",
             "rope_base": float(base), "norm_eps": c.number("layer_norm_eps", 1e-5),
             "activation": c.activation("hidden_act", "gelu"), "bias": True,

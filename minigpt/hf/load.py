@@ -3,7 +3,6 @@ code paths as a trained run."""
 
 from __future__ import annotations
 
-import json
 from itertools import chain
 from pathlib import Path
 
@@ -16,24 +15,23 @@ from minigpt.config import ModelConfig
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
 from minigpt.hf.arch import import_config, kind_of
-from minigpt.hf.hub import model_directory
+from minigpt.hf.hub import model_directory, model_file, read_model_json
 from minigpt.hf.tokenizer import load_hf_tokenizer
-from minigpt.hf.weights import read_weights, to_minigpt
+from minigpt.hf.weights import check_weights, map_weights, to_minigpt
 from minigpt.model import GPT
 from minigpt.run.load import LoadedRun
 
 CONFIG = "config.json"
+MAX_CONFIG_BYTES = 16 << 20  # GPT-2's is under 1 KiB; id2label tables make some larger
 
 
 def read_config(directory: Path) -> dict:
-    path = directory / CONFIG
-    if not path.is_file():
+    """config.json of a model directory, parsed: a JSON object of a supported model_type."""
+    path = model_file(directory, CONFIG)
+    if path is None:
         raise MinigptError(f"{directory}: no {CONFIG}; not a Hugging Face model directory "
                            f"(it needs {CONFIG}, safetensors weights and tokenizer files)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        raise MinigptError(f"{path}: not valid JSON") from None
+    raw = read_model_json(path, MAX_CONFIG_BYTES)
     kind_of(raw, str(path))  # a JSON object of a supported model_type
     return raw
 
@@ -48,20 +46,21 @@ def load_model(spec: str | Path, device: str | torch.device = "cpu") -> LoadedRu
     GPT2LMHeadModel and GPTNeoXForCausalLM in minigpt's shape (see `minigpt.hf.arch`); weights
     from safetensors only, memory-mapped: on CPU the model's float32 weights ARE the file's
     pages (one copy in memory, GPT-NeoX's fused QKV excepted). Every failure is a one-line
-    MinigptError naming the file, field or tensor."""
+    MinigptError naming the file, field or tensor.
+
+    Order: config.json, then every size it gives checked against the weights' headers, then
+    the tokenizer's ids against that vocabulary, and only then is anything built or a tensor
+    read: a crafted file cannot make it allocate what the weights do not hold."""
     directory = model_directory(spec)
     dev = device if isinstance(device, torch.device) else resolve_device(str(device))
     raw = read_config(directory)
     kind = kind_of(raw, str(directory / CONFIG))
     name = str(spec).removeprefix("hf:") if str(spec).startswith("hf:") else directory.name
     cfg = import_config(raw, str(directory / CONFIG), name)
-    tokenizer = load_hf_tokenizer(directory, name)
-    if tokenizer.n_vocab > cfg.model.vocab_size:
-        raise MinigptError(f"{directory}: the tokenizer has {tokenizer.n_vocab} tokens but "
-                           f"config.json's vocab_size is {cfg.model.vocab_size}")
     bias = raw.get("attention_bias", True)
-    tensors = read_weights(directory, kind, cfg.model, attention_bias=bias is not False)
-    model = assemble(cfg.model, to_minigpt(kind, cfg.model, tensors))
+    files = check_weights(directory, kind, cfg.model, attention_bias=bias is not False)
+    tokenizer = load_hf_tokenizer(directory, name, cfg.model.vocab_size)
+    model = assemble(cfg.model, to_minigpt(kind, cfg.model, map_weights(files)))
     model.to(dev).eval()
     return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=0, run_dir=None,
                      source=str(spec), eot_first=True)

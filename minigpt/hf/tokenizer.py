@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from pathlib import Path
 
 from minigpt.errors import MinigptError
+from minigpt.hf.arch import brief
+from minigpt.hf.hub import model_file, read_model_file, read_model_json
 from minigpt.tokenizer import EOT, PATTERNS, Tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -77,13 +80,29 @@ def bytes_to_text(token: bytes) -> str:
 # Import.
 
 
+# Real tokenizers add a few to a few thousand; tiktoken's build time grows with the count
+# (a million: over a minute).
+MAX_SPECIAL_TOKENS = 65_536
+
+
 def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: dict[str, int],
-                  where: str) -> tuple[dict[bytes, int], dict[str, int]]:
+                  where: str, vocab_size: int) -> tuple[dict[bytes, int], dict[str, int]]:
     """(ranks, special tokens) from a byte-level BPE's vocabulary, merges and added tokens.
-    MinigptError (naming `where`) when it is not a byte-level BPE whose ids follow its merges."""
+    MinigptError (naming `where`) when it is not a byte-level BPE whose ids follow its merges,
+    or when an id is outside the model's `vocab_size` embedding rows (checked first: nothing of
+    an id's size is built before)."""
     if not isinstance(vocab, dict) or not all(isinstance(k, str) and type(v) is int
                                               for k, v in vocab.items()):
         raise MinigptError(f"{where}: the vocabulary is not a mapping of token text to id")
+    for what, ids in (("token", vocab), ("added token", added)):
+        bad = next(((t, i) for t, i in ids.items() if not 0 <= i < vocab_size), None)
+        if bad is not None:
+            raise MinigptError(f"{where}: {what} {brief(bad[0])} has id {bad[1]}, outside the "
+                               f"model's vocabulary 0..{vocab_size - 1} (config.json's "
+                               "vocab_size, the embedding's rows)")
+    if "" in added or "" in vocab:
+        raise MinigptError(f"{where}: a token with empty text; every token has at least one "
+                           "character")
     raw_of = {token: text_to_bytes(token) for token in vocab}  # None: not byte-level text
     ranks: dict[bytes, int] = {}
     for token, i in vocab.items():
@@ -97,20 +116,20 @@ def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: d
                            "GPT-2's byte-level BPE")
     last = -1  # the id of the previous merge's token: merge priority = id order
     for n, pair in enumerate(merges):
-        if len(pair) != 2:
-            raise MinigptError(f"{where}: merge {n + 1} is not a pair of tokens: {pair!r}")
+        if len(pair) != 2 or not all(isinstance(t, str) for t in pair):
+            raise MinigptError(f"{where}: merge {n + 1} is not a pair of tokens: {brief(pair)}")
         a, b = pair
         result = a + b
         raw = raw_of.get(result)
         if raw is None or raw_of.get(a) not in ranks or raw_of.get(b) not in ranks:
-            raise MinigptError(f"{where}: merge {n + 1} ({a!r} + {b!r}) does not join two "
+            raise MinigptError(f"{where}: merge {n + 1} ({brief(a)} + {brief(b)}) does not join two "
                                "byte-level tokens of the vocabulary into a third")
         if raw in ranks:
             continue  # the same token reached by a second merge: its first merge ranks it
         i = vocab[result]
         if i <= last:
             raise MinigptError(
-                f"{where}: token {result!r} (id {i}) of merge {n + 1} comes before an earlier "
+                f"{where}: token {brief(result)} (id {i}) of merge {n + 1} comes before an earlier "
                 "merge's token: the ids do not follow the merge order, which tiktoken (minigpt's "
                 "BPE) needs (rank = id)")
         ranks[raw] = last = i
@@ -124,12 +143,35 @@ def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: d
     clash = set(specials.values()) & set(ranks.values())
     if clash:
         raise MinigptError(f"{where}: id {min(clash)} is both an added token and a BPE token")
+    if len(specials) > MAX_SPECIAL_TOKENS:
+        raise MinigptError(f"{where}: {len(specials):,} special tokens (added tokens and "
+                           "vocabulary entries no merge makes); minigpt takes at most "
+                           f"{MAX_SPECIAL_TOKENS:,} (tiktoken matches them with one regex)")
+    shared = [i for i, n in Counter(specials.values()).items() if n > 1]
+    if shared:
+        raise MinigptError(f"{where}: two added tokens share id {min(shared)}")
     return ranks, specials
+
+
+# The split patterns a tokenizer.json may name: minigpt's own (what `tokenizer_json` writes),
+# tiktoken's o200k_base and the cl100k pattern as Hugging Face tokenizers write it (without
+# possessive quantifiers). A regex from a file is otherwise refused: an invalid, empty, huge
+# or catastrophically backtracking one fails or hangs inside tiktoken's regex engine, where
+# no check before it can tell.
+KNOWN_PATTERNS = {
+    **PATTERNS,
+    "cl100k (Hugging Face)": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "o200k": (
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"""
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"""
+        r"""\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+}
 
 
 def _pattern(pre: object, where: str) -> str:
     """The split pattern of a tokenizer.json pre_tokenizer: GPT-2's own ByteLevel regex, or a
-    Split(regex) followed by a regex-free ByteLevel (what `tokenizer_json` writes)."""
+    Split(regex) followed by a regex-free ByteLevel (what `tokenizer_json` writes), whose
+    regex is one of KNOWN_PATTERNS."""
     def byte_level(p: dict, regex: bool) -> bool:
         if p.get("add_prefix_space"):
             raise MinigptError(f"{where}: pre_tokenizer.add_prefix_space is true; minigpt "
@@ -144,28 +186,27 @@ def _pattern(pre: object, where: str) -> str:
             and not steps[0].get("invert") and isinstance(steps[0].get("pattern"), dict)
             and isinstance(steps[0]["pattern"].get("Regex"), str)
             and byte_level(steps[1], False)):
-        return steps[0]["pattern"]["Regex"]
+        regex = steps[0]["pattern"]["Regex"]
+        if regex not in KNOWN_PATTERNS.values():
+            raise MinigptError(f"{where}: pre_tokenizer's Split regex {brief(regex)} is not one "
+                               f"minigpt knows ({', '.join(KNOWN_PATTERNS)}); minigpt runs no "
+                               "other regex from a file (one can hang or crash the regex engine)")
+        return regex
     kind = pre.get("type") if isinstance(pre, dict) else pre
-    raise MinigptError(f"{where}: pre_tokenizer {kind!r} is not GPT-2's byte-level one; "
+    raise MinigptError(f"{where}: pre_tokenizer {brief(kind)} is not GPT-2's byte-level one; "
                        "minigpt imports byte-level BPE tokenizers")
 
 
-def _read_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise MinigptError(f"{path}: cannot read it ({e.strerror})") from None
-    except (UnicodeDecodeError, ValueError):
-        raise MinigptError(f"{path}: not valid JSON") from None
+MAX_TOKENIZER_BYTES = 128 << 20  # GPT-2's tokenizer.json is 1.3 MiB, a 256k vocabulary's ~35
 
 
 def _from_tokenizer_json(path: Path) -> tuple[dict, list, dict, str]:
-    d = _read_json(path)
+    d = read_model_json(path, MAX_TOKENIZER_BYTES)
     model = d.get("model") if isinstance(d, dict) else None
     if not isinstance(model, dict) or model.get("type") != "BPE":
         kind = model.get("type") if isinstance(model, dict) else None
-        raise MinigptError(f"{path}: model type {kind!r} is not a BPE; minigpt imports GPT-2's "
-                           "byte-level BPE")
+        raise MinigptError(f"{path}: model type {brief(kind)} is not a BPE; minigpt imports "
+                           "GPT-2's byte-level BPE")
     for key in ("continuing_subword_prefix", "end_of_word_suffix", "byte_fallback", "dropout"):
         if model.get(key):
             raise MinigptError(f"{path}: model.{key} is set; minigpt's BPE does not implement it")
@@ -173,39 +214,41 @@ def _from_tokenizer_json(path: Path) -> tuple[dict, list, dict, str]:
         raise MinigptError(f"{path}: has a normalizer; GPT-2's byte-level BPE has none and "
                            "minigpt does not implement one")
     pattern = _pattern(d.get("pre_tokenizer"), str(path))
-    merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges") or []]
-    added = {t["content"]: t["id"] for t in d.get("added_tokens") or []
-             if isinstance(t, dict) and isinstance(t.get("content"), str)
-             and type(t.get("id")) is int}
-    return model.get("vocab"), merges, added, pattern
+    merges, added = model.get("merges") or [], d.get("added_tokens") or []
+    if not isinstance(merges, list):
+        raise MinigptError(f"{path}: model.merges is not a list of merges")
+    if not isinstance(added, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("content"), str) and type(t.get("id")) is int
+            for t in added):
+        raise MinigptError(f"{path}: added_tokens is not a list of {{\"id\": integer, "
+                           "\"content\": text}} objects")
+    merges = [m.split(" ") if isinstance(m, str) else m for m in merges]
+    return model.get("vocab"), merges, {t["content"]: t["id"] for t in added}, pattern
 
 
-def _from_vocab_merges(directory: Path) -> tuple[dict, list, dict, str]:
-    vocab = _read_json(directory / VOCAB_JSON)
+def _from_vocab_merges(vocab_json: Path, merges_txt: Path) -> tuple[dict, list, dict, str]:
+    vocab = read_model_json(vocab_json, MAX_TOKENIZER_BYTES)
     try:
-        lines = (directory / MERGES_TXT).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise MinigptError(f"{directory / MERGES_TXT}: cannot read it ({e.strerror})") from None
+        lines = read_model_file(merges_txt, MAX_TOKENIZER_BYTES).decode("utf-8").splitlines()
     except UnicodeDecodeError:
-        raise MinigptError(f"{directory / MERGES_TXT}: not UTF-8 text") from None
+        raise MinigptError(f"{merges_txt}: not UTF-8 text") from None
     merges = [line.split(" ") for line in lines if line and not line.startswith("#version")]
     return vocab, merges, {}, PATTERNS["gpt2"]
 
 
-def load_hf_tokenizer(directory: Path, name: str) -> Tokenizer:
+def load_hf_tokenizer(directory: Path, name: str, vocab_size: int) -> Tokenizer:
     """The tokenizer of a Hugging Face model directory: tokenizer.json, else vocab.json +
-    merges.txt (GPT-2's split pattern). One-line MinigptError when there is none or it is not
-    a byte-level BPE."""
-    if (directory / TOKENIZER_JSON).is_file():
-        where = directory / TOKENIZER_JSON
+    merges.txt (GPT-2's split pattern), its ids within the model's `vocab_size`. One-line
+    MinigptError when there is none or it is not a byte-level BPE minigpt can run exactly."""
+    if (where := model_file(directory, TOKENIZER_JSON)) is not None:
         vocab, merges, added, pattern = _from_tokenizer_json(where)
-    elif (directory / VOCAB_JSON).is_file() and (directory / MERGES_TXT).is_file():
-        where = directory / VOCAB_JSON
-        vocab, merges, added, pattern = _from_vocab_merges(directory)
+    elif ((where := model_file(directory, VOCAB_JSON)) is not None
+          and (merges_txt := model_file(directory, MERGES_TXT)) is not None):
+        vocab, merges, added, pattern = _from_vocab_merges(where, merges_txt)
     else:
         raise MinigptError(f"{directory}: no tokenizer ({TOKENIZER_JSON}, or {VOCAB_JSON} and "
                            f"{MERGES_TXT}); a model directory needs its tokenizer files")
-    ranks, specials = ranks_from_hf(vocab, merges, added, str(where))
+    ranks, specials = ranks_from_hf(vocab, merges, added, str(where), vocab_size)
     if EOT not in specials:
         raise MinigptError(f"{where}: has no {EOT} token; minigpt imports GPT-2-style "
                            "tokenizers, which end documents with it")

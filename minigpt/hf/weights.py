@@ -19,8 +19,8 @@ Layouts (C = width, H heads of D = C/H, V vocabulary):
 
 from __future__ import annotations
 
-import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,11 +29,13 @@ from torch import Tensor
 from minigpt.attention import rope_interleaved_to_halves
 from minigpt.config import ModelConfig
 from minigpt.errors import MinigptError
-from minigpt.hf.arch import GPT2
+from minigpt.hf.arch import GPT2, brief
+from minigpt.hf.hub import model_file, read_model_json
 from minigpt.run.safetensors_io import read_header
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 << 20  # a 100B-parameter model's index is a few hundred KiB
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.bin")
 FLOATS = ("F32", "F16", "BF16", "F64")
 # Buffers older checkpoints saved along with the weights (causal masks, RoPE frequencies).
@@ -43,33 +45,33 @@ IGNORED = re.compile(r"(^|\.)(attn\.bias|attn\.masked_bias|attention\.bias|atten
 
 def weight_files(directory: Path) -> dict[str, tuple[Path, dict]]:
     """{tensor name: (file, header entry)} of a model directory's safetensors, every header
-    checked (and, with an index, every shard present and holding what the index says)."""
-    index = directory / INDEX
-    if index.is_file():
-        try:
-            wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            if not isinstance(wmap, dict):
-                raise TypeError
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+    checked (and, with an index, every shard present and holding what the index says). Every
+    file goes through `hub.model_file`: inside the model directory, a regular file."""
+    index = model_file(directory, INDEX)
+    if index is not None:
+        wmap = read_model_json(index, MAX_INDEX_BYTES)
+        wmap = wmap.get("weight_map") if isinstance(wmap, dict) else None
+        if not isinstance(wmap, dict) or not all(isinstance(s, str) for s in wmap.values()):
             raise MinigptError(f"{index}: not a safetensors index (a JSON object with a "
-                               "weight_map of tensor name -> shard file)") from None
+                               "weight_map of tensor name -> shard file)")
         shards = {}
-        for shard in sorted(set(wmap.values()), key=str):
-            if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".."):
-                raise MinigptError(f"{index}: shard {shard!r} is not a file name in the "
+        for shard in sorted(set(wmap.values())):
+            if Path(shard).name != shard or shard in ("", ".", "..") or "\0" in shard:
+                raise MinigptError(f"{index}: shard {brief(shard)} is not a file name in the "
                                    "model directory")
-            if not (directory / shard).is_file():
+            path = model_file(directory, shard)
+            if path is None:
                 raise MinigptError(f"{index}: shard {shard} is missing from {directory}; "
                                    "download the model again")
-            shards[shard] = read_header(directory / shard, "weights")[0]
+            shards[shard] = _header(path)
         for name, shard in wmap.items():
             if name not in shards[shard]:
                 raise MinigptError(f"{index}: tensor '{name}' should be in {shard}, which does "
                                    "not hold it; the shards and the index do not match")
         return {name: (directory / shard, shards[shard][name]) for name, shard in wmap.items()}
-    path = directory / WEIGHTS
-    if path.is_file():
-        return {name: (path, info) for name, info in read_header(path, "weights")[0].items()}
+    path = model_file(directory, WEIGHTS)
+    if path is not None:
+        return {name: (path, info) for name, info in _header(path).items()}
     pickles = sorted({p.name for pat in PICKLE_PATTERNS for p in directory.glob(pat)})
     if pickles:
         raise MinigptError(f"{directory}: only pickled weights ({', '.join(pickles)}); minigpt "
@@ -78,6 +80,16 @@ def weight_files(directory: Path) -> dict[str, tuple[Path, dict]]:
     raise MinigptError(f"{directory}: no safetensors weights ({WEIGHTS} or {INDEX}); minigpt "
                        "loads only safetensors (a model with only pytorch_model.bin / *.pt "
                        "weights is refused: unpickling runs code)")
+
+
+def _header(path: Path) -> dict[str, dict]:
+    """A shard's checked header (`read_header`); one whose JSON nests thousands deep is
+    damaged, not a crash."""
+    try:
+        return read_header(path, "weights")[0]
+    except RecursionError:
+        raise MinigptError(f"{path} is not a valid safetensors file (its header is nested "
+                           "too deeply); the weights are damaged") from None
 
 
 def expected_shapes(kind: str, m: ModelConfig, attention_bias: bool,
@@ -115,14 +127,23 @@ def expected_shapes(kind: str, m: ModelConfig, attention_bias: bool,
     return out
 
 
-def read_weights(directory: Path, kind: str, m: ModelConfig,
-                 attention_bias: bool = True) -> dict[str, Tensor]:
-    """The tensors config.json implies, checked (names, shapes, float dtypes) and then
-    memory-mapped: {Hugging Face name: tensor} (float32; other float dtypes are converted)."""
-    from safetensors import safe_open
-
+def check_weights(directory: Path, kind: str, m: ModelConfig,
+                  attention_bias: bool = True) -> dict[str, tuple[Path, str]]:
+    """{Hugging Face name (without `transformer.`): (file, name stored in it)} of the tensors
+    config.json implies, every name, shape and dtype checked against the headers before any
+    tensor data is read. Every size in `m` is held by a tensor's shape (n_layer: the layers'
+    tensors; vocab_size, n_embd: the embedding; block_size: GPT-2's wpe; GPT-NeoX's is bounded
+    in `arch`), so a config.json claiming more than the weights hold fails here, before
+    anything of that size is built."""
     files = weight_files(directory)
     prefix = "transformer." if any(k.startswith("transformer.") for k in files) else ""
+    per_layer = (len(expected_shapes(kind, replace(m, n_layer=1), attention_bias, prefix))
+                 - len(expected_shapes(kind, replace(m, n_layer=0), attention_bias, prefix)))
+    if m.n_layer * per_layer > len(files):
+        what = "n_layer" if kind == GPT2 else "num_hidden_layers"
+        raise MinigptError(f"{directory}: config.json's {what} is {m.n_layer} but the weights "
+                           f"hold {len(files)} tensors, fewer than {m.n_layer} layers of "
+                           f"{per_layer}; the weights do not match config.json")
     expected = expected_shapes(kind, m, attention_bias, prefix)
     for name, shape in expected.items():
         if name not in files:
@@ -139,18 +160,31 @@ def read_weights(directory: Path, kind: str, m: ModelConfig,
     if extra:
         raise MinigptError(f"{files[extra[0]][0]}: unexpected tensor '{extra[0]}'; the weights "
                            "do not match config.json")
+    return {name.removeprefix(prefix): (files[name][0], name) for name in expected}
+
+
+def map_weights(checked: dict[str, tuple[Path, str]]) -> dict[str, Tensor]:
+    """The tensors `check_weights` checked, memory-mapped: {Hugging Face name: tensor}
+    (float32; other float dtypes are converted)."""
+    from safetensors import SafetensorError, safe_open
+
     out = {}
-    try:
-        for path in dict.fromkeys(files[name][0] for name in expected):
+    for path in dict.fromkeys(p for p, _ in checked.values()):
+        try:
             with safe_open(str(path), framework="pt") as fh:
-                for name in expected:
-                    if files[name][0] == path:
-                        t = fh.get_tensor(name)  # a view of the memory-mapped file
-                        out[name.removeprefix(prefix)] = t if t.dtype == torch.float32 \
-                            else t.float()
-    except Exception as e:  # noqa: BLE001 - the library raises its own SafetensorError
-        raise MinigptError(f"{directory}: cannot read the weights ({e})") from None
+                for name, (where, stored) in checked.items():
+                    if where == path:
+                        t = fh.get_tensor(stored)  # a view of the memory-mapped file
+                        out[name] = t if t.dtype == torch.float32 else t.float()
+        except (SafetensorError, OSError) as e:
+            raise MinigptError(f"{path}: cannot read the weights ({e})") from None
     return out
+
+
+def read_weights(directory: Path, kind: str, m: ModelConfig,
+                 attention_bias: bool = True) -> dict[str, Tensor]:
+    """`check_weights` then `map_weights`: {Hugging Face name: tensor}, checked and mapped."""
+    return map_weights(check_weights(directory, kind, m, attention_bias))
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 from minigpt.errors import ArgumentError, MinigptError, WriteError
 from minigpt.files import atomic_file, atomic_write_bytes
 from minigpt.run.layout import METRICS_FILE
-from minigpt.run.state import read_metrics
+from minigpt.run.listing import Unreadable, read_run_metrics
 
 CURVES_FILE = "curves.png"
 
@@ -56,9 +56,9 @@ def read_series(run_dir: Path, name: str | None = None) -> Series:
     """The curves of the run in `run_dir` (empty when it has no metrics yet)."""
     run_dir = Path(run_dir)
     try:
-        records, bad = read_metrics(run_dir / METRICS_FILE)
-    except OSError as e:
-        raise MinigptError(f"cannot read {run_dir / METRICS_FILE}: {e.strerror}") from None
+        records, bad = read_run_metrics(run_dir)  # a regular file only, size-capped
+    except Unreadable as e:
+        raise MinigptError(f"cannot read {e.path}: {e.why}") from None
     s = Series(name or run_dir.name, run_dir, skipped=bad)
     for r in records:
         if r.get("kind") == "train":

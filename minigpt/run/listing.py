@@ -16,17 +16,24 @@ Where each column comes from:
   its header only.
 - wall time: the last `elapsed` in metrics.jsonl (training seconds over all sessions).
 - last change: the newest modification time of the run's own files.
+
+Files that come from elsewhere: every file is read only if it is a regular file (a FIFO is
+never waited on, /dev/zero never read, a directory never opened as a file) and within a size
+cap. A run with a file minigpt cannot read (permission denied, not a regular file, too large;
+or a run directory it cannot look into) is still listed, with status `unreadable` and
+`problem` naming the file and why; the other runs are listed as usual.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError
-from minigpt.files import parse_yaml
+from minigpt.files import open_regular, parse_yaml, read_problem, read_regular
 from minigpt.run.checkpoint import latest_checkpoint_dir
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -42,6 +49,8 @@ from minigpt.run.state import read_metrics
 
 RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CKPT_DIR, LOCK_NAME)  # any one makes a run dir
 _SUMMARY_STATUS = re.compile(r"^\| status \| (\w+) at step (\d+)/\d+ \|$", re.MULTILINE)
+MAX_METRICS_BYTES = 1 << 30  # a million logged steps are ~150 MB
+MAX_TEXT_BYTES = 16 << 20    # config.yaml, summary.md: a few KiB
 
 
 @dataclass
@@ -56,74 +65,141 @@ class RunRow:
     wall_time: float | None   # training seconds, all sessions
     last_change: float        # seconds since the epoch
     skipped_lines: int        # damaged metrics.jsonl lines left out
+    problem: str | None = None  # "<path>: <why>" of a file that could not be read
 
     def to_json(self) -> dict:
         return {"name": self.name, "path": str(self.path), "status": self.status,
                 "step": self.step, "max_steps": self.max_steps,
                 "best_val_bpb": self.best_val_bpb, "params": self.params,
                 "wall_time_s": self.wall_time, "last_change": self.last_change,
-                "skipped_lines": self.skipped_lines}
+                "skipped_lines": self.skipped_lines, "problem": self.problem}
+
+
+class Unreadable(MinigptError):
+    """A file of a run that minigpt cannot read: `str(err)` is "<path>: <why>"."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path, self.why = path, why
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
+    """A directory holding any of RUN_MARKERS; also one minigpt may not look into (it is
+    listed as unreadable: whether it is a run cannot be told)."""
+    try:
+        return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
+    except OSError:
+        return True
 
 
 def list_runs(root: Path) -> list[RunRow]:
     """The runs in `root` (its subdirectories that hold any of RUN_MARKERS; `root` itself if
-    it is a run), sorted by name. MinigptError saying where it looked when there are none."""
+    it is a run), sorted by name. MinigptError saying where it looked when there are none, or
+    when `root` itself cannot be read."""
     root = Path(root)
-    if not root.is_dir():
-        raise MinigptError(f"{root} is not a directory; give the directory that holds the runs "
-                           "(default: runs/)")
-    dirs = [root] if is_run_dir(root) else sorted(p for p in root.iterdir() if is_run_dir(p))
+    try:
+        if not root.is_dir():
+            raise MinigptError(f"{root} is not a directory; give the directory that holds the "
+                               "runs (default: runs/)")
+        children = sorted(root.iterdir())
+    except OSError as e:
+        raise MinigptError(f"cannot read {root}: {read_problem(e)}") from None
+    dirs = [root] if is_run_dir(root) else [p for p in children if is_run_dir(p)]
     if not dirs:
         raise MinigptError(f"no runs under {root}/ (looked for directories holding "
                            f"{', '.join(RUN_MARKERS)}); train one with `minigpt train`")
     return [read_row(d) for d in dirs]
 
 
+def read_run_metrics(run_dir: Path) -> tuple[list[dict], int]:
+    """`state.read_metrics` of a run's metrics.jsonl, read only when it is a regular file of at
+    most MAX_METRICS_BYTES (missing: no records). Unreadable (a MinigptError) otherwise."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        with open_regular(path) as fh:
+            size = fh.seek(0, 2)
+    except FileNotFoundError:
+        return [], 0
+    except OSError as e:
+        raise Unreadable(path, read_problem(e)) from None
+    if size > MAX_METRICS_BYTES:
+        raise Unreadable(path, f"larger than {MAX_METRICS_BYTES >> 20} MiB; not a metrics log")
+    try:
+        return read_metrics(path)
+    except OSError as e:  # replaced between the check and the read
+        raise Unreadable(path, read_problem(e)) from None
+
+
 def read_row(run_dir: Path) -> RunRow:
-    """One run's row (never raises for a damaged run: the damage shows in its status)."""
-    records, bad = read_metrics(run_dir / METRICS_FILE)
+    """One run's row (never raises for a damaged or unreadable run: the damage shows in its
+    status, and `problem` names the first file that could not be read)."""
+    problems: list[str] = []
+    for d in (run_dir, run_dir / CKPT_DIR):  # directories it cannot look into
+        try:
+            os.listdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            problems.append(f"{d}: {read_problem(e)}")
+            break
+    try:
+        records, bad = read_run_metrics(run_dir)
+    except Unreadable as e:
+        records, bad = [], 0
+        problems.append(str(e))
     evals = [r for r in records if r.get("kind") == "eval"]
     bpbs = [r["val_bpb"] for r in evals if _finite(r.get("val_bpb"))]
     times = [r["elapsed"] for r in records if _finite(r.get("elapsed"))]
-    max_steps = _max_steps(run_dir)
+    max_steps = _max_steps(run_dir, problems)
     try:
         ckpt = latest_checkpoint_dir(run_dir)
         ckpt_step = int(ckpt.name.split("-")[1]) if ckpt is not None else None
-        status = _status(run_dir, ckpt_step, max_steps)
+        status = _status(run_dir, ckpt_step, max_steps, problems)
     except MinigptError:
         ckpt, ckpt_step, status = None, None, "damaged"
-    return RunRow(name=run_dir.name, path=run_dir, status=status,
+    except OSError as e:
+        ckpt, ckpt_step, status = None, None, "damaged"
+        problems.append(f"{run_dir / CKPT_DIR}: {read_problem(e)}")
+    params = _params(ckpt, problems)
+    return RunRow(name=run_dir.name, path=run_dir,
+                  status="unreadable" if problems else status,
                   step=max([r["step"] for r in records] + [ckpt_step or 0]),
                   max_steps=max_steps, best_val_bpb=min(bpbs) if bpbs else None,
-                  params=_params(ckpt), wall_time=times[-1] if times else None,
-                  last_change=_last_change(run_dir), skipped_lines=bad)
+                  params=params, wall_time=times[-1] if times else None,
+                  last_change=_last_change(run_dir), skipped_lines=bad,
+                  problem=problems[0] if problems else None)
 
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None) -> str:
-    if _lock_held(run_dir / LOCK_NAME):
+def _text(path: Path, problems: list[str]) -> str | None:
+    """A small text file of the run (None when missing or unreadable, noted in `problems`)."""
+    try:
+        return read_regular(path, MAX_TEXT_BYTES).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        problems.append(f"{path}: {read_problem(e)}")
+        return None
+
+
+def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None,
+            problems: list[str]) -> str:
+    if _lock_held(run_dir / LOCK_NAME, problems):
         return "training"
     if ckpt_step is None:
         return "no checkpoint"
     if max_steps is not None and ckpt_step >= max_steps:
         return "finished"
-    try:
-        found = _SUMMARY_STATUS.search((run_dir / SUMMARY_FILE).read_text(errors="replace"))
-    except OSError:
-        found = None
+    found = _SUMMARY_STATUS.search(_text(run_dir / SUMMARY_FILE, problems) or "")
     if found and int(found.group(2)) == ckpt_step:
         return found.group(1)
     return "killed"
 
 
-def _lock_held(path: Path) -> bool:
+def _lock_held(path: Path, problems: list[str]) -> bool:
     """Whether a trainer holds the run lock (see lock.py): a shared, non-blocking flock fails
     exactly while someone holds the exclusive one."""
     try:
@@ -131,32 +207,42 @@ def _lock_held(path: Path) -> bool:
     except ImportError:  # pragma: no cover - non-POSIX: no probe, report not held
         return False
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError:
                 return True
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    except OSError:  # no lock file: nobody ever trained here, or it was removed
+    except FileNotFoundError:  # no lock file: nobody ever trained here, or it was removed
         return False
+    except OSError as e:
+        problems.append(f"{path}: {read_problem(e)}")
     return False
 
 
-def _max_steps(run_dir: Path) -> int | None:
+def _max_steps(run_dir: Path, problems: list[str]) -> int | None:
+    text = _text(run_dir / CONFIG_FILE, problems)
     try:
-        raw = parse_yaml((run_dir / CONFIG_FILE).read_text(errors="replace"))
-        value = raw["train"]["max_steps"]
-    except (OSError, MinigptError, KeyError, TypeError):
+        value = parse_yaml(text)["train"]["max_steps"] if text is not None else None
+    except (MinigptError, KeyError, TypeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _params(ckpt: Path | None) -> int | None:
+def _params(ckpt: Path | None, problems: list[str]) -> int | None:
     if ckpt is None:
         return None
+    path = ckpt / MODEL_FILE
     try:
-        header, _ = read_header(ckpt / MODEL_FILE, "weights")
-    except (OSError, MinigptError):
+        with open_regular(path):  # read_header opens it: never a FIFO or a device
+            pass
+        header, _ = read_header(path, "weights")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        problems.append(f"{path}: {read_problem(e)}")
+        return None
+    except (MinigptError, RecursionError):  # damaged: the weights' own commands say how
         return None
     return sum(math.prod(info["shape"]) for info in header.values())
 
@@ -170,4 +256,4 @@ def _last_change(run_dir: Path) -> float:
             times.append(p.lstat().st_mtime)
         except OSError:
             continue
-    return max(times)
+    return max(times, default=0.0)
