@@ -88,8 +88,11 @@ def train_bpe(root: Path, pattern: str) -> Tokenizer:
     return build_tokenizer(cfg)
 
 
-def make_run(run_dir: Path, tok: Tokenizer, seed: int = 0, **model) -> Path:
-    cfg = from_dict({"model": {**SHAPE, **model, "vocab_size": tok.n_vocab},
+def make_run(run_dir: Path, tok: Tokenizer, seed: int = 0, vocab_size: int = 0,
+             **model) -> Path:
+    """A run directory of a perturbed random model (vocab_size: the tokenizer's unless
+    larger)."""
+    cfg = from_dict({"model": {**SHAPE, **model, "vocab_size": vocab_size or tok.n_vocab},
                      "tokenizer": {"vocab_size": tok.n_vocab - 1}})
     net = GPT.from_config(cfg, seed=seed)
     perturb(net, seed)
@@ -375,11 +378,15 @@ def test_the_files_tokens_and_merges_give_minigpts_ids(bpe, pattern, tmp_path):
 
 def test_a_bytes_tokenizer_exports_with_an_inert_merge(tmp_path):
     """A bytes tokenizer has no merges; llama.cpp needs the list and the gguf writer refuses
-    an empty one: one merge no text can ever use."""
+    an empty one: one merge no text can ever use. A model.vocab_size above the tokenizer's
+    gets one placeholder token per unused id."""
     tok = bytes_tokenizer()
-    run = make_run(tmp_path / "run", tok, pos_encoding="rope")
-    meta, _ = read_gguf(export_gguf(load_run(run, "cpu"), tmp_path / "b.gguf").out)
+    run = make_run(tmp_path / "run", tok, pos_encoding="rope", vocab_size=300)
+    meta, W = read_gguf(export_gguf(load_run(run, "cpu"), tmp_path / "b.gguf").out)
     assert len(meta["tokenizer.ggml.merges"]) == 1
+    assert W["token_embd.weight"].shape == (300, 64) == W["output.weight"].shape
+    assert len(meta["tokenizer.ggml.tokens"]) == len(set(meta["tokenizer.ggml.tokens"])) == 300
+    assert meta["tokenizer.ggml.token_type"][257:] == [gguf.TokenType.UNUSED] * 43
     for text in TEXTS.values():
         assert gguf_encode(meta, tok.pattern, text) == tok.encode(text) \
             == list(text.encode("utf-8"))

@@ -66,14 +66,16 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """case -> (run dir, GGUF file); plus a bytes-tokenizer RoPE run ('bytes')."""
+    """case -> (run dir, GGUF file); plus a bytes-tokenizer RoPE run with unused ids
+    ('bytes')."""
     root = tmp_path_factory.mktemp("llamacpp")
     bpe = {p: train_bpe(tmp_path_factory.mktemp(f"bpe-{p}"), p) for p in ("gpt4", "gpt2")}
     out = {}
     for i, (case, (name, pattern)) in enumerate(CASES.items()):
         run = make_run(root / "runs" / name, bpe[pattern], seed=i, **RUNS[name][0])
         out[case] = (run, export_gguf(load_run(run, "cpu"), root / f"{name}.gguf").out)
-    run = make_run(root / "runs" / "bytes", bytes_tokenizer(), seed=9, pos_encoding="rope")
+    run = make_run(root / "runs" / "bytes", bytes_tokenizer(), seed=9, pos_encoding="rope",
+                   vocab_size=320)  # 63 unused ids: placeholder tokens
     out["bytes"] = (run, export_gguf(load_run(run, "cpu"), root / "bytes.gguf").out)
     return out
 
