@@ -241,8 +241,9 @@ def rope_neox(x, base: float, n_rot: int):
     return np.concatenate([a * cos - b * sin, a * sin + b * cos, x[..., n_rot:]], axis=-1)
 
 
-def gguf_forward(meta: dict, W: dict[str, np.ndarray], ids: list[int], tanh: bool):
-    """Logits (T, V) of llama.cpp's gpt2 / gptneox graph (src/models/*.cpp) in float64."""
+def gguf_forward(meta: dict, W: dict[str, np.ndarray], ids: list[int], tanh: bool, act=None):
+    """Logits (T, V) of llama.cpp's gpt2 / gptneox graph (src/models/*.cpp) in float64, with
+    GELU exact or tanh-approximated (or `act`)."""
     a = meta["general.architecture"]
     H, L = meta[f"{a}.attention.head_count"], meta[f"{a}.block_count"]
     eps = meta[f"{a}.attention.layer_norm_epsilon"]
@@ -267,7 +268,8 @@ def gguf_forward(meta: dict, W: dict[str, np.ndarray], ids: list[int], tanh: boo
         y = np.einsum("hqk,khd->qhd", s / s.sum(-1, keepdims=True), v).reshape(T, C)
         x = x + y @ W[p + "attn_output.weight"].T + W[p + "attn_output.bias"]
         h = layer_norm(x, W[p + "ffn_norm.weight"], W[p + "ffn_norm.bias"], eps)
-        h = gelu(h @ W[p + "ffn_up.weight"].T + W[p + "ffn_up.bias"], tanh)
+        h = h @ W[p + "ffn_up.weight"].T + W[p + "ffn_up.bias"]
+        h = act(h) if act is not None else gelu(h, tanh)
         x = x + h @ W[p + "ffn_down.weight"].T + W[p + "ffn_down.bias"]
     x = layer_norm(x, W["output_norm.weight"], W["output_norm.bias"], eps)
     return x @ W.get("output.weight", W["token_embd.weight"]).T

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_gguf import RUNS, TEXTS, corpus, make_run, train_bpe
+from test_gguf import RUNS, TEXTS, corpus, gelu, gguf_forward, make_run, read_gguf, train_bpe
 
 from minigpt.llamacpp import export_gguf
 from minigpt.run import load_run
@@ -128,6 +128,30 @@ def test_llama_cpp_logits_and_greedy_tokens_equal_minigpts(files, case):
         got.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval(got[-1:])
     assert got == want
+
+
+def gelu_fp16_table(x: np.ndarray) -> np.ndarray:
+    """llama.cpp's CPU GELU (ggml-cpu/vec.h, GGML_GELU_FP16): the input rounded to float16,
+    the tanh approximation looked up in a float16 table; 0 below -10, x above 10."""
+    x16 = x.astype(np.float16).astype(np.float64)
+    y = gelu(x16, tanh=True).astype(np.float16).astype(np.float64)
+    return np.where(x <= -10, 0.0, np.where(x >= 10, x, y))
+
+
+@pytest.mark.parametrize("case", ["gpt2/gpt-2", "gptneox/gpt-2", "gptneox/llama-bpe"])
+def test_the_logit_difference_is_llama_cpps_gelu_table(files, case):
+    """Where the ~1e-3 comes from: the numpy forward of tests/test_gguf.py with llama.cpp's
+    float16 GELU table in place of the model's GELU agrees with llama.cpp (f32 KV cache)
+    within 3e-4, for exact- and tanh-GELU models alike."""
+    run_dir, path = files[case]
+    run = load_run(run_dir, "cpu")
+    ids = torch.randint(0, run.tokenizer.n_vocab - 1, (64,),
+                        generator=torch.Generator().manual_seed(3)).tolist()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_ubatch=64,
+                          logits_all=True, n_threads=1, seed=0, verbose=False, type_k=0,
+                          type_v=0)  # GGML_TYPE_F32
+    emulated = gguf_forward(*read_gguf(path), ids, tanh=True, act=gelu_fp16_table)
+    assert np.abs(llama_logits(llm, ids) - emulated).max() <= 3e-4
 
 
 def test_f16_files_run_too(files, tmp_path):
