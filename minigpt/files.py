@@ -282,3 +282,139 @@ def parse_json(data: bytes) -> Any:
         raise ValueError("nested too deeply (more than about 1000 levels)") from None
     except ValueError as e:
         raise ValueError(f"not valid JSON ({str(e).splitlines()[0][:120]})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# New outputs (exports): created whole or not at all, never replacing anything, and what a
+# killed writer left behind deleted by the next writer of the same name.
+
+_NEW = ".tmp"  # temp siblings are `.NAME.PID-XXXXXXXX.tmp`: the pid says whose they are
+
+
+def check_new_path(path: str | Path, param: str) -> Path:
+    """`path` made absolute, or ArgumentError(param) when nothing can ever be created there:
+    a name longer than the file system allows, a parent that is a file, a parent that cannot
+    be searched. Whether `path` itself may already exist is the caller's rule."""
+    path = Path(path).expanduser().absolute()
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass
+    except NotADirectoryError:
+        blocker = next(p for p in reversed(path.parents) if p.exists() and not p.is_dir())
+        raise ArgumentError(param, f"{blocker} is a file, not a directory; give a path whose "
+                            "parents are directories", subject=path) from None
+    except OSError as e:
+        if e.errno == errno_mod.ENAMETOOLONG:
+            raise ArgumentError(param, "a name in it is longer than the file system allows; "
+                                "give a shorter name", subject=_shorten(path)) from None
+        raise ArgumentError(param, f"cannot look it up ({e.strerror})", subject=path) from None
+    return path
+
+
+def _shorten(path: Path) -> str:
+    s = str(path)
+    return s if len(s) <= 120 else f"{s[:60]}...{s[-40:]}"
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Delete the temp siblings of `path` that `new_output` made in a process that no longer
+    runs (killed mid-write: nothing else ever deletes them); a live process's are kept."""
+    import shutil
+
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)-[0-9a-f]{{8}}{re.escape(_NEW)}")
+    removed = []
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for p in siblings:
+        m = pattern.fullmatch(p.name)
+        if m and not _alive(int(m.group(1))):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():  # ours from before (a recycled pid): this process is not writing it
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's live process (or a pid we cannot judge): keep it
+    return True
+
+
+@contextmanager
+def new_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
+    """Create `path`, a file or (`directory`) a directory, whole or not at all, never replacing
+    anything. Yields a temp sibling (an empty file or directory) for the caller to fill; files
+    written into a directory must be fsynced (`write_file_synced`). On a clean exit the temp is
+    fsynced and moved to `path`: a file by a hard link (which fails if `path` appeared
+    meanwhile), a directory by a rename (which replaces only an empty directory, keeping its
+    mode). A new output gets the mode a plain open() / mkdir would give (the umask). On an
+    exception the temp is deleted; OSError -> WriteError. Temps left by killed writers of the
+    same `path` are deleted first (`remove_stale_temps`)."""
+    import secrets
+    import shutil
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(path)
+        tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_NEW}"
+        umask = os.umask(0)
+        os.umask(umask)
+        if directory:
+            mode = path.stat().st_mode & 0o7777 if path.is_dir() else 0o777 & ~umask
+            tmp.mkdir(mode=0o700)
+        else:
+            mode = 0o666 & ~umask
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:
+        raise disk_error(e, path) from None
+    try:
+        yield tmp
+        if directory:
+            fsync_dir(tmp)
+            os.chmod(tmp, mode)
+            os.rename(tmp, path)  # over an empty directory only: ENOTEMPTY / ENOTDIR otherwise
+        else:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.chmod(tmp, mode)
+            _link_new(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException as e:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise disk_error(e, path) from None
+        raise
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    """Move the file `tmp` to `path` unless `path` exists (FileExistsError then)."""
+    try:
+        os.link(tmp, path)
+    except OSError as e:
+        if e.errno not in (errno_mod.EPERM, errno_mod.ENOTSUP, errno_mod.EMLINK,
+                           errno_mod.EOPNOTSUPP):
+            raise
+        if os.path.lexists(path):  # no hard links here (FAT, some FUSE): check, then rename
+            raise FileExistsError(errno_mod.EEXIST, os.strerror(errno_mod.EEXIST), str(path)) \
+                from None
+        os.rename(tmp, path)
+        return
+    tmp.unlink()

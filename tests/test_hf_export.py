@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import re
+import shutil
+import signal
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,3 +211,83 @@ def test_the_installed_command_exports_what_transformers_loads(exported, tmp_pat
     idx = torch.tensor([run.tokenizer.encode(PROMPT)])
     with torch.no_grad():
         assert (run.model(idx)[0] - hf_model(tmp_path / "hf")(idx).logits).abs().max() <= 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# What llama.cpp's converter reads, and the out directory through the installed command.
+
+
+def test_a_gpt2_export_carries_n_ctx(exported):
+    """llama.cpp's convert_hf_to_gguf.py reads `n_ctx` for GPT-2 (transformers 5 writes only
+    `n_positions`)."""
+    config = json.loads((exported["learned"][1] / "config.json").read_text())
+    assert config["n_ctx"] == config["n_positions"] == SHAPE["block_size"]
+
+
+def minigpt_export(*args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("minigpt")
+    assert exe, "the minigpt command is not installed (pip install -e .)"
+    return subprocess.run([exe, "export", *args], capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
+
+
+def test_an_impossible_out_is_one_line(exported, tmp_path):
+    """Issue 26: a parent that is a file said "File exists"; a name longer than the file
+    system allows was an OSError traceback."""
+    run_dir, _ = exported["learned"]
+    (tmp_path / "afile").write_text("x")
+    line = one_error_line(minigpt_export("--run", str(run_dir), "--out",
+                                         str(tmp_path / "afile" / "sub")))
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in line
+    line = one_error_line(minigpt_export("--run", str(run_dir), "--out",
+                                         str(tmp_path / ("x" * 300))))
+    assert "--out" in line and "longer than the file system allows" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_an_empty_out_keeps_its_mode_and_a_new_one_gets_the_umasks(exported, tmp_path):
+    """Issue 26: exporting into an existing empty directory changed its mode to 0700."""
+    run_dir, _ = exported["learned"]
+    (tmp_path / "empty").mkdir()
+    os.chmod(tmp_path / "empty", 0o751)
+    for out in (tmp_path / "empty", tmp_path / "new"):
+        r = minigpt_export("--run", str(run_dir), "--out", str(out))
+        assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE((tmp_path / "empty").stat().st_mode) == 0o751
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o777 & ~mask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new"]
+
+
+def test_a_killed_export_leaves_a_temp_directory_the_next_export_deletes(exported, tmp_path):
+    """Issue 26: a killed export left a hidden full copy nothing cleaned up. kill -9 after
+    the first file: the hidden `.NAME.PID-XXXXXXXX.tmp/` stays (nothing runs at a SIGKILL);
+    the next export to the same --out deletes it (its process is gone) and writes the model."""
+    run_dir, _ = exported["learned"]
+    out = tmp_path / "hf"
+    code = ("import os, signal, sys\nimport minigpt.hf.export as ex\n"
+            "def die(path, data):\n"
+            "    open(path, 'wb').write(data)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "ex.write_file_synced = die\n"
+            "from minigpt.cli import main\n"
+            f"sys.argv = ['minigpt', 'export', '--run', {str(run_dir)!r}, '--out', {str(out)!r}]"
+            "\nmain()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and re.fullmatch(r"\.hf\.\d+-[0-9a-f]{8}\.tmp", left[0]), left
+    assert len(list((tmp_path / left[0]).iterdir())) == 1
+    r = minigpt_export("--run", str(run_dir), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+    assert (out / "model.safetensors").is_file()

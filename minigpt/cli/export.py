@@ -1,5 +1,5 @@
-"""`minigpt export`: a run as a Hugging Face model directory (the directory on stdout, what was
-written on stderr)."""
+"""`minigpt export`: a run as a Hugging Face model directory or a GGUF file for llama.cpp (the
+path on stdout, what was written on stderr)."""
 
 from __future__ import annotations
 
@@ -9,30 +9,63 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import RunOpt, app, err_console, load_weights
+from minigpt.cli.main import RunOpt, app, load_weights, say
 from minigpt.errors import ArgumentError
+
+FORMATS = ("hf", "gguf")
 
 
 @app.command("export")
 def export_command(
     out: Annotated[Path, typer.Option(
-        "--out", help="Directory to create (missing or empty; never overwritten).")],
+        "--out", help="hf: a directory to create (missing or empty); gguf: a new file "
+        "(FILE.gguf). Never overwritten.")],
     run: RunOpt = None,
     fmt: Annotated[str, typer.Option(
         "--format", help="hf: a directory AutoModelForCausalLM / AutoTokenizer.from_pretrained "
-        "load (learned positions -> GPT-2, RoPE -> GPT-NeoX).")] = "hf",
+        "load (learned positions -> GPT-2, RoPE -> GPT-NeoX). gguf: one file llama.cpp loads "
+        "(gpt2 / gptneox; needs pip install 'minigpt-lab[gguf]').")] = "hf",
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="gguf only: f32 (exact) or f16 (half the size) for the matrices.")]
+        = "f32",
 ) -> None:
-    """Export a trained run for other tools: a Hugging Face transformers model directory."""
-    from minigpt.hf.export import FORMATS, check_export_dir, export_hf
-
+    """Export a trained run for other tools: transformers (--format hf) or llama.cpp (gguf)."""
     if fmt not in FORMATS:
         raise ArgumentError("format", f"'{fmt}' is not a format; valid: {', '.join(FORMATS)}")
+    if fmt == "gguf":
+        _gguf(out, run, dtype)
+    else:
+        if dtype != "f32":
+            raise ArgumentError("dtype", "applies to --format gguf only; --format hf writes "
+                                "float32")
+        _hf(out, run)
+
+
+def _hf(out: Path, run: Path | None) -> None:
+    from minigpt.hf.export import check_export_dir, export_hf
+
     check_export_dir(out)  # fail before loading anything
     loaded = load_weights(run, None, "cpu")
     done = export_hf(loaded, out)
-    err_console.print(f"exported {loaded.label} as {done.architecture} ({done.n_params:,} "
-                      f"parameters): {', '.join(done.files)}", markup=False, soft_wrap=True)
-    err_console.print(f"load it with transformers: AutoModelForCausalLM.from_pretrained("
-                      f"{str(done.out)!r}), AutoTokenizer.from_pretrained({str(done.out)!r})",
-                      markup=False, soft_wrap=True)
+    say(f"exported {loaded.label} as {done.architecture} ({done.n_params:,} parameters): "
+        f"{', '.join(done.files)}")
+    say(f"load it with transformers: AutoModelForCausalLM.from_pretrained({str(done.out)!r}), "
+        f"AutoTokenizer.from_pretrained({str(done.out)!r})")
+    sys.stdout.write(f"{done.out}\n")
+
+
+def _gguf(out: Path, run: Path | None, dtype: str) -> None:
+    from minigpt.llamacpp import DTYPES, check_gguf_out, export_gguf, require_gguf
+
+    if dtype not in DTYPES:
+        raise ArgumentError("dtype", f"'{dtype}' is not a GGUF dtype here; valid: "
+                            f"{', '.join(DTYPES)}")
+    require_gguf()  # fail before loading anything
+    check_gguf_out(out)
+    loaded = load_weights(run, None, "cpu")
+    done = export_gguf(loaded, out, dtype)
+    say(f"exported {loaded.label} as llama.cpp {done.architecture} ({done.n_params:,} "
+        f"parameters, {done.dtype}, pre-tokenizer {done.pre_tokenizer}): "
+        f"{done.n_bytes / 2**20:.1f} MiB")
+    say(f"load it with llama.cpp, e.g. llama-cpp-python: Llama(model_path={str(done.out)!r})")
     sys.stdout.write(f"{done.out}\n")

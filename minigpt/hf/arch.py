@@ -178,10 +178,11 @@ def _neox(c: _Fields) -> dict:
 
 def export_kind(m: ModelConfig) -> str:
     """The architecture a minigpt model exports as (learned -> gpt2, rope -> gpt_neox), or a
-    MinigptError naming the setting that has no Hugging Face equivalent here."""
+    MinigptError naming the setting that GPT-2 and GPT-NeoX cannot express: the one rule of
+    both export formats (transformers and llama.cpp)."""
     if m.pos_encoding not in ("learned", "rope"):
         raise MinigptError(f"model.pos_encoding is {m.pos_encoding!r}: only learned (-> GPT-2) "
-                           "and rope (-> GPT-NeoX) positions export to transformers")
+                           "and rope (-> GPT-NeoX) positions export")
     if m.norm != "layernorm":
         raise MinigptError(f"model.norm is {m.norm!r}: GPT-2 and GPT-NeoX use LayerNorm")
     if not m.mlp:
@@ -199,7 +200,8 @@ def export_kind(m: ModelConfig) -> str:
 
 
 def export_config(m: ModelConfig, eot_id: int) -> dict:
-    """config.json of the exported model (transformers' own keys, no custom code)."""
+    """config.json of the exported model (transformers' own keys, no custom code; GPT-2's
+    `n_ctx` too, which transformers 5 no longer writes and llama.cpp's converter reads)."""
     kind = export_kind(m)
     act = "gelu_new" if m.activation == "gelu_tanh" else "gelu"
     common = {"architectures": [ARCHITECTURES[kind]], "model_type": kind,
@@ -208,8 +210,8 @@ def export_config(m: ModelConfig, eot_id: int) -> dict:
               "use_cache": True, "dtype": "float32"}
     if kind == GPT2:
         return {**common, "n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd,
-                "n_positions": m.block_size, "n_inner": None, "activation_function": act,
-                "layer_norm_epsilon": m.norm_eps, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                "n_positions": m.block_size, "n_ctx": m.block_size, "n_inner": None,
+                "activation_function": act, "layer_norm_epsilon": m.norm_eps, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0, "scale_attn_weights": True,
                 "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False}
     return {**common, "num_hidden_layers": m.n_layer, "num_attention_heads": m.n_head,

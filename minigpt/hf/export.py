@@ -8,31 +8,27 @@ attention-only models, ReLU^2, QK-norm and logit soft-capping are refused, namin
 (`arch.export_kind`). Biases a bias-free
 minigpt model lacks are written as zeros (the same function).
 
-The directory is written whole or not at all: every file goes into a temporary sibling
-directory (each fsynced), which is then renamed to `out`. An existing non-empty `out` is never
-touched.
+The directory is written whole or not at all (`files.new_output`): every file goes into a
+temporary sibling directory `.NAME.PID-XXXXXXXX.tmp` (each fsynced), which is then renamed to
+`out`. An existing non-empty `out` is never touched; an existing empty one keeps its mode. A
+temporary directory left by a killed export is deleted by the next export to the same `out`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt import __version__
 from minigpt.errors import ArgumentError
-from minigpt.files import disk_error, fsync_dir, write_file_synced
+from minigpt.files import check_new_path, new_output, write_file_synced
 from minigpt.hf.arch import ARCHITECTURES, export_config, export_kind
 from minigpt.hf.tokenizer import tokenizer_files
 from minigpt.hf.weights import WEIGHTS, from_minigpt
 from minigpt.run.checkpoint import model_tensors
 from minigpt.run.load import LoadedRun
 from minigpt.run.safetensors_io import tensors_to_bytes
-
-FORMATS = ("hf",)
 
 
 @dataclass
@@ -45,11 +41,15 @@ class Exported:
 
 def check_export_dir(out: Path) -> Path:
     """`out` must be missing or an empty directory: an export never overwrites anything."""
-    out = Path(out).expanduser().absolute()
+    out = check_new_path(out, "out")
     if out.exists() and not out.is_dir():
         raise ArgumentError("out", "exists and is not a directory; give a new directory",
                             subject=out)
-    if out.is_dir() and any(out.iterdir()):
+    try:
+        full = out.is_dir() and any(out.iterdir())
+    except OSError as e:
+        raise ArgumentError("out", f"cannot read it ({e.strerror})", subject=out) from None
+    if full:
         raise ArgumentError("out", "is not empty; an export never overwrites files: give a new "
                             "or empty directory", subject=out)
     return out
@@ -72,22 +72,9 @@ def export_hf(loaded: LoadedRun, out: str | Path) -> Exported:
     """Write `loaded` (a run, or any LoadedRun) as a Hugging Face model directory at `out`."""
     out = check_export_dir(Path(out))
     architecture, files, n_params = export_files(loaded)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    except OSError as e:
-        raise disk_error(e, out) from None
-    try:
+    with new_output(out, directory=True) as tmp:
         for name, data in files.items():
             write_file_synced(tmp / name, data)
-        fsync_dir(tmp)
-        if out.is_dir():
-            out.rmdir()  # empty (checked above); fails, and we stop, if something appeared
-        os.rename(tmp, out)
-        fsync_dir(out.parent)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise disk_error(e, out) from None
     return Exported(out, architecture, sorted(files), n_params)
 
 

@@ -279,8 +279,10 @@ def merge_pair(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
     return parts[0], parts[1]
 
 
-def tokenizer_json(tok: Tokenizer) -> dict:
-    """tokenizer.json (the `tokenizers` library's format) for a minigpt byte-level Tokenizer."""
+def bpe_vocab(tok: Tokenizer) -> tuple[dict[str, int], list[list[str]]]:
+    """A minigpt byte-level Tokenizer as Hugging Face and llama.cpp store a BPE: {token text:
+    id} of every rank (in rank order) and the merges [a, b] in priority order, in GPT-2's byte
+    alphabet. MinigptError when a byte has no token."""
     missing = [b for b in range(256) if bytes([b]) not in tok.ranks]
     if missing:
         raise MinigptError(f"tokenizer {tok.name}: no token for byte 0x{missing[0]:02x}; only a "
@@ -288,6 +290,12 @@ def tokenizer_json(tok: Tokenizer) -> dict:
     ordered = sorted(tok.ranks.items(), key=lambda kv: kv[1])
     merges = [[bytes_to_text(a), bytes_to_text(b)] for a, b in
               (merge_pair(tok.ranks, t) for t, _ in ordered if len(t) > 1)]
+    return {bytes_to_text(t): r for t, r in ordered}, merges
+
+
+def tokenizer_json(tok: Tokenizer) -> dict:
+    """tokenizer.json (the `tokenizers` library's format) for a minigpt byte-level Tokenizer."""
+    vocab, merges = bpe_vocab(tok)
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                   "use_regex": False}
     return {
@@ -304,7 +312,7 @@ def tokenizer_json(tok: Tokenizer) -> dict:
         "model": {"type": "BPE", "dropout": None, "unk_token": None,
                   "continuing_subword_prefix": None, "end_of_word_suffix": None,
                   "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-                  "vocab": {bytes_to_text(t): r for t, r in ordered}, "merges": merges},
+                  "vocab": vocab, "merges": merges},
     }
 
 
