@@ -12,6 +12,7 @@ import torch
 
 from minigpt.config import MinigptError, from_dict
 from minigpt.heads import inspection as ins
+from minigpt.heads import output
 from minigpt.heads import probes as prb
 from minigpt.heads import scores as sc
 from minigpt.model import GPT
@@ -213,7 +214,7 @@ def test_prepare_input_text_probe_and_truncation():
 @pytest.mark.parametrize("kwargs, match", [
     ({"text": ""}, "^text: the text is empty"),
     ({"text": " \n\t"}, "^text: the text is empty"),
-    ({"text": "a", "probe": "induction"}, "^text: excludes probe"),
+    ({"text": "a", "probe": "induction"}, "^text and probe exclude each other"),
     ({"text": "abc", "max_tokens": 33}, r"valid: 2\.\.32"),
     ({"text": "abc", "max_tokens": 1}, r"valid: 2\.\.32"),
 ])
@@ -239,10 +240,10 @@ def test_select_heads_and_formats():
         ins.select_heads(2, 4, [2])
     with pytest.raises(MinigptError, match=r"^head -1: out of range; valid: 0\.\.3"):
         ins.select_heads(2, 4, [], [-1])
-    assert ins.parse_formats([]) == ["table"]
-    assert ins.parse_formats(["png,html", "PNG", "json"]) == ["png", "html", "json"]
+    assert output.parse_formats([]) == ["table"]
+    assert output.parse_formats(["png,html", "PNG", "json"]) == ["png", "html", "json"]
     with pytest.raises(MinigptError, match="valid: table, png, html, safetensors, json"):
-        ins.parse_formats(["gif"])
+        output.parse_formats(["gif"])
 
 
 def test_visible_token():
@@ -268,15 +269,15 @@ def insp() -> ins.Inspection:
 def test_out_dir_must_be_writable(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(MinigptError, match="^out .*cannot write there"):
-        ins.check_out_dir(tmp_path / "file" / "sub")
-    assert ins.check_out_dir(tmp_path / "a" / "b").is_dir()
+        output.make_out_dir(tmp_path / "file" / "sub")
+    assert output.make_out_dir(tmp_path / "a" / "b").is_dir()
     assert not list((tmp_path / "a" / "b").iterdir())  # the write probe leaves nothing
 
 
 def test_safetensors_dump_loads_with_plain_safetensors(insp, tmp_path):
     from safetensors import safe_open
 
-    path = ins.write_safetensors(insp, tmp_path / "a.safetensors")
+    path = output.write_safetensors(insp, tmp_path / "a.safetensors")
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
         attn = f.get_tensor("attention")
@@ -290,7 +291,7 @@ def test_safetensors_dump_loads_with_plain_safetensors(insp, tmp_path):
 
 
 def test_json_file_round_trips(insp, tmp_path):
-    doc = json.loads(ins.write_json(insp, tmp_path / "s.json", [1], [0]).read_text())
+    doc = json.loads(output.write_json(insp, tmp_path / "s.json", [1], [0]).read_text())
     assert [(h["layer"], h["head"]) for h in doc["heads"]] == [(1, 0)]
     assert doc["token_strs"] == insp.token_strs
 
@@ -379,7 +380,7 @@ def test_files_are_written_atomically(insp, tmp_path, monkeypatch):
 
     monkeypatch.setattr("minigpt.files.os.replace", boom)
     with pytest.raises(MinigptError, match="no space left"):
-        ins.write_json(insp, path)
+        output.write_json(insp, path)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["s.json"]
 
 

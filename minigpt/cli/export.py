@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import RunOpt, app, err_console, load_weights
+from minigpt.cli.main import RunOpt, app, err_console
 from minigpt.errors import ArgumentError
 
 
@@ -24,11 +24,12 @@ def export_command(
 ) -> None:
     """Export a trained run for other tools: a Hugging Face transformers model directory."""
     from minigpt.hf.export import FORMATS, check_export_dir, export_hf
+    from minigpt.run import load_run
 
     if fmt not in FORMATS:
         raise ArgumentError("format", f"'{fmt}' is not a format; valid: {', '.join(FORMATS)}")
     check_export_dir(out)  # fail before loading anything
-    loaded = load_weights(run, None, "cpu")
+    loaded = load_run(run, "cpu")
     done = export_hf(loaded, out)
     err_console.print(f"exported {loaded.label} as {done.architecture} ({done.n_params:,} "
                       f"parameters): {', '.join(done.files)}", markup=False, soft_wrap=True)
