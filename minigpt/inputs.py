@@ -18,13 +18,14 @@ from pathlib import Path
 
 import torch
 
+from minigpt.device import resolve_device
 from minigpt.errors import ArgumentError, ConflictError
 from minigpt.files import read_text_part
 from minigpt.run import LoadedRun, load_run
 from minigpt.sample import truncate_prompt
 from minigpt.tokenizer import Tokenizer
 
-MIN_TEXT_BYTES = 64 * 1024  # below this a text file is read whole: nothing to save
+MIN_TEXT_BYTES = 64 * 1024  # a text file up to this size is always read whole
 
 
 def load_run_or_model(run: Path | None = None, model: str | None = None,
@@ -32,17 +33,19 @@ def load_run_or_model(run: Path | None = None, model: str | None = None,
                       checkpoint: int | None = None) -> LoadedRun:
     """The model a command runs: the trained run `run` (None and no `model`: the latest run
     under runs/), at its kept step `checkpoint` (None: the latest), or the imported model
-    `model`. Giving both `run` and `model`, or `checkpoint` with `model`, is a ConflictError."""
+    `model`, on `device` (checked first). Giving both `run` and `model`, or `checkpoint` with
+    `model`, is a ConflictError."""
     if run is not None and model is not None:
         raise ConflictError(("run", "model"))
-    if model is None:
-        return load_run(run, device, step=checkpoint)
-    if checkpoint is not None:
+    if model is not None and checkpoint is not None:
         raise ConflictError(("model", "checkpoint"), "a checkpoint step belongs to a "
                             "trained run")
+    dev = resolve_device(device) if isinstance(device, str) else device  # before any loading
+    if model is None:
+        return load_run(run, dev, step=checkpoint)
     from minigpt.hf import load_model
 
-    return load_model(model, device)
+    return load_model(model, dev)
 
 
 def text_budget(tokenizer: Tokenizer, n_tokens: int) -> int:

@@ -524,6 +524,8 @@ CASES = [
     # ---- Hugging Face models (--model) and export
     Case("model-and-run", with_model("sample", "gpt2", "--run", "good"),
          ("--run and --model",), target="good"),
+    Case("model-and-checkpoint", with_model("inspect-heads", "gpt2", "--checkpoint", "7"),
+         ("--model and --checkpoint exclude each other",)),
     Case("model-missing-dir", lambda w, t: ["sample", "--model", str(t / "nowhere")],
          ("--model", "nowhere", "no such directory")),
     Case("model-is-a-file", with_model("sample", "@short.txt"), ("--model", "is a file")),

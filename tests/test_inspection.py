@@ -233,6 +233,24 @@ def test_text_file_errors(tmp_path):
             prb.prepare_input(cfg_for(), bytes_tokenizer(), text_file=tmp_path / name)
 
 
+def test_a_long_text_file_is_read_from_its_start_only(tmp_path):
+    """--text-file reads what max_tokens tokens can reach (with room to spare), and those
+    tokens are the whole file's first ones; a file that starts with blank space is no
+    'empty text' when only its start was read."""
+    from minigpt.inputs import text_budget
+
+    tok = bytes_tokenizer()
+    path = tmp_path / "long.txt"
+    path.write_text("été and the rest " * 20000, encoding="utf-8")  # ~360 KB
+    inp = prb.prepare_input(cfg_for(block=32), tok, text_file=path, max_tokens=20)
+    assert inp.tokens == tok.encode(path.read_text(encoding="utf-8"))[:20]
+    assert inp.file_bytes == path.stat().st_size and inp.truncated
+    assert inp.n_text_tokens <= text_budget(tok, 20)  # bytes tokenizer: a token per byte
+    path.write_text(" " * 400_000 + "words")
+    inp = prb.prepare_input(cfg_for(block=32), tok, text_file=path)
+    assert inp.token_strs == [" "] * 32 and inp.file_bytes == 400_005
+
+
 def test_select_heads_and_formats():
     assert ins.select_heads(2, 4) == ([0, 1], [0, 1, 2, 3])
     assert ins.select_heads(2, 4, [1, 1], [3, 0]) == ([1], [0, 3])
