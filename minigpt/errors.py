@@ -46,3 +46,17 @@ class WriteError(MinigptError):
 
 class TrainingDiverged(MinigptError):
     """The loss or gradient became NaN/inf (exit code 2, the last good checkpoint is kept)."""
+
+
+class ConflictError(MinigptError):
+    """Parameters that exclude each other, given together (`prompt` and `prompt_file`).
+
+    `str(err)` is "<a> and <b> exclude each other: <fix>" in the library's parameter names;
+    `render(name_of)` maps each name first (the CLI shows the flags the user typed)."""
+
+    def __init__(self, params, fix: str = "give one of them"):
+        self.params, self.fix = tuple(params), fix
+        super().__init__(self.render(str))
+
+    def render(self, name_of) -> str:
+        return f"{' and '.join(name_of(p) for p in self.params)} exclude each other: {self.fix}"

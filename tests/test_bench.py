@@ -138,7 +138,7 @@ def test_cli_bad_flags_fail_cleanly(args, flag):
 def test_timing_quantiles_are_exact():
     t = Timing.from_samples([5.0, 1.0, 4.0, 2.0, 3.0])
     assert (t.min_ms, t.q1_ms, t.median_ms, t.q3_ms, t.max_ms) == (1.0, 2.0, 3.0, 4.0, 5.0)
-    assert t.iqr_ms == 2.0 and t.repeats == 5
+    assert t.q3_ms - t.q1_ms == 2.0 and t.repeats == 5
     assert Timing.from_samples([1.0, 2.0]).median_ms == 1.5
 
 
@@ -258,9 +258,10 @@ def test_fp16_only_gpus_have_no_bf16_peak(monkeypatch):
 # end to end
 
 
-def test_library_attention_and_sample_tiny_plan(capsys):
+def test_library_attention_and_sample_tiny_plan(monkeypatch):
     """Quick tier: the library path of two suites (the train suite's first AdamW step imports
-    torch._dynamo, ~4 s once per process, so the all-suite runs below are marked slow)."""
+    torch._dynamo, ~4 s once per process, so the all-suite runs below are marked slow), then
+    the command's tables of that result."""
     events = []
     opts = bench.BenchOptions(device="cpu", suites=["attention", "sample"])
     result = bench.run_bench(opts, events.append, _tiny_plan())
@@ -274,11 +275,12 @@ def test_library_attention_and_sample_tiny_plan(capsys):
     assert doc["suites"]["sample"]["same_tokens"] is True
     assert all(_positive(r["decode_tokens_per_s"]) for r in doc["suites"]["sample"]["rows"])
     assert json.loads(json.dumps(doc["summary"]))["sample"]["kv_speedup"] > 0
-    from minigpt.cli.bench import _bench_render
-
-    _bench_render(result)
-    shown = capsys.readouterr().out
+    monkeypatch.setattr(bench, "run_bench", lambda opts, on_event=None: result)
+    r = CliRunner().invoke(app, ["bench", "--device", "cpu", "--suite", "attention,sample"])
+    assert r.exit_code == 0, r.stderr
+    shown = r.stdout
     assert shown.startswith("device cpu") and "sdpa[math]" in shown  # not eaten as markup
+    assert json.loads(shown.splitlines()[-1]) == doc["summary"]
     assert "verdict: same math" in shown and "verdict: KV cache" in shown
 
 

@@ -63,20 +63,32 @@ def test_one_head_shows_its_weights(run_dir):
     assert "·" in r.stdout  # spaces made visible
 
 
-def test_token_text_is_not_rich_markup(run_dir):
-    from rich.console import Console
+def markup_run(run: Path) -> Path:
+    """A run whose tokenizer has the tokens "[red]" and "[b]" (rich markup if read as such)."""
+    from minigpt.tokenizer import Tokenizer
 
-    from minigpt.cli.heads import _attention_table, _heads_summary_table
-    from minigpt.heads.inspection import inspect
+    ranks = {bytes([b]): b for b in range(256)}
+    for tok in (b"[r", b"[re", b"[red", b"[red]", b"[b", b"[b]"):
+        ranks[tok] = len(ranks)
+    tok = Tokenizer(ranks, r"\S+|\s+", {"<|endoftext|>": len(ranks)}, "markup")
+    cfg = from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8,
+                               "vocab_size": tok.n_vocab}})
+    save_checkpoint(run, step=1, model=GPT.from_config(cfg, seed=0), cfg=cfg, tokenizer=tok,
+                    trainer_state={"step": 1})
+    return run
 
-    strs = ["[bold]a[/bold]", "[red]", "\n", "x"]
-    insp = inspect(GPT.from_config(from_dict({"model": {"vocab_size": 50}}), seed=0),
-                   [1, 2, 3, 4], strs)
-    console = Console(record=True, width=200, color_system=None)
-    console.print(_heads_summary_table(insp, [0], [0]))
-    console.print(_attention_table(insp, 0, 0, 200))
-    text = console.export_text()
-    assert "[bold]a" in text and "[red]" in text
+
+def test_token_text_and_file_names_are_not_markup_or_escape_codes(tmp_path, monkeypatch):
+    """Tokens and the text file's name are shown as they are: never read as rich markup, and
+    control characters in a name (an escape sequence) are escaped, not sent to the terminal."""
+    run = markup_run(tmp_path / "markup")
+    monkeypatch.chdir(tmp_path)  # a short name: the title fits on one line
+    Path("[i]notes\x1b[31m.txt").write_text("[red][b]x")
+    r = invoke(run, "--text-file", "[i]notes\x1b[31m.txt", "--layer", "0", "--head", "0")
+    assert r.exit_code == 0, r.stderr
+    assert "[red]" in r.stdout and "[b]" in r.stdout  # the row labels of the weight table
+    assert "[i]notes\\x1b[31m.txt" in r.stdout  # the score table's title
+    assert "\x1b" not in r.stdout + r.stderr
 
 
 def test_json_on_stdout(run_dir):

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from minigpt.cli import app
 from minigpt.config import from_dict
+from minigpt.errors import MinigptError
 from minigpt.model import GPT
 from minigpt.run.checkpoint import latest_checkpoint_dir, save_checkpoint
 from minigpt.tokenizer import bytes_tokenizer
@@ -326,3 +327,69 @@ def test_in_process_thread_count_is_restored(run_dir):
     torch.set_num_threads(2)  # the autouse fixture restores the original afterwards
     assert invoke("--run", str(run_dir), "-n", "2", "--seed", "0").exit_code == 0
     assert torch.get_num_threads() == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Prompt files: read only as far as the model can use (minigpt.inputs.read_prompt over
+# minigpt.files.read_text_part)
+
+
+def merges_tokenizer():
+    """Bytes plus a few merges (ASCII and multi-byte), on the GPT-4 split pattern: tokens of
+    1 to 5 bytes, so where a cut falls matters."""
+    from minigpt.tokenizer import PATTERNS, Tokenizer
+
+    ranks = {bytes([b]): b for b in range(256)}
+    for tok in ("th", "the", " t", " th", " the", "é", "ét", "été", " é", "日", "日本", " a",
+                " an", " and"):
+        for i in range(2, len(tok.encode()) + 1):  # every prefix, as BPE merges build it
+            ranks.setdefault(tok.encode()[:i], len(ranks))
+    return Tokenizer(ranks, PATTERNS["gpt4"], {"<|endoftext|>": len(ranks)}, "merges")
+
+
+WORDS = ["the", "été", "日本", "and", "a", "then", "thé", "x", "\n", "日", "é"]
+
+
+@pytest.mark.parametrize("shift", range(4))
+def test_a_long_prompt_file_keeps_the_tokens_the_whole_file_would(tmp_path, shift):
+    """The file is read from its end only, and its last block_size tokens are those of the
+    whole file (the cut falls inside a multi-byte character for some shifts)."""
+    import random
+
+    from minigpt.inputs import read_prompt, text_budget
+
+    tok, block = merges_tokenizer(), 64
+    rng = random.Random(shift)
+    text = "x" * shift + " ".join(rng.choice(WORDS) for _ in range(40000))
+    path = tmp_path / "long.txt"
+    path.write_text(text, encoding="utf-8")
+    p = read_prompt(tok, block, prompt_file=path)
+    assert p.file_bytes == path.stat().st_size > text_budget(tok, block)
+    assert len(p.text.encode()) <= text_budget(tok, block) and text.endswith(p.text)
+    assert p.ids == tok.encode(text)[-block:] and p.cut
+
+
+def test_a_short_prompt_file_is_read_whole(tmp_path):
+    from minigpt.inputs import read_prompt
+
+    tok = merges_tokenizer()
+    path = tmp_path / "p.txt"
+    path.write_text("the été 日本", encoding="utf-8")
+    p = read_prompt(tok, 64, prompt_file=path)
+    assert p.text == "the été 日本" and p.file_bytes is None and not p.cut
+    assert p.ids == tok.encode(p.text)
+
+
+def test_read_text_part_cuts_on_character_boundaries(tmp_path):
+    from minigpt.files import read_text_part
+
+    path = tmp_path / "t.txt"
+    path.write_bytes("aé日b".encode())  # a | c3 a9 | e6 97 a5 | b
+    assert read_text_part(path, "text_file", 3) == ("aé", 7)  # head: whole characters only
+    assert read_text_part(path, "text_file", 2) == ("a", 7)
+    assert read_text_part(path, "text_file", 3, tail=True) == ("b", 7)  # 97 a5: half a 日
+    assert read_text_part(path, "text_file", 4, tail=True) == ("日b", 7)
+    assert read_text_part(path, "text_file", 100, tail=True) == ("aé日b", 7)
+    path.write_bytes(b"ok " * 10 + b"\xff")
+    with pytest.raises(MinigptError, match=r"^text_file .*invalid byte at offset 30"):
+        read_text_part(path, "text_file", 8, tail=True)  # the offset in the file, not the part

@@ -12,6 +12,7 @@ import torch
 
 from minigpt.config import MinigptError, from_dict
 from minigpt.heads import inspection as ins
+from minigpt.heads import output
 from minigpt.heads import probes as prb
 from minigpt.heads import scores as sc
 from minigpt.model import GPT
@@ -213,7 +214,7 @@ def test_prepare_input_text_probe_and_truncation():
 @pytest.mark.parametrize("kwargs, match", [
     ({"text": ""}, "^text: the text is empty"),
     ({"text": " \n\t"}, "^text: the text is empty"),
-    ({"text": "a", "probe": "induction"}, "^text: excludes probe"),
+    ({"text": "a", "probe": "induction"}, "^text and probe exclude each other"),
     ({"text": "abc", "max_tokens": 33}, r"valid: 2\.\.32"),
     ({"text": "abc", "max_tokens": 1}, r"valid: 2\.\.32"),
 ])
@@ -232,6 +233,24 @@ def test_text_file_errors(tmp_path):
             prb.prepare_input(cfg_for(), bytes_tokenizer(), text_file=tmp_path / name)
 
 
+def test_a_long_text_file_is_read_from_its_start_only(tmp_path):
+    """--text-file reads what max_tokens tokens can reach (with room to spare), and those
+    tokens are the whole file's first ones; a file that starts with blank space is no
+    'empty text' when only its start was read."""
+    from minigpt.inputs import text_budget
+
+    tok = bytes_tokenizer()
+    path = tmp_path / "long.txt"
+    path.write_text("été and the rest " * 20000, encoding="utf-8")  # ~360 KB
+    inp = prb.prepare_input(cfg_for(block=32), tok, text_file=path, max_tokens=20)
+    assert inp.tokens == tok.encode(path.read_text(encoding="utf-8"))[:20]
+    assert inp.file_bytes == path.stat().st_size and inp.truncated
+    assert inp.n_text_tokens <= text_budget(tok, 20)  # bytes tokenizer: a token per byte
+    path.write_text(" " * 400_000 + "words")
+    inp = prb.prepare_input(cfg_for(block=32), tok, text_file=path)
+    assert inp.token_strs == [" "] * 32 and inp.file_bytes == 400_005
+
+
 def test_select_heads_and_formats():
     assert ins.select_heads(2, 4) == ([0, 1], [0, 1, 2, 3])
     assert ins.select_heads(2, 4, [1, 1], [3, 0]) == ([1], [0, 3])
@@ -239,10 +258,10 @@ def test_select_heads_and_formats():
         ins.select_heads(2, 4, [2])
     with pytest.raises(MinigptError, match=r"^head -1: out of range; valid: 0\.\.3"):
         ins.select_heads(2, 4, [], [-1])
-    assert ins.parse_formats([]) == ["table"]
-    assert ins.parse_formats(["png,html", "PNG", "json"]) == ["png", "html", "json"]
+    assert output.parse_formats([]) == ["table"]
+    assert output.parse_formats(["png,html", "PNG", "json"]) == ["png", "html", "json"]
     with pytest.raises(MinigptError, match="valid: table, png, html, safetensors, json"):
-        ins.parse_formats(["gif"])
+        output.parse_formats(["gif"])
 
 
 def test_visible_token():
@@ -268,15 +287,15 @@ def insp() -> ins.Inspection:
 def test_out_dir_must_be_writable(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(MinigptError, match="^out .*cannot write there"):
-        ins.check_out_dir(tmp_path / "file" / "sub")
-    assert ins.check_out_dir(tmp_path / "a" / "b").is_dir()
+        output.make_out_dir(tmp_path / "file" / "sub")
+    assert output.make_out_dir(tmp_path / "a" / "b").is_dir()
     assert not list((tmp_path / "a" / "b").iterdir())  # the write probe leaves nothing
 
 
 def test_safetensors_dump_loads_with_plain_safetensors(insp, tmp_path):
     from safetensors import safe_open
 
-    path = ins.write_safetensors(insp, tmp_path / "a.safetensors")
+    path = output.write_safetensors(insp, tmp_path / "a.safetensors")
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
         attn = f.get_tensor("attention")
@@ -290,7 +309,7 @@ def test_safetensors_dump_loads_with_plain_safetensors(insp, tmp_path):
 
 
 def test_json_file_round_trips(insp, tmp_path):
-    doc = json.loads(ins.write_json(insp, tmp_path / "s.json", [1], [0]).read_text())
+    doc = json.loads(output.write_json(insp, tmp_path / "s.json", [1], [0]).read_text())
     assert [(h["layer"], h["head"]) for h in doc["heads"]] == [(1, 0)]
     assert doc["token_strs"] == insp.token_strs
 
@@ -379,7 +398,7 @@ def test_files_are_written_atomically(insp, tmp_path, monkeypatch):
 
     monkeypatch.setattr("minigpt.files.os.replace", boom)
     with pytest.raises(MinigptError, match="no space left"):
-        ins.write_json(insp, path)
+        output.write_json(insp, path)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["s.json"]
 
 

@@ -19,7 +19,7 @@ FLOORS = [
     ("data", {"minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),
     ("model", {"minigpt.attention", "minigpt.device", "minigpt.model"}),
     ("sample, run", {"minigpt.sample", "minigpt.run"}),
-    ("hf", {"minigpt.hf", "minigpt.llamacpp"}),
+    ("hf, inputs", {"minigpt.hf", "minigpt.llamacpp", "minigpt.inputs"}),
     ("train, heads", {"minigpt.train", "minigpt.heads"}),
     ("bench", {"minigpt.bench"}),
     ("cli", {"minigpt.cli", "minigpt.__main__"}),

@@ -180,7 +180,7 @@ def test_head_hook_sees_every_layer_and_an_identity_hook_changes_nothing(impl):
     model = build(attn_impl=impl, bias=True).eval()
     idx = tokens(2, 11)
     seen = []
-    hook = lambda i, z: seen.append((i, tuple(z.shape))) or z  # noqa: E731
+    hook = lambda i, z: seen.append((i, tuple(z.shape))) or z
     with torch.no_grad():
         plain, _ = model(idx)
         hooked, _ = model(idx, attn=AttnSpec(impl, head_hook=hook))

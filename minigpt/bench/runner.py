@@ -109,6 +109,7 @@ class BenchOptions:
     compile: bool = False
     peak_tflops: float | None = None
     model: str | None = None  # the sample suite decodes this Hugging Face model (hf.load_model)
+    json_path: str | Path | None = None  # where the caller will write the report: checked first
 
 
 @dataclass
@@ -167,14 +168,14 @@ class BenchResult:
     def as_dict(self) -> dict:
         suites = {name: getattr(self, name).as_dict() for name in SUITES
                   if getattr(self, name) is not None}
-        return {"schema": SCHEMA, "environment": self.environment, "suites": suites,
-                "summary": self.summary()}
+        return _json_safe({"schema": SCHEMA, "environment": self.environment,
+                           "suites": suites, "summary": self.summary()})
 
     def summary(self) -> dict:
         """Headline figures, one compact JSON object: device, dtype, suites, and per suite
         attention {seq_len, sdpa_speedup_fwd, sdpa_mem_ratio_fwd, max_abs_diff}, train
         {<shape>[/compile]: {ms_per_step, tokens_per_s, mfu}}, sample {ttft_ms,
-        decode_tokens_per_s, decode_tokens_per_s_no_cache, kv_speedup}."""
+        decode_tokens_per_s, decode_tokens_per_s_no_cache, kv_speedup}. Non-finite -> None."""
         s: dict = {"device": self.environment["device"], "dtype": self.environment["dtype"],
                    "suites": [n for n in SUITES if getattr(self, n) is not None]}
         if self.attention is not None:
@@ -199,7 +200,7 @@ class BenchResult:
                            "decode_tokens_per_s_no_cache": _round(by[False].decode_tokens_per_s),
                            "kv_speedup": _round(by[True].decode_tokens_per_s
                                                 / by[False].decode_tokens_per_s)}
-        return s
+        return _json_safe(s)
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:
@@ -210,7 +211,10 @@ def _round(x: float | None, digits: int = 3) -> float | None:
 
 def run_bench(opts: BenchOptions, on_event: OnEvent | None = None,
               plan: Plan | None = None) -> BenchResult:
-    """Resolve the options (ArgumentError for bad ones) and run the chosen suites."""
+    """Resolve the options (ArgumentError for bad ones, the JSON path included) and run the
+    chosen suites."""
+    if opts.json_path is not None:
+        check_json_path(opts.json_path)
     device = resolve_device(opts.device)
     dtype = resolve_dtype(opts.dtype, device)
     suites = parse_suites(opts.suites)
@@ -278,14 +282,14 @@ def sample_verdicts(rows: list[SampleRow], same: bool) -> list[str]:
     return [kv, ttft]
 
 
-def _finite(obj):
-    """JSON has no NaN/Infinity: non-finite floats become null."""
+def _json_safe(obj):
+    """JSON has no NaN/Infinity: non-finite floats become null (None), recursively."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: _json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [_json_safe(v) for v in obj]
     return obj
 
 
@@ -303,7 +307,7 @@ def check_json_path(path: str | Path) -> Path:
 
 
 def write_json(path: str | Path, result: BenchResult) -> Path:
-    """Write every figure as JSON, durably (temp file, fsync, rename)."""
-    path = check_json_path(path)
-    return atomic_write_text(path, json.dumps(_finite(result.as_dict()), indent=2,
-                                              allow_nan=False) + "\n")
+    """Write every figure as JSON, durably (temp file, fsync, rename; WriteError if that
+    fails). `run_bench` checked the path before the work (`BenchOptions.json_path`)."""
+    return atomic_write_text(Path(path), json.dumps(result.as_dict(), indent=2,
+                                                    allow_nan=False) + "\n")

@@ -60,10 +60,6 @@ class Timing:
                    q3_ms=_quantile(xs, 0.75), min_ms=xs[0], max_ms=xs[-1], repeats=len(xs),
                    inner=inner)
 
-    @property
-    def iqr_ms(self) -> float:
-        return self.q3_ms - self.q1_ms
-
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -3,12 +3,13 @@ stdout line is one compact JSON object (the contract for scripts)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import DeviceOpt, ModelOpt, app, err_console, out_console
+from minigpt.cli.main import DeviceOpt, ModelOpt, app, out_console, say
 
 
 @app.command("bench")
@@ -40,28 +41,24 @@ def bench_command(
 
     opts = bench.BenchOptions(device=device, suites=list(suite or []), seq_lens=seq_lens,
                               dtype=dtype, quick=quick, compile=compile_,
-                              peak_tflops=peak_tflops, model=model)
-    if json_path is not None:  # fail before the work, not after it
-        bench.check_json_path(json_path)
-    result = bench.run_bench(opts, on_event=lambda e: err_console.print(
-        f"[bench] {e.suite}: {e.message}", markup=False, highlight=False))
-    _bench_render(result)
+                              peak_tflops=peak_tflops, model=model, json_path=json_path)
+    result = bench.run_bench(opts, on_event=lambda e: say(f"[bench] {e.suite}: {e.message}"))
+    _print_environment(result.environment)
+    for table, lines in (_attention_table(result.attention), _train_table(result.train),
+                         _sample_table(result.sample)):
+        if table is not None:
+            out_console.print(table)
+            for line in lines:
+                out_console.print(line, markup=False, soft_wrap=True)
     if json_path is not None:
         bench.write_json(json_path, result)
-        err_console.print(f"wrote {json_path}", markup=False)
-    import json
-
+        say(f"wrote {json_path}")
     # The contract for scripts: the LAST stdout line is one compact JSON object.
-    sys.stdout.write(json.dumps(bench._finite(result.summary()), separators=(",", ":")) + "\n")
+    sys.stdout.write(json.dumps(result.summary(), separators=(",", ":"), allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
-def _bench_render(result) -> None:
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text  # plain cells: "sdpa[math]" is not rich markup
-
-    env = result.environment
+def _print_environment(env: dict) -> None:
     load = "/".join(str(x) for x in env.get("load_avg", [])) or "n/a"
     out_console.print(
         f"device {env['device']} ({env['device_name']}) | torch {env['torch']} | threads "
@@ -71,78 +68,91 @@ def _bench_render(result) -> None:
                       "repeats (quartiles in --json); on a shared or busy machine timings are "
                       "noisy", markup=False, soft_wrap=True)
 
-    def g(x: float) -> str:  # 3 significant digits, no exponent for big numbers
-        return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
-    def spread(t) -> str:  # interquartile range relative to the median
-        return f"{100 * (t.q3_ms - t.q1_ms) / t.median_ms:.0f}%" if t.median_ms > 0 else "n/a"
-
-    def num(x, fmt: str = "{:.3g}") -> str:
-        return "n/a" if x is None else fmt.format(x)
-
-    a = result.attention
-    if a is not None:
-        c = a.config
-        t = Table(title=f"attention: batch {c['batch']}, {c['n_head']} heads, head_dim "
-                  f"{c['head_dim']}, causal, {c['dtype']}", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="faster / less mem: ratios vs naive; MiB: peak memory above the "
-                  "inputs; diff: max |out - naive| (fwd) or |grad - naive| (fwd+bwd)")
-        for col in ("T", "impl", "pass", "ms", "IQR", "MiB", "faster", "less mem", "diff"):
-            t.add_column(col, justify="left" if col in ("impl", "pass") else "right",
-                         no_wrap=True)
-        for r in a.rows:
-            if r.status != "ok":
-                t.add_row(str(r.seq_len), Text(r.impl), r.pass_, "skipped", Text(r.reason[:60]),
-                          "", "", "", "")
-                continue
-            t.add_row(str(r.seq_len), Text(r.impl), r.pass_, g(r.timing.median_ms),
-                      spread(r.timing), num(r.peak_mem_mib), num(r.speedup_vs_naive, "{:.2f}x"),
-                      num(r.mem_ratio_vs_naive, "{:.1f}x"), num(r.max_abs_diff, "{:.0e}"))
-        out_console.print(t)
-        out_console.print(f"memory method: {a.memory_method or a.memory_note}", markup=False,
-                          soft_wrap=True)
-        for v in a.verdicts:
-            out_console.print(f"verdict: {v}", markup=False, soft_wrap=True)
-    tr = result.train
-    if tr is not None:
-        p = tr.peak
-        peak = f"{p.tflops:.3g} TFLOP/s ({p.source})" if p.tflops else f"n/a ({p.note})"
-        t = Table(title=f"train step (AdamW, random tokens): MFU vs peak {peak}",
-                  box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="1st s = first step in seconds (includes compilation for compile); "
-                  + ", ".join(f"{r.shape.name} = {r.shape.n_layer} layers x {r.shape.n_embd}, "
-                              f"{r.params / 1e6:.2f}M params" for r in tr.rows
-                              if r.mode == "eager"))
-        for col in ("shape", "mode", "BxT", "ms/step", "IQR", "tok/s", "TFLOP/s", "MFU",
-                    "1st s"):
-            t.add_column(col, justify="left" if col in ("shape", "mode") else "right",
-                         no_wrap=True)
-        for r in tr.rows:
-            s = r.shape
-            t.add_row(Text(s.name), r.mode, f"{s.batch_size}x{s.block_size}", g(r.timing.median_ms),
-                      spread(r.timing), f"{r.tokens_per_s:,.0f}", f"{r.achieved_tflops:.3g}",
-                      num(r.mfu, "{:.1%}"), g(r.first_step_s))
-        out_console.print(t)
-        for dt, m in p.measured.items():
-            out_console.print(f"measured {m['n']}x{m['n']} {dt} matmul: {m['tflops']:.3g} "
-                              "TFLOP/s", markup=False)
-        for v in tr.verdicts:
-            out_console.print(f"verdict: {v}", markup=False, soft_wrap=True)
-    sm = result.sample
-    if sm is not None:
-        s = sm.settings
-        what = f"{s.model}, " if s.model else ""
-        t = Table(title=f"greedy decoding, batch 1: {what}{s.n_layer}L {s.n_embd}d, prompt "
-                  f"{s.prompt_len} + {s.new_tokens} new tokens", box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("KV cache", "TTFT ms", "prefill tok/s", "decode ms/tok", "IQR",
-                    "decode tok/s"):
-            t.add_column(col, justify="right", no_wrap=True)
-        for r in sm.rows:
-            t.add_row("yes" if r.kv_cache else "no", g(r.ttft.median_ms),
-                      f"{r.prefill_tokens_per_s:,.0f}", g(r.decode.median_ms),
-                      spread(r.decode), f"{r.decode_tokens_per_s:,.0f}")
-        out_console.print(t)
-        for v in sm.verdicts:
-            out_console.print(f"verdict: {v}", markup=False, soft_wrap=True)
+def _g(x: float) -> str:
+    """3 significant digits, no exponent for big numbers."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
+def _iqr(t) -> str:
+    """The interquartile range relative to the median."""
+    return f"{100 * (t.q3_ms - t.q1_ms) / t.median_ms:.0f}%" if t.median_ms > 0 else "n/a"
+
+
+def _num(x, fmt: str = "{:.3g}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _table(title: str, columns: list[str], left: tuple[str, ...] = (), caption: str = ""):
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, caption=caption or None)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+    return t
+
+
+def _attention_table(a) -> tuple[object, list[str]]:
+    """The attention suite's table and the lines under it (memory method, verdicts)."""
+    from rich.text import Text  # plain cells: "sdpa[math]" is not rich markup
+
+    if a is None:
+        return None, []
+    c = a.config
+    t = _table(f"attention: batch {c['batch']}, {c['n_head']} heads, head_dim {c['head_dim']}, "
+               f"causal, {c['dtype']}",
+               ["T", "impl", "pass", "ms", "IQR", "MiB", "faster", "less mem", "diff"],
+               left=("impl", "pass"),
+               caption="faster / less mem: ratios vs naive; MiB: peak memory above the "
+               "inputs; diff: max |out - naive| (fwd) or |grad - naive| (fwd+bwd)")
+    for r in a.rows:
+        if r.status != "ok":
+            t.add_row(str(r.seq_len), Text(r.impl), r.pass_, "skipped", Text(r.reason[:60]),
+                      "", "", "", "")
+        else:
+            t.add_row(str(r.seq_len), Text(r.impl), r.pass_, _g(r.timing.median_ms),
+                      _iqr(r.timing), _num(r.peak_mem_mib), _num(r.speedup_vs_naive, "{:.2f}x"),
+                      _num(r.mem_ratio_vs_naive, "{:.1f}x"), _num(r.max_abs_diff, "{:.0e}"))
+    return t, [f"memory method: {a.memory_method or a.memory_note}",
+               *(f"verdict: {v}" for v in a.verdicts)]
+
+
+def _train_table(tr) -> tuple[object, list[str]]:
+    """The train suite's table and the lines under it (measured matmul rates, verdicts)."""
+    from rich.text import Text
+
+    if tr is None:
+        return None, []
+    p = tr.peak
+    peak = f"{p.tflops:.3g} TFLOP/s ({p.source})" if p.tflops else f"n/a ({p.note})"
+    t = _table(f"train step (AdamW, random tokens): MFU vs peak {peak}",
+               ["shape", "mode", "BxT", "ms/step", "IQR", "tok/s", "TFLOP/s", "MFU", "1st s"],
+               left=("shape", "mode"),
+               caption="1st s = first step in seconds (includes compilation for compile); "
+               + ", ".join(f"{r.shape.name} = {r.shape.n_layer} layers x {r.shape.n_embd}, "
+                           f"{r.params / 1e6:.2f}M params" for r in tr.rows
+                           if r.mode == "eager"))
+    for r in tr.rows:
+        s = r.shape
+        t.add_row(Text(s.name), r.mode, f"{s.batch_size}x{s.block_size}",
+                  _g(r.timing.median_ms), _iqr(r.timing), f"{r.tokens_per_s:,.0f}",
+                  f"{r.achieved_tflops:.3g}", _num(r.mfu, "{:.1%}"), _g(r.first_step_s))
+    return t, [*(f"measured {m['n']}x{m['n']} {dt} matmul: {m['tflops']:.3g} TFLOP/s"
+                 for dt, m in p.measured.items()), *(f"verdict: {v}" for v in tr.verdicts)]
+
+
+def _sample_table(sm) -> tuple[object, list[str]]:
+    """The sample suite's table and its verdicts."""
+    if sm is None:
+        return None, []
+    s = sm.settings
+    what = f"{s.model}, " if s.model else ""
+    t = _table(f"greedy decoding, batch 1: {what}{s.n_layer}L {s.n_embd}d, prompt "
+               f"{s.prompt_len} + {s.new_tokens} new tokens",
+               ["KV cache", "TTFT ms", "prefill tok/s", "decode ms/tok", "IQR", "decode tok/s"])
+    for r in sm.rows:
+        t.add_row("yes" if r.kv_cache else "no", _g(r.ttft.median_ms),
+                  f"{r.prefill_tokens_per_s:,.0f}", _g(r.decode.median_ms), _iqr(r.decode),
+                  f"{r.decode_tokens_per_s:,.0f}")
+    return t, [f"verdict: {v}" for v in sm.verdicts]

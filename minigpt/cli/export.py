@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import RunOpt, app, load_weights, say
+from minigpt.cli.main import RunOpt, app, say
 from minigpt.errors import ArgumentError
 
 FORMATS = ("hf", "gguf")
@@ -43,9 +43,10 @@ def export_command(
 
 def _hf(out: Path, run: Path | None) -> None:
     from minigpt.hf.export import check_export_dir, export_hf
+    from minigpt.run import load_run
 
     check_export_dir(out)  # fail before loading anything
-    loaded = load_weights(run, None, "cpu")
+    loaded = load_run(run, "cpu")
     done = export_hf(loaded, out)
     say(f"exported {loaded.label} as {done.architecture} ({done.n_params:,} parameters): "
         f"{', '.join(done.files)}")
@@ -56,13 +57,14 @@ def _hf(out: Path, run: Path | None) -> None:
 
 def _gguf(out: Path, run: Path | None, dtype: str) -> None:
     from minigpt.llamacpp import DTYPES, check_gguf_out, export_gguf, require_gguf
+    from minigpt.run import load_run
 
     if dtype not in DTYPES:
         raise ArgumentError("dtype", f"'{dtype}' is not a GGUF dtype here; valid: "
                             f"{', '.join(DTYPES)}")
     require_gguf()  # fail before loading anything
     check_gguf_out(out)
-    loaded = load_weights(run, None, "cpu")
+    loaded = load_run(run, "cpu")
     done = export_gguf(loaded, out, dtype)
     say(f"exported {loaded.label} as llama.cpp {done.architecture} ({done.n_params:,} "
         f"parameters, {done.dtype}, pre-tokenizer {done.pre_tokenizer}): "

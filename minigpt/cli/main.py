@@ -8,6 +8,10 @@ line on stderr and exit code 2, with library parameter names shown as the flags 
 (`temperature` -> `--temperature`); Ctrl-C outside the training loop exits 130. Usage errors
 (unknown command or flag, a value of the wrong type) are the parser's message with a
 did-you-mean, on stderr, exit 2. Never a traceback for any of these.
+
+Names that come from elsewhere (run directories, file paths, error messages quoting them) reach
+the terminal through `printable`: a run named with an escape sequence cannot move the cursor,
+recolour the terminal or forge a line.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from minigpt import __version__
-from minigpt.errors import ArgumentError, MinigptError
+from minigpt.errors import ArgumentError, ConflictError, MinigptError
 
 # Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
 err_console = Console(stderr=True, highlight=False)
@@ -36,12 +40,26 @@ def flag_for(param: str) -> str:
 
 def user_message(e: MinigptError) -> str:
     """A library error in the user's terms: parameter names become the flags they typed."""
+    if isinstance(e, ConflictError):
+        return e.render(flag_for)
     return e.render(flag_for(e.param)) if isinstance(e, ArgumentError) else str(e)
 
 
+# C0 and C1 controls, DEL, line/paragraph separators and the bidirectional overrides (which
+# reorder what a terminal shows): each is shown as \xNN or \uNNNN instead.
+_CONTROLS = {c: (f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}") for c in
+             [*range(0x20), *range(0x7F, 0xA0), 0x200E, 0x200F, 0x2028, 0x2029,
+              *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+
+
+def printable(text: object) -> str:
+    """`text` safe to show on a terminal: every control character escaped (see _CONTROLS)."""
+    return str(text).translate(_CONTROLS)
+
+
 def say(text: str) -> None:
-    """One plain line on stderr (no markup, no highlighting, no wrapping)."""
-    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+    """One plain line on stderr (no markup, no highlighting, no wrapping, controls escaped)."""
+    err_console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
 
 class _Group(TyperGroup):
@@ -99,24 +117,6 @@ ModelOpt = Annotated[str | None, typer.Option(
     "--model", metavar="PATH|hf:REPO_ID[@REV]",
     help="A Hugging Face GPT-2 / GPT-NeoX model instead of a run: a local model directory, or "
     "hf:REPO_ID[@REVISION] from the Hub (needs pip install 'minigpt-lab[hf]').")]
-
-
-def load_weights(run: Path | None, model: str | None, device, checkpoint: int | None = None):
-    """The one way a command gets its model: a trained run (`--run`, default the latest; a
-    kept `checkpoint` step) or an imported Hugging Face model (`--model`); both come back as
-    a `LoadedRun`."""
-    if run is not None and model is not None:
-        raise MinigptError("--run and --model exclude each other: give one of them")
-    if model is not None:
-        if checkpoint is not None:
-            raise MinigptError("--checkpoint picks a step of a trained run; it does not apply "
-                               "to --model")
-        from minigpt.hf import load_model
-
-        return load_model(model, device)
-    from minigpt.run import load_run
-
-    return load_run(run, device, step=checkpoint)
 
 
 def main() -> None:

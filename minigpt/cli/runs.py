@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import app, out_console, say
+from minigpt.cli.main import app, out_console, printable, say
 
 
 @app.command("runs")
@@ -35,22 +35,31 @@ def runs_command(
         out_console.out(json.dumps(doc), highlight=False)
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"runs in {directory}")
+    # Off a terminal rich assumes 80 columns and would fold every row in two.
+    console = out_console if out_console.is_terminal else Console(highlight=False, width=160)
+    console.print(_runs_table(rows, directory))
+
+
+def _runs_table(rows, directory: Path):
+    """One row per run. Names come from the file system: shown with controls escaped, never
+    read as markup."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=Text(printable(f"runs in {directory}"), style="table.title"))
     for name, justify in (("name", "left"), ("status", "left"), ("step", "right"),
                           ("best val bits/byte", "right"), ("parameters", "right"),
                           ("wall time", "right"), ("last change", "left")):
         table.add_column(name, justify=justify)
     for r in rows:
-        table.add_row(r.name, r.status, f"{r.step}/{r.max_steps if r.max_steps else '?'}",
+        table.add_row(Text(printable(r.name)), r.status,
+                      f"{r.step}/{r.max_steps if r.max_steps else '?'}",
                       "-" if r.best_val_bpb is None else f"{r.best_val_bpb:.4f}",
                       "-" if r.params is None else f"{r.params:,}",
                       "-" if r.wall_time is None else _duration(r.wall_time),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_change)))
-    # Off a terminal rich assumes 80 columns and would fold every row in two.
-    console = out_console if out_console.is_terminal else Console(highlight=False, width=160)
-    console.print(table)
+    return table
 
 
 def _duration(seconds: float) -> str:

@@ -3,142 +3,152 @@ sample), the run, seed and timings on stderr."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import DeviceOpt, ModelOpt, RunOpt, app, err_console, load_weights
-from minigpt.errors import MinigptError
+from minigpt.cli.main import DeviceOpt, ModelOpt, RunOpt, app, say
+
+PromptOpt = Annotated[str | None, typer.Option(
+    "-p", "--prompt", help="Text to continue. Default: start from <|endoftext|>.")]
+PromptFileOpt = Annotated[Path | None, typer.Option(
+    "--prompt-file", help="Read the prompt from this UTF-8 file.")]
+MaxNewOpt = Annotated[int, typer.Option(
+    "-n", "--max-new-tokens", help="Tokens to generate per sample.")]
+TemperatureOpt = Annotated[float, typer.Option(
+    "-t", "--temperature", help="Softmax temperature; 0 = greedy (argmax).")]
+TopKOpt = Annotated[int, typer.Option(
+    "-k", "--top-k", help="Keep the k most likely tokens; 0 = off.")]
+TopPOpt = Annotated[float, typer.Option(
+    "--top-p", help="Nucleus sampling: keep the top tokens holding this much probability, "
+    "in (0, 1]; 1 = off.")]
+SeedOpt = Annotated[int | None, typer.Option(
+    "--seed", help="Random seed (same seed, same output). Default: a fresh one, printed on "
+    "stderr.")]
+NumSamplesOpt = Annotated[int, typer.Option(
+    "--num-samples", help="Independent samples to draw.")]
+StopOpt = Annotated[list[str] | None, typer.Option(
+    "--stop", metavar="TEXT",
+    help="End a sample when this text appears (not printed); repeatable. \\n, \\t and "
+    "\\\\ stand for a newline, a tab and one backslash (--stop '\\n\\n' = a blank line).")]
+StreamOpt = Annotated[bool | None, typer.Option(
+    "--stream/--no-stream", help="Print tokens as they come. Default: on a terminal.")]
+NoKvCacheOpt = Annotated[bool, typer.Option(
+    "--no-kv-cache", help="Recompute the whole context for every token (slow).")]
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="One JSON document per sample on stdout.")]
+AllowSpecialOpt = Annotated[bool, typer.Option(
+    "--allow-special", help="Read <|endoftext|> in the prompt as the special token.")]
 
 
 @app.command("sample")
 def sample_command(
-    run: RunOpt = None,
-    prompt: Annotated[str | None, typer.Option(
-        "-p", "--prompt", help="Text to continue. Default: start from <|endoftext|>.")] = None,
-    prompt_file: Annotated[Path | None, typer.Option(
-        "--prompt-file", help="Read the prompt from this UTF-8 file.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(
-        "-n", "--max-new-tokens", help="Tokens to generate per sample.")] = 200,
-    temperature: Annotated[float, typer.Option(
-        "-t", "--temperature", help="Softmax temperature; 0 = greedy (argmax).")] = 1.0,
-    top_k: Annotated[int, typer.Option(
-        "-k", "--top-k", help="Keep the k most likely tokens; 0 = off.")] = 0,
-    top_p: Annotated[float, typer.Option(
-        "--top-p", help="Nucleus sampling: keep the top tokens holding this much probability, "
-        "in (0, 1]; 1 = off.")] = 1.0,
-    seed: Annotated[int | None, typer.Option(
-        "--seed", help="Random seed (same seed, same output). Default: a fresh one, printed on "
-        "stderr.")] = None,
-    num_samples: Annotated[int, typer.Option(
-        "--num-samples", help="Independent samples to draw.")] = 1,
-    stop: Annotated[list[str] | None, typer.Option(
-        "--stop", metavar="TEXT",
-        help="End a sample when this text appears (not printed); repeatable. \\n, \\t and "
-        "\\\\ stand for a newline, a tab and one backslash (--stop '\\n\\n' = a blank "
-        "line).")] = None,
-    stream: Annotated[bool | None, typer.Option(
-        "--stream/--no-stream", help="Print tokens as they come. Default: on a terminal.")] = None,
-    no_kv_cache: Annotated[bool, typer.Option(
-        "--no-kv-cache", help="Recompute the whole context for every token (slow).")] = False,
-    device: DeviceOpt = "auto",
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="One JSON document per sample on stdout.")] = False,
-    allow_special: Annotated[bool, typer.Option(
-        "--allow-special", help="Read <|endoftext|> in the prompt as the special token.")] = False,
-    model: ModelOpt = None,
+    run: RunOpt = None, prompt: PromptOpt = None, prompt_file: PromptFileOpt = None,
+    max_new_tokens: MaxNewOpt = 200, temperature: TemperatureOpt = 1.0, top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0, seed: SeedOpt = None, num_samples: NumSamplesOpt = 1,
+    stop: StopOpt = None, stream: StreamOpt = None, no_kv_cache: NoKvCacheOpt = False,
+    device: DeviceOpt = "auto", json_out: JsonOpt = False,
+    allow_special: AllowSpecialOpt = False, model: ModelOpt = None,
 ) -> None:
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""
-    stops = [unescape_stop(s) for s in stop or []]
-    _sample(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, seed,
-            num_samples, stops, stream, no_kv_cache, device, json_out, allow_special, model)
-
-
-def _sample(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, seed,
-            num_samples, stops, stream, no_kv_cache, device, json_out, allow_special,
-            model=None) -> None:
-    import json
-    import os
-    import time
-
     t_start = time.perf_counter()  # before torch is imported: "first token N s after start"
     from minigpt import sample as smp
-    from minigpt.device import resolve_device
+    from minigpt.inputs import load_run_or_model, read_prompt
 
     how = smp.Sampling(temperature, top_k, top_p, max_new_tokens, num_samples)  # validated
     if seed is not None:
         smp.check_seed(seed)
-    if prompt is not None and prompt_file is not None:
-        raise MinigptError("--prompt and --prompt-file: give one of them, not both")
-    text = _read_prompt_file(prompt_file) if prompt_file is not None else (prompt or "")
-    dev = resolve_device(device)
-    loaded = load_weights(run, model, dev)  # neither: the latest run under runs/
+    loaded = load_run_or_model(run, model, device)  # neither: the latest run under runs/
     tok, block = loaded.tokenizer, loaded.model.cfg.block_size
-    ids = tok.encode(text, allow_special=allow_special) if text else [tok.eot_id]
-    ids, dropped = smp.truncate_prompt(ids, block)
-    if dropped:
-        err_console.print(f"note: the prompt is {len(ids) + dropped} tokens, longer than the "
-                          f"model's context ({block}); using its last {block} tokens",
-                          markup=False, soft_wrap=True)
-    if seed is None:
-        seed = int.from_bytes(os.urandom(4), "little")
+    p = read_prompt(tok, block, prompt, prompt_file, allow_special)
+    if p.cut:
+        size = f"{p.n_tokens} tokens" if p.file_bytes is None else f"{p.file_bytes:,} bytes"
+        say(f"note: the prompt is {size}, longer than the model's context ({block}); using its "
+            f"last {block} tokens")
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    dev = next(loaded.model.parameters()).device
     which = "the latest run, " if run is None and model is None else ""
-    err_console.print(f"sampling from {which}{loaded.label} on {dev}, "
-                      f"seed {seed}", markup=False, soft_wrap=True)
+    say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}")
     streaming = (sys.stdout.isatty() if stream is None else stream) and not json_out
+    view = _SampleView(p, seed, num_samples, json_out, streaming, t_start)
+    with _stdout_to_the_end(), _decode_threads(dev):
+        smp.sample(loaded.model, p.ids, tok.decode, how, seed=seed,
+                   stops=[unescape_stop(s) for s in stop or []], stop_ids=[tok.eot_id],
+                   use_kv_cache=not no_kv_cache, on_text=view.on_text, on_done=view.on_done)
 
-    def on_text(index: int, piece: str) -> None:
-        if streaming:
+
+class _SampleView:
+    """Prints what `minigpt.sample.sample` reports: text on stdout (streamed, whole, or one JSON
+    document per sample) and one line of timings per sample on stderr."""
+
+    def __init__(self, prompt, seed: int, num_samples: int, json_out: bool, streaming: bool,
+                 t_start: float):
+        self.prompt, self.seed, self.n, self.json_out = prompt, seed, num_samples, json_out
+        self.streaming, self.t_start = streaming, t_start
+        self.t_gen = time.perf_counter()  # generation starts right after this is made
+
+    def on_text(self, index: int, piece: str) -> None:
+        if self.streaming:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-    def on_done(r) -> None:
-        if json_out:
-            doc = {"sample": r.index, "prompt": text, "prompt_tokens": len(ids), "text": r.text,
-                   "tokens": len(r.token_ids),
-                   "tokens_per_s": round(r.tokens_per_s, 2),
+    def on_done(self, r) -> None:
+        if self.json_out:
+            doc = {"sample": r.index, "prompt": self.prompt.text,
+                   "prompt_tokens": len(self.prompt.ids), "text": r.text,
+                   "tokens": len(r.token_ids), "tokens_per_s": round(r.tokens_per_s, 2),
                    "time_to_first_token_s": round(r.first_token_s, 4),
-                   "finish_reason": r.finish_reason, "seed": seed}
+                   "finish_reason": r.finish_reason, "seed": self.seed}
             sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
-        elif not streaming:
-            sys.stdout.write(r.text)
-        if not json_out:
-            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(("" if self.streaming else r.text) + "\n")
         sys.stdout.flush()
-        since = "" if r.index else f", {t_gen - t_start + r.first_token_s:.2f} s after start"
-        err_console.print(f"[sample {r.index + 1}/{num_samples}: {len(r.token_ids)} tokens, "
-                          f"{r.tokens_per_s:.0f} tokens/s, first token "
-                          f"{r.first_token_s * 1000:.0f} ms{since}; {r.finish_reason}]",
-                          markup=False, soft_wrap=True)
-        if r.index + 1 < num_samples and not json_out:
-            sys.stdout.write(f"----- sample {r.index + 2}/{num_samples} -----\n")
+        since = ("" if r.index else
+                 f", {self.t_gen - self.t_start + r.first_token_s:.2f} s after start")
+        say(f"[sample {r.index + 1}/{self.n}: {len(r.token_ids)} tokens, {r.tokens_per_s:.0f} "
+            f"tokens/s, first token {r.first_token_s * 1000:.0f} ms{since}; "
+            f"{r.finish_reason}]")
+        if r.index + 1 < self.n and not self.json_out:
+            sys.stdout.write(f"----- sample {r.index + 2}/{self.n} -----\n")
 
-    import torch
 
-    threads = torch.get_num_threads()
-    t_gen = time.perf_counter()
+@contextlib.contextmanager
+def _stdout_to_the_end():
+    """Ctrl-C ends the line and exits 130; a reader that leaves (`minigpt sample | head`)
+    ends the command quietly with exit 0."""
     try:
-        if dev.type == "cpu":
-            # Batch-1 decoding is a chain of tiny ops: a second intra-op thread adds a
-            # fork/join per matmul, and when other processes share the cores each join waits
-            # for a time slice (measured: ~10x slower with 2 threads on a busy 2-core machine).
-            torch.set_num_threads(1)
-        smp.sample(loaded.model, ids, tok.decode, how, seed=seed, stops=stops,
-                   stop_ids=[tok.eot_id], use_kv_cache=not no_kv_cache, on_text=on_text,
-                   on_done=on_done)
+        yield
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         sys.stdout.flush()
         raise typer.Exit(130) from None
-    except BrokenPipeError:  # `minigpt sample | head`: the reader left; stop quietly
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    finally:
-        torch.set_num_threads(threads)  # in-process callers (tests, notebooks) keep theirs
 
+
+@contextlib.contextmanager
+def _decode_threads(dev):
+    """One intra-op thread while decoding on CPU: batch-1 decoding is a chain of tiny ops, a
+    second thread adds a fork/join per matmul, and when other processes share the cores each
+    join waits for a time slice (measured: ~10x slower with 2 threads on a busy 2-core
+    machine). In-process callers (tests, notebooks) keep their setting afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        if dev.type == "cpu":
+            torch.set_num_threads(1)
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -157,14 +167,3 @@ def unescape_stop(text: str) -> str:
             out.append(text[i])
             i += 1
     return "".join(out)
-
-
-def _read_prompt_file(path: Path) -> str:
-    """The text of `--prompt-file` (UTF-8, not empty)."""
-    from minigpt.files import read_text
-
-    text = read_text(path, "prompt_file")
-    if not text:
-        raise MinigptError(f"--prompt-file {path}: the file is empty; put a prompt in it, or "
-                           "leave out --prompt-file to start from <|endoftext|>")
-    return text

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minigpt.heads.inspection import Inspection, visible_token, write_output
+from minigpt.files import atomic_write_bytes
+from minigpt.heads.inspection import Inspection, visible_token
 
 CMAP = "viridis"
 MAX_LABELS = 64  # more tokens than this: label every k-th token so the text stays legible
@@ -114,8 +115,8 @@ def head_png(insp: Inspection, layer: int, head: int) -> bytes:
 
 def write_pngs(insp: Inspection, out_dir: Path, heads: Sequence[tuple[int, int]]) -> list[Path]:
     """Write `attention_grid.png` and `attention_L{layer}_H{head}.png` for each selected head."""
-    paths = [write_output(out_dir / "attention_grid.png", grid_png(insp))]
+    paths = [atomic_write_bytes(out_dir / "attention_grid.png", grid_png(insp))]
     for layer, head in heads:
-        paths.append(write_output(out_dir / f"attention_L{layer}_H{head}.png",
-                            head_png(insp, layer, head)))
+        paths.append(atomic_write_bytes(out_dir / f"attention_L{layer}_H{head}.png",
+                                        head_png(insp, layer, head)))
     return paths

@@ -1,29 +1,25 @@
 """Attention of a model on one input, with every head's scores: `inspect()` returns an
-`Inspection` (data only); `cli` renders tables, `heatmap.py` / `viewer.py` write PNG / HTML.
+`Inspection` (data only); `cli` renders tables, `output.py` writes the files (`heatmap.py`
+PNG, `viewer.py` HTML).
 
 The maps come from the explicit attention path; the same input also runs through the SDPA path
 and the largest logit difference is reported (`parity_max_diff`), so a map is never drawn from
-a path that disagrees with the one the model runs on.
+a path that disagrees with the one the model runs on. Attention or logits that are not finite
+(a model whose weights hold NaN) are refused with a MinigptError, never scored or written.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from minigpt.attention import AttnSpec
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.files import atomic_write_bytes
 from minigpt.heads.scores import SCORE_HELP, SCORE_NAMES, dominant_type, score_heads
-
-FORMATS = ("table", "png", "html", "safetensors", "json")
 
 
 def visible_token(s: str, max_len: int = 0) -> str:
@@ -90,23 +86,25 @@ class Inspection:
     def dominant(self, layer: int, head: int) -> str:
         return dominant_type(self.head_scores(layer, head))
 
+    def head_row(self, layer: int, head: int, digits: int = 6) -> dict:
+        """One head's numbers as JSON: layer, head, dominant type and every score rounded to
+        `digits` (None = not applicable to this input). `--json`, scores.json and the viewer
+        all take their per-head numbers from here."""
+        s = self.head_scores(layer, head)
+        return {"layer": layer, "head": head, "dominant": dominant_type(s),
+                **{n: (None if math.isnan(v) else round(v, digits)) for n, v in s.items()}}
+
     def to_json(self, layers: Sequence[int] | None = None,
                 heads: Sequence[int] | None = None) -> dict:
         """The scores as a JSON-ready dict (NaN -> null), for `--json` and `--format json`."""
         layers = list(range(self.n_layer)) if layers is None else list(layers)
         heads = list(range(self.n_head)) if heads is None else list(heads)
-        rows = []
-        for layer in layers:
-            for head in heads:
-                s = self.head_scores(layer, head)
-                rows.append({"layer": layer, "head": head, "dominant": dominant_type(s),
-                             **{n: (None if math.isnan(v) else round(v, 6))
-                                for n, v in s.items()}})
         return {"run": self.run, "step": self.step, "source": self.source,
                 "n_layer": self.n_layer, "n_head": self.n_head, "n_tokens": len(self.tokens),
                 "tokens": self.tokens, "token_strs": self.token_strs,
                 "parity_max_abs_diff": self.parity_max_diff, "parity_ok": self.parity_ok,
-                "score_definitions": SCORE_HELP, "heads": rows}
+                "score_definitions": SCORE_HELP,
+                "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
 @torch.no_grad()
@@ -128,15 +126,18 @@ def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "c
 
 
 def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
-            device: torch.device | str = "cpu", source: str = "text", run: str = "",
+            device: torch.device | str | None = None, source: str = "text", run: str = "",
             step: int = 0) -> Inspection:
-    """Attention maps and head scores of `model` on `tokens` (already within block_size)."""
+    """Attention maps and head scores of `model` on `tokens` (already within block_size), on
+    `device` (None: where the model's weights are). MinigptError if the attention or the
+    logits are not finite."""
     if not tokens:
-        raise MinigptError("the input has no tokens; give some text")
-    attn, diff = attention_maps(model, tokens, device)
+        raise ValueError("inspect: no tokens")
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    attn, diff = attention_maps(model, tokens, dev)
+    check_finite(attn, diff, run)
     # probes are random ids: their "whitespace/punctuation" tokens are no sentence structure
     strs_for_scores = None if source.startswith("probe:") else token_strs
-    dev = torch.device(device)
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
     return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
@@ -144,44 +145,19 @@ def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
                       parity_tol=tol, source=source, run=run, step=step)
 
 
-# --------------------------------------------------------------------------------------------
-# Files: durable writes (rundir.atomic_write_bytes: temp file, fsync, rename, fsync the dir).
-
-
-def check_out_dir(out_dir: Path) -> Path:
-    """Create `out_dir` if needed and prove it is writable; ArgumentError (`out`) if not."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
-            pass
-    except OSError as e:
-        raise ArgumentError("out", f"cannot write there ({e.strerror or e}); give a writable "
-                            "directory with {name}", subject=out_dir) from None
-    return out_dir
-
-
-def write_output(path: Path, data: bytes) -> Path:
-    atomic_write_bytes(path, data)
-    return path
-
-
-def write_json(insp: Inspection, path: Path, layers: Sequence[int] | None = None,
-               heads: Sequence[int] | None = None) -> Path:
-    text = json.dumps(insp.to_json(layers, heads), indent=2, ensure_ascii=False)
-    return write_output(path, (text + "\n").encode("utf-8"))
-
-
-def write_safetensors(insp: Inspection, path: Path) -> Path:
-    """The raw attention `attention` (n_layer, n_head, T, T) float32 and `tokens` (T,) int64;
-    metadata (strings): tokens / token_strs as JSON, run, step, source, layout."""
-    from safetensors.torch import save
-
-    meta = {"tokens": json.dumps(insp.tokens), "token_strs": json.dumps(insp.token_strs),
-            "run": insp.run, "step": str(insp.step), "source": insp.source,
-            "layout": "attention[layer, head, query, key]", "format": "minigpt-attention/1"}
-    blob = save({"attention": insp.attention.contiguous(),
-                 "tokens": torch.tensor(insp.tokens, dtype=torch.int64)}, metadata=meta)
-    return write_output(path, blob)
+def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:
+    """MinigptError naming the first head (or the logits) that is not finite: a model whose
+    weights hold NaN or inf has no attention pattern to score, and JSON has no NaN."""
+    bad = (~torch.isfinite(attn)).flatten(2).any(-1).nonzero()  # (k, 2): layer, head
+    if not len(bad) and math.isfinite(logit_diff):
+        return
+    what = "the logits are"
+    if len(bad):
+        layer, head = bad[0].tolist()
+        what = f"the attention of layer {layer} head {head} is"
+    raise MinigptError(f"{run + ': ' if run else ''}{what} not finite (NaN or inf) on this "
+                       "input: the model's weights hold NaN or inf (a run that diverged?); "
+                       "nothing was written; inspect an earlier checkpoint")
 
 
 def select_heads(n_layer: int, n_head: int, layers: Sequence[int] = (),
@@ -192,16 +168,3 @@ def select_heads(n_layer: int, n_head: int, layers: Sequence[int] = (),
             if not 0 <= v < n:
                 raise ArgumentError(param, f"out of range; valid: 0..{n - 1}", subject=v)
     return (sorted(set(layers)) or list(range(n_layer)), sorted(set(heads)) or list(range(n_head)))
-
-
-def parse_formats(values: Sequence[str]) -> list[str]:
-    """Format names (each may be comma-separated), validated against FORMATS."""
-    out: list[str] = []
-    for value in values:
-        for name in (v.strip().lower() for v in value.split(",")):
-            if name not in FORMATS:
-                raise ArgumentError("format", f"'{name}' is not a format; valid: "
-                                   f"{', '.join(FORMATS)}")
-            if name not in out:
-                out.append(name)
-    return out or ["table"]

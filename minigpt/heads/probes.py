@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.errors import ArgumentError
-from minigpt.files import read_text
+from minigpt.errors import ArgumentError, ConflictError
+from minigpt.files import read_text_part
+from minigpt.inputs import text_budget
 
 PROBES = ("induction", "previous", "duplicate")
 PROBE_HELP = {
@@ -53,12 +54,14 @@ def probe_tokens(name: str, length: int, pool: Sequence[int], seed: int = 0) -> 
 @dataclass
 class ProbeInput:
     """The token ids to inspect, their strings and where they came from. `n_text_tokens` > len
-    (tokens) when a longer text was cut to its first `len(tokens)` tokens."""
+    (tokens) when a longer text was cut to its first `len(tokens)` tokens; `file_bytes` is a
+    text file's size when only its start was read (the text has more tokens than counted)."""
 
     tokens: list[int]
     token_strs: list[str]
     source: str
     n_text_tokens: int = 0
+    file_bytes: int | None = None
 
     @property
     def truncated(self) -> bool:
@@ -80,7 +83,8 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
                   probe: str | None = None, max_tokens: int | None = None,
                   seed: int = 0, eot_first: bool = False) -> ProbeInput:
     """Tokens for inspect-heads from at most one of text / text_file / probe (none:
-    DEFAULT_TEXT).
+    DEFAULT_TEXT; more than one: a ConflictError). A text file is read only as far as
+    `max_tokens` tokens can reach (`minigpt.inputs.text_budget`; regular files only).
 
     At most `max_tokens` tokens (default and maximum: model.block_size); longer text is cut to
     its first `max_tokens` tokens (see ProbeInput.truncated). Probes are `max_tokens` long.
@@ -93,7 +97,7 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
     given = [n for n, v in (("text", text), ("text_file", text_file), ("probe", probe))
              if v is not None]
     if len(given) > 1:
-        raise ArgumentError(given[0], f"excludes {given[1]}: give one input")
+        raise ConflictError(given)
     block = cfg.model.block_size
     first = [tokenizer.eot_id] if eot_first else []
     if max_tokens is None:
@@ -106,16 +110,16 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
         ids = first + probe_tokens(probe, max_tokens - len(first), probe_pool(cfg, tokenizer),
                                    seed)
         return ProbeInput(ids, [tokenizer.token_str(i) for i in ids], f"probe:{probe}")
-    source = "text"
+    source, file_bytes = "text", None
     if text_file is not None:
-        text = read_text(text_file, "text_file")
-        source = f"file:{text_file}"
+        budget = text_budget(tokenizer, max_tokens)
+        text, size = read_text_part(text_file, "text_file", budget)
+        source, file_bytes = f"file:{text_file}", (size if size > budget else None)
     elif text is None:
         text, source = DEFAULT_TEXT, "default text"
-    if not text.strip():
+    if not text.strip() and file_bytes is None:
         raise ArgumentError("text_file" if text_file is not None else "text",
                             "the text is empty; give some text to inspect")
     ids = first + tokenizer.encode(text)
-    n = len(ids)
     return ProbeInput(ids[:max_tokens], [tokenizer.token_str(i) for i in ids[:max_tokens]],
-                      source, n)
+                      source, len(ids), file_bytes)

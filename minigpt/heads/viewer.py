@@ -13,11 +13,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from minigpt.heads.inspection import Inspection, visible_token, write_output
+from minigpt.files import atomic_write_bytes
+from minigpt.heads.inspection import Inspection, visible_token
 from minigpt.heads.scores import SCORE_HELP, SCORE_NAMES
 
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
@@ -40,12 +40,8 @@ def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
     rows = insp.attention.tolist()  # (n_layer, n_head, T, T) nested lists
     attn = [[[round(v, 4) for t in range(T) for v in rows[layer][head][t][: t + 1]]
              for head in range(insp.n_head)] for layer in range(insp.n_layer)]
-    scores = []
-    for layer in range(insp.n_layer):
-        for head in range(insp.n_head):
-            s = insp.head_scores(layer, head)
-            scores.append({"layer": layer, "head": head, "dominant": insp.dominant(layer, head),
-                           **{n: (None if math.isnan(v) else round(v, 4)) for n, v in s.items()}})
+    scores = [insp.head_row(layer, head, digits=4)
+              for layer in range(insp.n_layer) for head in range(insp.n_head)]
     first = list(heads[0]) if heads else [0, 0]
     return {"n_layer": insp.n_layer, "n_head": insp.n_head, "T": T, "tokens": insp.tokens,
             "strs": insp.token_strs, "labels": [visible_token(s, 16) for s in insp.token_strs],
@@ -219,4 +215,4 @@ def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
 def write_html(insp: Inspection, path: Path,
                heads: Sequence[tuple[int, int]] | None = None) -> Path:
     """Write the viewer to `path` (durably); `heads[0]` is the head shown first."""
-    return write_output(path, render_html(insp, heads).encode("utf-8"))
+    return atomic_write_bytes(path, render_html(insp, heads).encode("utf-8"))

@@ -1,0 +1,98 @@
+"""The files inspect-heads writes: which formats (`parse_formats`: `table` is the terminal, the
+rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and proven writable
+before any work), and writing them (`write_files`: PNG heatmaps from `heatmap.py`, the HTML
+viewer from `viewer.py`, the raw tensor and the scores JSON from here). Every file is written
+durably (`minigpt.files`: temp file, fsync, rename)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from minigpt.errors import ArgumentError
+from minigpt.files import atomic_write_bytes
+from minigpt.heads.heatmap import write_pngs
+from minigpt.heads.inspection import Inspection
+from minigpt.heads.viewer import write_html
+
+FORMATS = ("table", "png", "html", "safetensors", "json")
+
+
+def parse_formats(values: Sequence[str]) -> list[str]:
+    """Format names (each may be comma-separated), validated against FORMATS; none given:
+    the table."""
+    out: list[str] = []
+    for value in values:
+        for name in (v.strip().lower() for v in value.split(",")):
+            if name not in FORMATS:
+                raise ArgumentError("format", f"'{name}' is not a format; valid: "
+                                   f"{', '.join(FORMATS)}")
+            if name not in out:
+                out.append(name)
+    return out or ["table"]
+
+
+def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None) -> Path | None:
+    """The directory for the files of `formats` (None: only the table was asked for): `out`,
+    else <run_dir>/heads/; made now, before any work (`make_out_dir`). An imported model has
+    no run directory: ArgumentError (`out`) unless `out` is given."""
+    files = [f for f in formats if f != "table"]
+    if not files:
+        return None
+    if out is None and run_dir is None:
+        raise ArgumentError("out", f"an imported model has no run directory to write the "
+                            f"{', '.join(files)} files into; give {{name}} DIR")
+    return make_out_dir(Path(out) if out is not None else Path(run_dir) / "heads")
+
+
+def make_out_dir(path: Path) -> Path:
+    """Create `path` if needed and prove it is writable; ArgumentError (`out`) if not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise ArgumentError("out", f"cannot write there ({e.strerror or e}); give a writable "
+                            "directory with {name}", subject=path) from None
+    return path
+
+
+def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Sequence[int],
+                heads: Sequence[int]) -> list[Path]:
+    """Write the files of `formats` into `out` for the selected heads; the paths written."""
+    pairs = [(layer, head) for layer in layers for head in heads]
+    written: list[Path] = []
+    if "png" in formats:
+        written += write_pngs(insp, out, pairs)
+    if "html" in formats:
+        written.append(write_html(insp, out / "attention.html", pairs))
+    if "safetensors" in formats:
+        written.append(write_safetensors(insp, out / "attention.safetensors"))
+    if "json" in formats:
+        written.append(write_json(insp, out / "scores.json", layers, heads))
+    return written
+
+
+def write_json(insp: Inspection, path: Path, layers: Sequence[int] | None = None,
+               heads: Sequence[int] | None = None) -> Path:
+    """`Inspection.to_json` of the selected heads, indented."""
+    text = json.dumps(insp.to_json(layers, heads), indent=2, ensure_ascii=False,
+                      allow_nan=False)
+    return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+def write_safetensors(insp: Inspection, path: Path) -> Path:
+    """The raw attention `attention` (n_layer, n_head, T, T) float32 and `tokens` (T,) int64;
+    metadata (strings): tokens / token_strs as JSON, run, step, source, layout."""
+    from safetensors.torch import save
+
+    meta = {"tokens": json.dumps(insp.tokens), "token_strs": json.dumps(insp.token_strs),
+            "run": insp.run, "step": str(insp.step), "source": insp.source,
+            "layout": "attention[layer, head, query, key]", "format": "minigpt-attention/1"}
+    blob = save({"attention": insp.attention.contiguous(),
+                 "tokens": torch.tensor(insp.tokens, dtype=torch.int64)}, metadata=meta)
+    return atomic_write_bytes(path, blob)
