@@ -4,16 +4,14 @@ and (slow, in subprocesses) SIGINT/SIGTERM and kill -9 in the middle of a checkp
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_train_sets
+from conftest import kill_trials, tiny_train_sets
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -155,10 +153,12 @@ def test_resume_where_nothing_was_saved_starts_at_step_0(tmp_path, left):
 # Subprocesses: signals and kill -9.
 
 
-def _spawn(tmp_path: Path, run: Path, sets: list[str], *extra: str, env: dict | None = None):
-    cmd = [sys.executable, "-m", "minigpt", "train", "--out", str(run), *with_sets(sets), *extra]
+def _spawn(tmp_path: Path, run: Path, sets: list[str], *extra: str,
+           die_during_save: int | None = None):
+    cmd = kill_trials().minigpt_command("train", "--out", str(run), *with_sets(sets), *extra,
+                                        die_during_save=die_during_save)
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, cwd=tmp_path)
+                            cwd=tmp_path)
 
 
 def _wait_for_line(proc, pattern: str, timeout: float = 120) -> list[str]:
@@ -198,7 +198,7 @@ def test_kill_9_during_save_then_resume(tmp_path):
     checkpoint stays committed and loadable, and --resume finishes the run."""
     run = tmp_path / "run"
     sets = tiny_sets(tmp_path, **{"train.checkpoint_interval": 2})
-    proc = _spawn(tmp_path, run, sets, env={"MINIGPT_TEST_DIE_DURING_SAVE": "4"})
+    proc = _spawn(tmp_path, run, sets, die_during_save=4)
     proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL
     leftovers = [p.name for p in (run / "checkpoints").iterdir()]

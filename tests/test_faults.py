@@ -6,7 +6,6 @@ the run. (benchmarks/kill_trials.py runs many more kill -9 trials than the few h
 from __future__ import annotations
 
 import errno
-import importlib.util
 import os
 import random
 import signal
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_trials
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -23,20 +23,12 @@ from minigpt.run import checkpoint as ckpt_mod
 from minigpt.run.layout import CKPT_DIR, LATEST
 from minigpt.run.load import load_run
 from minigpt.run.lock import LOCK_NAME, RunLock
+from minigpt.train.outputs import RunOutputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_kill_trials():
-    spec = importlib.util.spec_from_file_location("kill_trials",
-                                                  ROOT / "benchmarks" / "kill_trials.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kill_trials"] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
-kt = _load_kill_trials()
+kt = kill_trials()
 
 
 @pytest.fixture
@@ -102,12 +94,21 @@ def _assert_failed_save_left_a_good_run(run: Path, r, prev_step: int, corpus: Pa
     assert load_run(run, "cpu").step == 6
 
 
-def test_disk_full_during_save_hook(tmp_path, corpus, monkeypatch):
-    """checkpoint.py's own fault hook: ENOSPC right after the step-4 weights are written."""
+def test_disk_full_just_before_the_commit(tmp_path, corpus, monkeypatch):
+    """ENOSPC at the last moment before the step-4 commit (the checkpoint is complete and
+    renamed to step-000004, the metrics log is being made durable): the step dir and the
+    temporary link are removed, step 2 stays committed."""
     run = tmp_path / "run"
-    monkeypatch.setenv("MINIGPT_TEST_ENOSPC_DURING_SAVE", "4")
+    real = RunOutputs.before_commit
+
+    def full(self):
+        if "step-000004" in {p.name for p in (run / CKPT_DIR).iterdir()}:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run / "metrics.jsonl"))
+        real(self)
+
+    monkeypatch.setattr(RunOutputs, "before_commit", full)
     r = invoke("--out", str(run), *sets(corpus, tmp_path))
-    monkeypatch.delenv("MINIGPT_TEST_ENOSPC_DURING_SAVE")
+    monkeypatch.setattr(RunOutputs, "before_commit", real)
     _assert_failed_save_left_a_good_run(run, r, 2, corpus, tmp_path)
 
 

@@ -38,7 +38,7 @@ from minigpt.run.layout import (
     SUMMARY_FILE,
 )
 from minigpt.run.safetensors_io import read_header
-from minigpt.run.state import read_metrics
+from minigpt.run.state import finite, read_metrics
 
 RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CKPT_DIR, LOCK_NAME)  # any one makes a run dir
 _SUMMARY_STATUS = re.compile(r"^\| status \| (\w+) at step (\d+)/\d+ \|$", re.MULTILINE)
@@ -87,8 +87,8 @@ def read_row(run_dir: Path) -> RunRow:
     """One run's row (never raises for a damaged run: the damage shows in its status)."""
     records, bad = read_metrics(run_dir / METRICS_FILE)
     evals = [r for r in records if r.get("kind") == "eval"]
-    bpbs = [r["val_bpb"] for r in evals if _finite(r.get("val_bpb"))]
-    times = [r["elapsed"] for r in records if _finite(r.get("elapsed"))]
+    bpbs = [r["val_bpb"] for r in evals if finite(r.get("val_bpb")) is not None]
+    times = [r["elapsed"] for r in records if finite(r.get("elapsed")) is not None]
     max_steps = _max_steps(run_dir)
     try:
         ckpt = latest_checkpoint_dir(run_dir)
@@ -101,10 +101,6 @@ def read_row(run_dir: Path) -> RunRow:
                   max_steps=max_steps, best_val_bpb=min(bpbs) if bpbs else None,
                   params=_params(ckpt), wall_time=times[-1] if times else None,
                   last_change=_last_change(run_dir), skipped_lines=bad)
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None) -> str:
