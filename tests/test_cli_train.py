@@ -1,10 +1,13 @@
-"""`minigpt train` through the CLI: --print-config, refusals, plain progress off a terminal,
-and (slow, in subprocesses) SIGINT/SIGTERM and kill -9 in the middle of a checkpoint save."""
+"""`minigpt train` through the CLI: --print-config, refusals, plain progress off a terminal, the
+installed command resuming what it started, identical runs giving identical files, and (slow,
+in subprocesses) SIGINT/SIGTERM and kill -9 in the middle of a checkpoint save."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -25,6 +28,7 @@ def tiny_sets(tmp: Path, **over) -> list[str]:
     return tiny_train_sets(tmp, **{"train.sample_tokens": 2, **over})
 
 
+MINIGPT = shutil.which("minigpt")
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
 
 
@@ -122,6 +126,46 @@ def test_the_original_command_with_resume_appended_continues_the_run(tmp_path):
     assert "model.n_embd cannot change on --resume" in line
     assert "model.n_embd=32" in line and "gives 64" in line
     assert load_run(run).step == 7  # the refusal changed nothing
+
+
+def installed(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` through the installed console script, as a user runs it."""
+    return subprocess.run([MINIGPT, *args], cwd=cwd, capture_output=True, text=True,
+                          check=False, timeout=600)
+
+
+@pytest.mark.parametrize("config", ["default", "speedrun"])
+def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, config):
+    """Issue 26 (3): `--config FILE --set model.n_layer=2 ...`, then the same command with
+    --resume appended. The command's settings are resolved as the command resolves them (the
+    file, then each --set), so the file's n_layer 4 is not held against the run's 2."""
+    run = tmp_path / "run"
+    sets = tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 4,
+                                  "train.eval_interval": 2, "train.checkpoint_interval": 2})
+    command = ["train", "--config", config, *with_sets(sets), "--out", str(run)]
+    r = installed(*command, "--stop-after", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = installed(*command, "--stop-after", "2", "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "from step 2" in r.stderr and re.search(r"^step 4/4 ", r.stderr, re.MULTILINE)
+    assert load_run(run).cfg.model.n_layer == 2 and load_run(run).step == 4
+    # A --set that really changes a model setting is still refused, naming the resolved value.
+    r = installed(*command, "--set", "model.n_layer=3", "--resume", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: --set: model.n_layer cannot change")
+    assert "model.n_layer=2" in r.stderr and "gives 3" in r.stderr
+
+
+def test_two_identical_runs_write_identical_files(tmp_path):
+    """Issue 26: the same command twice (two processes) gives byte-identical weights and
+    optimizer state: safetensors metadata is written in a fixed order."""
+    digests = []
+    for name in ("a", "b"):
+        r = installed("train", *with_sets(tiny_sets(tmp_path, **{"train.max_steps": 2})),
+                      "--out", str(tmp_path / name), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        digests.append([hashlib.sha256((tmp_path / name / f).read_bytes()).hexdigest()
+                        for f in ("model.safetensors", "optimizer.safetensors")])
+    assert digests[0] == digests[1]
 
 
 @pytest.mark.parametrize("left", ["lock", "config"])
