@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -129,5 +130,5 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read the tensors of a file whose header was already validated (CPU tensors)."""
     try:
         return st_load(path.read_bytes())
-    except Exception as e:  # noqa: BLE001 - the library raises its own SafetensorError
+    except (OSError, SafetensorError) as e:  # unreadable, or what the library refuses
         raise MinigptError(f"{path}: cannot read tensors ({e})") from None

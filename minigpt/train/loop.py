@@ -118,20 +118,19 @@ def set_up(cfg: Config, run_dir: Path, start: Resumed | None, device: torch.devi
         main_first(lambda: claim_fresh(run_dir, claim, main), info)
     model, optimizer, names = build_model(cfg, device, start)
     state, data_gen = restore_progress(cfg, info, start)
+    # Rank 0's run files consume every event first, then the caller's on_event.
     head_every = head_scores_every(cfg.train) if main else 0
-    outputs = RunOutputs(run_dir, cfg, tokenizer, None if claim is not None else state.step,
+    outputs = RunOutputs(run_dir, cfg, tokenizer, resumed_at=None if claim else state.step,
                          heads_png=head_every > 0) if main else None
     heads = HeadWatch(model, cfg, tokenizer, outputs.heads) if head_every else None
-    consumers = [outputs, on_event] if outputs is not None else [on_event]
     t = cfg.train
     return Trainer(
         cfg=cfg, run_dir=run_dir, device=device, info=info, tokenizer=tokenizer, data=data,
         model=model, fwd=forward_module(model, t, device, info), optimizer=optimizer,
         names=names, micro=micro, n_micro=n_micro, amp=amp_dtype(t.precision, device),
-        data_gen=data_gen, eval_offsets=data.sample_offsets(
-            "val", t.eval_batches * t.batch_size, torch.Generator().manual_seed(cfg.run.seed + 1)),
-        state=state, heads=heads, head_every=head_every, outputs=outputs,
-        emit=_fan_out(consumers),
+        data_gen=data_gen, eval_offsets=validation_sample(data, t, cfg.run.seed), state=state,
+        heads=heads, head_every=head_every, outputs=outputs,
+        emit=_fan_out([c for c in (outputs, on_event) if c is not None]),
         last_ckpt=start.checkpoint.path if start is not None else None,
         saved_step=state.step if start is not None else -1)
 
@@ -182,6 +181,12 @@ def restore_progress(cfg: Config, info: DistInfo, start: Resumed | None
     if info.rank > 0:
         torch.manual_seed(cfg.run.seed + 7919 * info.rank + state.step)
     return state, data_gen
+
+
+def validation_sample(data: Dataset, t: TrainConfig, seed: int) -> torch.Tensor:
+    """The offsets every evaluation uses, drawn once: evaluations compare like with like."""
+    return data.sample_offsets("val", t.eval_batches * t.batch_size,
+                               torch.Generator().manual_seed(seed + 1))
 
 
 def forward_module(model: GPT, t: TrainConfig, device: torch.device,
@@ -241,7 +246,7 @@ class Trainer:
     n_micro: int                    # forward passes per step on this rank
     amp: torch.dtype | None         # autocast dtype (None: fp32)
     data_gen: torch.Generator       # the batches' order
-    eval_offsets: torch.Tensor      # a fixed validation sample: evaluations compare alike
+    eval_offsets: torch.Tensor      # validation_sample
     state: TrainerState
     heads: HeadWatch | None         # head scores every `head_every` steps (rank 0)
     head_every: int

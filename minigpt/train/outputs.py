@@ -60,7 +60,7 @@ class RunOutputs:
     events of one session (rank 0 only). `resumed_at`: the step a resumed session continues
     from (None for a fresh run); `heads_png`: the session scores heads."""
 
-    def __init__(self, run_dir: Path, cfg: Config, tokenizer: Tokenizer,
+    def __init__(self, run_dir: Path, cfg: Config, tokenizer: Tokenizer, *,
                  resumed_at: int | None, heads_png: bool) -> None:
         self.run_dir, self.cfg, self.tokenizer, self.heads_png = run_dir, cfg, tokenizer, heads_png
         self.path = run_dir / METRICS_FILE
