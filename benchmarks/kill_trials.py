@@ -7,8 +7,9 @@ checkpoint write), then the run must load its last good checkpoint and `--resume
 Each trial starts a real `python -m minigpt train` process on a tiny byte-level model that
 checkpoints every 3 steps, waits for a random step to be reported on stderr (plus a random
 0-40 ms), or for a random delay during start-up, and sends SIGKILL. "mid-save" trials instead
-set MINIGPT_TEST_DIE_DURING_SAVE=<step> (checkpoint.py's fault hook: the process SIGKILLs
-itself after writing that step's weights, before the manifest and the commit).
+run `minigpt_command(..., die_during_save=<step>)`: a process that patches the checkpoint
+writer to SIGKILL itself right after writing that step's weights, before the manifest and the
+commit (the package has no fault hooks of its own), then runs the CLI.
 
 Checks after every kill:
   - if a checkpoint was committed, `load_run` loads it, and its step is at least the last
@@ -43,6 +44,31 @@ from minigpt.run.load import load_run
 
 CKPT_EVERY = 3
 MAX_STEPS = 300
+
+# `python -c` body: SIGKILL itself in the middle of saving step argv[1] (right after that
+# step's weights are written into the temporary directory), then run `minigpt argv[2:]`.
+DIE_DURING_SAVE = """
+import os, signal, sys
+from pathlib import Path
+from minigpt.run import checkpoint
+step, sys.argv = int(sys.argv[1]), ["minigpt", *sys.argv[2:]]
+write = checkpoint.write_file_synced
+def write_then_die(path, data):
+    write(path, data)
+    if Path(path).name == "model.safetensors" and f".tmp-step-{step:06d}-" in str(path):
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.write_file_synced = write_then_die
+from minigpt.cli import main
+main()
+"""
+
+
+def minigpt_command(*args: str, die_during_save: int | None = None) -> list[str]:
+    """`python -m minigpt ARGS`; with `die_during_save=N`, a `minigpt ARGS` process that kills
+    itself (SIGKILL) in the middle of saving the checkpoint of step N."""
+    if die_during_save is None:
+        return [sys.executable, "-m", "minigpt", *args]
+    return [sys.executable, "-c", DIE_DURING_SAVE, str(die_during_save), *args]
 
 
 def tiny_sets(corpus: Path, cache: Path, max_steps: int = MAX_STEPS) -> list[str]:
@@ -92,13 +118,11 @@ def run_trial(index: int, kind: str, rng: random.Random, work: Path, corpus: Pat
     tr = Trial(index, kind)
     run = work / "run"
     env = {**os.environ, "MINIGPT_CACHE": str(cache)}
-    save_step = None
-    if kind == "mid-save":
-        save_step = CKPT_EVERY * rng.randint(1, 12)
-        env["MINIGPT_TEST_DIE_DURING_SAVE"] = str(save_step)
-    proc = subprocess.Popen([sys.executable, "-m", "minigpt", "train", "--out", str(run),
-                             *tiny_sets(corpus, cache)], cwd=work, env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    save_step = CKPT_EVERY * rng.randint(1, 12) if kind == "mid-save" else None
+    proc = subprocess.Popen(minigpt_command("train", "--out", str(run), *tiny_sets(corpus, cache),
+                                            die_during_save=save_step),
+                            cwd=work, env=env, text=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     seen: list[str] = []
     try:
         if kind == "startup":
@@ -110,7 +134,7 @@ def run_trial(index: int, kind: str, rng: random.Random, work: Path, corpus: Pat
                 raise RuntimeError(f"never saw step {target}: {''.join(seen)[-500:]}")
             time.sleep(rng.uniform(0, 0.04))
         if kind == "mid-save":
-            proc.wait(timeout=300)  # the hook kills it
+            proc.wait(timeout=300)  # it kills itself
         else:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=60)

@@ -23,7 +23,7 @@ from torch.profiler import profile as prof
 
 from minigpt.config import ModelConfig
 from minigpt.model import GPT, flops_per_token
-from minigpt.train.optim import param_groups
+from minigpt.train.optim import adamw_groups
 
 SHAPES = {  # name: (n_layer, n_head, n_embd, block_size, batch)
     "small": (4, 4, 128, 64, 12),
@@ -71,7 +71,8 @@ def make(shape: str, vocab: int, adamw: str = "default", seed: int = 0):
     y = torch.randint(0, vocab, (batch, block), generator=g)
     extra = {"fused": True} if adamw == "fused" else {"foreach": True} if adamw == "foreach" \
         else {}
-    opt = torch.optim.AdamW(param_groups(model, 0.1)[0], lr=1e-3, betas=(0.9, 0.99), **extra)
+    groups, _ = adamw_groups(list(model.named_parameters()), 0.1)
+    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99), **extra)
 
     def train_step():
         with record_function("phase: forward + loss"):

@@ -8,9 +8,9 @@ The shape of issue 18: n_layer 4, n_embd 128, n_head 4, block_size 64, batch 12,
 default BPE (1024 merges + <|endoftext|> = 1025 ids) on the bundled Shakespeare, AdamW lr 1e-3,
 weight decay 0.1 on matrices, betas (0.9, 0.99), global-norm clip 1.0.
 
-- minigpt: the REAL training step, `train.loop._Trainer.step` (offsets from the data generator,
+- minigpt: the REAL training step, `train.loop.Trainer.step` (offsets from the data generator,
   `Dataset.get_batch`, forward, backward, the loss/stop-flag stats, clip_grad_norm_, AdamW as
-  `train/optim.py` builds it, zero_grad), on a trainer built by `_Trainer` from the default
+  `train/optim.py` builds it, zero_grad), on a trainer built by `set_up` from the default
   config with the shape above, RoPE positions (the default), no compile, no head scores.
 - reference: a plain GPT-2-style model written below, nanoGPT's layout: learned positions
   (wpe), pre-norm blocks, LayerNorm, one fused qkv Linear, `F.scaled_dot_product_attention(
@@ -53,8 +53,9 @@ from torch import nn
 
 from minigpt.config import load_config
 from minigpt.events import no_events
+from minigpt.run.lock import RunLock
 from minigpt.train.distributed import DistInfo
-from minigpt.train.loop import _Trainer
+from minigpt.train.loop import set_up
 from minigpt.train.safety import StopFlag
 
 SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12}
@@ -167,8 +168,8 @@ def minigpt_step(root: Path, pos: str, cache: Path, compile_: bool = False):
         f"train.compile={'true' if compile_ else 'false'}", "train.head_scores_interval=off",
         "train.max_steps=1000000", f"model.pos_encoding={pos}", f"data.cache_dir={cache}"])
     run_dir = root / f"minigpt-{pos}{'-compiled' if compile_ else ''}"
-    trainer = _Trainer(cfg, run_dir, None, torch.device("cpu"), DistInfo(), no_events,
-                       lambda: run_dir.mkdir(parents=True))
+    trainer = set_up(cfg, run_dir, None, torch.device("cpu"), DistInfo(), no_events,
+                     claim=RunLock(run_dir))
     trainer.model.train()
     flag = StopFlag()  # not entered: no signal handlers; step() only reads flag.signum
 

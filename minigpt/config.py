@@ -26,8 +26,9 @@ from minigpt.files import parse_yaml, read_text
 from minigpt.paths import CONFIGS_DIR, resolve_path
 
 __all__ = ["Config", "ConfigError", "DataConfig", "MinigptError", "ModelConfig", "RunConfig",
-           "TokenizerConfig", "TrainConfig", "apply_overrides", "describe_fields", "from_dict",
-           "load_config", "model_hash", "parse_override", "parse_yaml", "to_dict", "to_yaml"]
+           "TokenizerConfig", "TrainConfig", "apply_overrides", "config_from", "describe_fields",
+           "from_dict", "load_config", "model_hash", "parse_override", "parse_yaml", "read_config",
+           "to_dict", "to_yaml"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,6 +361,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """Load, override and validate a config. `path=None` loads configs/default.yaml.
 
     The run name defaults to the config file's stem. Raises ConfigError (one line)."""
+    return config_from(*read_config(path), overrides)
+
+
+def read_config(path: str | Path | None = None) -> tuple[Path, dict]:
+    """The config file for `path` (`find_config`) and its parsed mapping ({} for an empty
+    file), not yet validated as a Config. Raises ConfigError (one line)."""
     p = find_config(str(path) if path is not None else None)
     try:
         text = read_text(p, "config")
@@ -370,14 +377,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"{p}: a config must be a mapping of sections "
                           f"({', '.join(SECTIONS)}), got a YAML {type(raw).__name__}")
-    raw = apply_overrides(raw or {}, list(overrides))
-    cfg = from_dict(raw, str(p))
+    return p, raw or {}
+
+
+def config_from(path: Path, raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The validated Config of the mapping `raw` read from the file `path` (`read_config`)
+    with the `--set` overrides applied in order; run.name defaults to the file's stem."""
+    cfg = from_dict(apply_overrides(raw, list(overrides)), str(path))
     if not cfg.run.name:
-        cfg.run.name = p.stem
+        cfg.run.name = path.stem
         try:
             check_run_name(cfg.run.name)
         except ConfigError as e:
-            raise ConfigError(f"{p}: {e} (the name comes from the config file's name; set "
+            raise ConfigError(f"{path}: {e} (the name comes from the config file's name; set "
                               "run.name)") from None
     return cfg
 

@@ -3,6 +3,10 @@
 The library never prints: `train`, `build_tokenizer`, `prepare_dataset` and `run_bench` call
 `on_event(event)` with these dataclasses, and the CLI renders them (a progress bar, plain log
 lines); tests collect them. Standard library only.
+
+A training session's events are also what its run directory is written from: metrics.jsonl
+holds one record per StepEvent, EvalEvent and HeadScoresEvent, and the pictures and summary.md
+are drawn from them (train/outputs.py), so every consumer sees the same stream.
 """
 
 from __future__ import annotations
@@ -115,6 +119,15 @@ class EvalEvent:
     best_val_bpb: float
     elapsed: float
     samples: list[tuple[str, str]]  # (prompt, generated text)
+    tokens_seen: int
+
+
+@dataclass
+class HeadScoresEvent:
+    """Every head's score on the built-in probes (heads/timeline.py) at `step`."""
+    step: int
+    seconds: float           # how long the measurement took
+    scores: dict[str, list]  # {score name: n_layer x n_head}
 
 
 @dataclass

@@ -53,6 +53,21 @@ def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) 
     return run_dir
 
 
+def kill_trials():
+    """benchmarks/kill_trials.py as a module (its trial runner and `minigpt_command`, which
+    starts a `minigpt` process that kills itself in the middle of a checkpoint save)."""
+    import importlib.util
+    import sys
+
+    if "kill_trials" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "kill_trials", Path(__file__).resolve().parents[1] / "benchmarks" / "kill_trials.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["kill_trials"] = mod  # dataclasses look their module up here
+        spec.loader.exec_module(mod)
+    return sys.modules["kill_trials"]
+
+
 def tiny_train_sets(tmp: Path, **over) -> list[str]:
     """`--set` values of a 1-layer, 32-wide byte model on a small generated corpus: a step
     takes milliseconds; evaluations (and so curves.png) at steps 3 and 6."""

@@ -3,6 +3,7 @@ crashes, and every way a weights file can be wrong (each a one-line MinigptError
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -158,13 +159,21 @@ def test_interrupted_save_leaves_previous_checkpoint(saved, monkeypatch):
     (root / ".tmp-step-000010-999" / "model.safetensors").write_bytes(b"\0" * 10)
     (root / "step-000010").mkdir()
     assert load_run(run, "cpu").step == 5
-    # An injected disk-full error: one-line message, previous checkpoint intact, no leftovers.
-    monkeypatch.setenv("MINIGPT_TEST_ENOSPC_DURING_SAVE", "7")
+    # A disk full while the manifest, the last file, is written: one-line message, previous
+    # checkpoint intact, no leftovers.
+    real = ck.write_file_synced
+
+    def full(path, data):
+        if Path(path).name == "manifest.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, data)
+
+    monkeypatch.setattr(ck, "write_file_synced", full)
     with pytest.raises(MinigptError, match="no space left.*step-000005.*intact"):
         _save(run, cfg, model, opt, names, 7)
     assert not any(p.name.startswith(".tmp-step-000007") for p in root.iterdir())
     assert load_run(run, "cpu").step == 5
-    monkeypatch.delenv("MINIGPT_TEST_ENOSPC_DURING_SAVE")
+    monkeypatch.setattr(ck, "write_file_synced", real)
     _save(run, cfg, model, opt, names, 10)  # the next save commits and cleans up
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000010"]
     assert load_run(run, "cpu").step == 10

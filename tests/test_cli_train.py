@@ -1,19 +1,20 @@
-"""`minigpt train` through the CLI: --print-config, refusals, plain progress off a terminal,
-and (slow, in subprocesses) SIGINT/SIGTERM and kill -9 in the middle of a checkpoint save."""
+"""`minigpt train` through the CLI: --print-config, refusals, plain progress off a terminal, the
+installed command resuming what it started, identical runs giving identical files, and (slow,
+in subprocesses) SIGINT/SIGTERM and kill -9 in the middle of a checkpoint save."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import re
+import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_train_sets
+from conftest import kill_trials, tiny_train_sets
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -27,6 +28,7 @@ def tiny_sets(tmp: Path, **over) -> list[str]:
     return tiny_train_sets(tmp, **{"train.sample_tokens": 2, **over})
 
 
+MINIGPT = shutil.which("minigpt")
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
 
 
@@ -126,6 +128,46 @@ def test_the_original_command_with_resume_appended_continues_the_run(tmp_path):
     assert load_run(run).step == 7  # the refusal changed nothing
 
 
+def installed(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` through the installed console script, as a user runs it."""
+    return subprocess.run([MINIGPT, *args], cwd=cwd, capture_output=True, text=True,
+                          check=False, timeout=600)
+
+
+@pytest.mark.parametrize("config", ["default", "speedrun"])
+def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, config):
+    """Issue 26 (3): `--config FILE --set model.n_layer=2 ...`, then the same command with
+    --resume appended. The command's settings are resolved as the command resolves them (the
+    file, then each --set), so the file's n_layer 4 is not held against the run's 2."""
+    run = tmp_path / "run"
+    sets = tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 4,
+                                  "train.eval_interval": 2, "train.checkpoint_interval": 2})
+    command = ["train", "--config", config, *with_sets(sets), "--out", str(run)]
+    r = installed(*command, "--stop-after", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = installed(*command, "--stop-after", "2", "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "from step 2" in r.stderr and re.search(r"^step 4/4 ", r.stderr, re.MULTILINE)
+    assert load_run(run).cfg.model.n_layer == 2 and load_run(run).step == 4
+    # A --set that really changes a model setting is still refused, naming the resolved value.
+    r = installed(*command, "--set", "model.n_layer=3", "--resume", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: --set: model.n_layer cannot change")
+    assert "model.n_layer=2" in r.stderr and "gives 3" in r.stderr
+
+
+def test_two_identical_runs_write_identical_files(tmp_path):
+    """Issue 26: the same command twice (two processes) gives byte-identical weights and
+    optimizer state: safetensors metadata is written in a fixed order."""
+    digests = []
+    for name in ("a", "b"):
+        r = installed("train", *with_sets(tiny_sets(tmp_path, **{"train.max_steps": 2})),
+                      "--out", str(tmp_path / name), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        digests.append([hashlib.sha256((tmp_path / name / f).read_bytes()).hexdigest()
+                        for f in ("model.safetensors", "optimizer.safetensors")])
+    assert digests[0] == digests[1]
+
+
 @pytest.mark.parametrize("left", ["lock", "config"])
 def test_resume_where_nothing_was_saved_starts_at_step_0(tmp_path, left):
     """Issue #15 finding 5: a run killed during start-up left only train.lock, or config.yaml
@@ -155,10 +197,12 @@ def test_resume_where_nothing_was_saved_starts_at_step_0(tmp_path, left):
 # Subprocesses: signals and kill -9.
 
 
-def _spawn(tmp_path: Path, run: Path, sets: list[str], *extra: str, env: dict | None = None):
-    cmd = [sys.executable, "-m", "minigpt", "train", "--out", str(run), *with_sets(sets), *extra]
+def _spawn(tmp_path: Path, run: Path, sets: list[str], *extra: str,
+           die_during_save: int | None = None):
+    cmd = kill_trials().minigpt_command("train", "--out", str(run), *with_sets(sets), *extra,
+                                        die_during_save=die_during_save)
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, cwd=tmp_path)
+                            cwd=tmp_path)
 
 
 def _wait_for_line(proc, pattern: str, timeout: float = 120) -> list[str]:
@@ -198,7 +242,7 @@ def test_kill_9_during_save_then_resume(tmp_path):
     checkpoint stays committed and loadable, and --resume finishes the run."""
     run = tmp_path / "run"
     sets = tiny_sets(tmp_path, **{"train.checkpoint_interval": 2})
-    proc = _spawn(tmp_path, run, sets, env={"MINIGPT_TEST_DIE_DURING_SAVE": "4"})
+    proc = _spawn(tmp_path, run, sets, die_during_save=4)
     proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL
     leftovers = [p.name for p in (run / "checkpoints").iterdir()]

@@ -238,7 +238,7 @@ def test_resume_on_cuda(tmp_path):
     sa = json.loads((straight / "trainer_state.json").read_text())
     sb = json.loads((split / "trainer_state.json").read_text())
     assert (sa["step"], sa["tokens_seen"]) == (sb["step"], sb["tokens_seen"]) == (8, 8 * 8 * 32)
-    assert sa["rng"]["data"] == sb["rng"]["data"] and sa["schedule"] == sb["schedule"]
+    assert sa["rng"]["data"] == sb["rng"]["data"]  # the schedule: every logged lr, below
     ra, rb = _records(straight, "train"), _records(split, "train")
     assert [r["step"] for r in ra] == [r["step"] for r in rb] == list(range(1, 9))
     for x, y in zip(ra, rb):

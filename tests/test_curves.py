@@ -5,6 +5,7 @@ test_cli_real.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -67,6 +68,40 @@ def test_the_picture_plots_what_metrics_jsonl_holds(trained_runs):
                                                            for r in evals]
     best = min(r["val_bpb"] for r in evals)
     assert f"best {best:.4f} bits/byte" in bottom.get_title()
+
+
+def test_the_trainer_draws_from_its_records_and_never_reads_the_log_back(tmp_path,
+                                                                        monkeypatch):
+    """While it trains, the trainer reads metrics.jsonl once, on resume (the records up to the
+    resumed step); every picture after that comes from the records it keeps in memory, and
+    equals one drawn from the finished log."""
+    from conftest import tiny_train_sets
+
+    import minigpt.run.curves as curves_mod
+    import minigpt.run.state as state_mod
+    import minigpt.train.outputs as outputs_mod
+    from minigpt.config import load_config
+    from minigpt.run.resume import resume_config
+    from minigpt.train import train
+
+    def never(*args, **kwargs):
+        raise AssertionError("metrics.jsonl read back while training")
+
+    reads, upto = [], outputs_mod.metrics_upto
+    with monkeypatch.context() as m:
+        m.setattr(outputs_mod, "metrics_upto", lambda *a: reads.append(a[1]) or upto(*a))
+        m.setattr(curves_mod, "read_metrics", never)
+        m.setattr(state_mod, "read_metrics", never)
+        run = tmp_path / "a" / "run"
+        train(load_config(None, tiny_train_sets(tmp_path, **{"train.max_steps": 9})), run,
+              stop_after=4)
+        assert reads == []
+        train(resume_config(run, []), run, resume=True)
+        assert reads == [4]
+    again = tmp_path / "b" / "run"  # the same name: the title names the run
+    again.mkdir(parents=True)
+    curves_mod.write_curves(dataclasses.replace(read_series(run), run_dir=again))
+    assert (again / "curves.png").read_bytes() == (run / "curves.png").read_bytes()
 
 
 def test_damaged_and_null_records_are_skipped_or_gaps(tmp_path, trained_runs):

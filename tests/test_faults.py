@@ -1,14 +1,16 @@
-"""Faults: kill -9 at random moments, signals, a full disk while saving, and two trainers on one
-run directory. Whatever happens, the last committed checkpoint loads and `--resume` finishes
-the run. (benchmarks/kill_trials.py runs many more kill -9 trials than the few here.)
+"""Faults: kill -9 at random moments, signals, a full disk while saving, a resume whose first
+save fails or whose commit link is missing or copied, and two trainers on one run directory.
+Whatever happens, the last committed checkpoint loads, nothing already saved changes, and
+`--resume` finishes the run. (benchmarks/kill_trials.py runs many more kill -9 trials.)
 """
 
 from __future__ import annotations
 
 import errno
-import importlib.util
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_trials
+from test_hardening import tree_hash
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -23,20 +27,12 @@ from minigpt.run import checkpoint as ckpt_mod
 from minigpt.run.layout import CKPT_DIR, LATEST
 from minigpt.run.load import load_run
 from minigpt.run.lock import LOCK_NAME, RunLock
+from minigpt.train.outputs import RunOutputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_kill_trials():
-    spec = importlib.util.spec_from_file_location("kill_trials",
-                                                  ROOT / "benchmarks" / "kill_trials.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kill_trials"] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
-kt = _load_kill_trials()
+kt = kill_trials()
 
 
 @pytest.fixture
@@ -102,12 +98,21 @@ def _assert_failed_save_left_a_good_run(run: Path, r, prev_step: int, corpus: Pa
     assert load_run(run, "cpu").step == 6
 
 
-def test_disk_full_during_save_hook(tmp_path, corpus, monkeypatch):
-    """checkpoint.py's own fault hook: ENOSPC right after the step-4 weights are written."""
+def test_disk_full_just_before_the_commit(tmp_path, corpus, monkeypatch):
+    """ENOSPC at the last moment before the step-4 commit (the checkpoint is complete and
+    renamed to step-000004, the metrics log is being made durable): the step dir and the
+    temporary link are removed, step 2 stays committed."""
     run = tmp_path / "run"
-    monkeypatch.setenv("MINIGPT_TEST_ENOSPC_DURING_SAVE", "4")
+    real = RunOutputs.before_commit
+
+    def full(self):
+        if "step-000004" in {p.name for p in (run / CKPT_DIR).iterdir()}:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run / "metrics.jsonl"))
+        real(self)
+
+    monkeypatch.setattr(RunOutputs, "before_commit", full)
     r = invoke("--out", str(run), *sets(corpus, tmp_path))
-    monkeypatch.delenv("MINIGPT_TEST_ENOSPC_DURING_SAVE")
+    monkeypatch.setattr(RunOutputs, "before_commit", real)
     _assert_failed_save_left_a_good_run(run, r, 2, corpus, tmp_path)
 
 
@@ -165,6 +170,126 @@ def test_disk_full_on_a_real_tiny_filesystem(tmp_path, corpus):
         assert load_run(run, "cpu").step == 6
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
+
+
+# --------------------------------------------------------------------------------------------
+# A resume never overwrites, loses or changes what a run saved (issue 26), through the
+# installed `minigpt` command.
+
+MINIGPT = shutil.which("minigpt")
+
+
+def minigpt(*args: str, cwd: Path, patch: str = "") -> subprocess.CompletedProcess:
+    """`minigpt ARGS` through the installed console script, as a user runs it; with `patch`
+    (Python source: a fault to inject first; the package has no fault hooks) the same CLI in a
+    `python -c` process."""
+    code = (f"import sys\nsys.argv = ['minigpt', *sys.argv[1:]]\n{patch}\n"
+            "from minigpt.cli import main\nmain()\n")
+    cmd = [sys.executable, "-c", code, *args] if patch else [MINIGPT, *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False,
+                          timeout=600, env={**os.environ, "MINIGPT_CACHE": str(cwd / "cache")})
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert lines[-1].startswith("error: ") and not any(x.startswith("error") for x in lines[:-1])
+    return lines[-1]
+
+
+def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, corpus):
+    """`checkpoints/latest` gone (a copy tool that drops links): the newest complete step is
+    the committed one; --resume continues from it, bit for bit as an uninterrupted run, and
+    never rewrites it."""
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    keep = [*sets(corpus, tmp_path), "--set", "train.keep_checkpoints=2"]
+    assert invoke("--out", str(straight), *keep).exit_code == 0
+    assert invoke("--out", str(run), *keep, "--stop-after", "4").exit_code == 0
+    (run / CKPT_DIR / LATEST).unlink()
+    step4 = tree_hash(run / CKPT_DIR / "step-000004")
+    assert load_run(run, "cpu").step == 4  # loaders find it too
+    r = minigpt("train", "--out", str(run), "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "from step 4" in r.stderr
+    assert tree_hash(run / CKPT_DIR / "step-000004") == step4
+    assert leftovers(run) == [LATEST, "step-000004", "step-000006"]
+    assert (run / "model.safetensors").read_bytes() == (straight / "model.safetensors").read_bytes()
+
+
+def test_a_missing_latest_link_and_a_damaged_newest_step_is_refused(tmp_path, corpus):
+    run = tmp_path / "run"
+    assert invoke("--out", str(run), *sets(corpus, tmp_path), "--stop-after", "4").exit_code == 0
+    (run / CKPT_DIR / LATEST).unlink()
+    weights = run / CKPT_DIR / "step-000004" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+    before = tree_hash(run)
+    line = one_line(minigpt("train", "--out", str(run), "--resume", cwd=tmp_path))
+    assert "step-000004/model.safetensors" in line and "sha256" in line
+    assert tree_hash(run) == before
+
+
+def test_a_latest_that_is_a_copy_is_refused_and_the_run_still_loads(tmp_path, corpus):
+    """A run zipped and unzipped: `latest` became a directory. --resume cannot commit past it,
+    so it refuses before doing anything, saying how to restore the link; sampling works."""
+    run = tmp_path / "run"
+    assert invoke("--out", str(run), *sets(corpus, tmp_path), "--stop-after", "2").exit_code == 0
+    (run / CKPT_DIR / LATEST).unlink()
+    shutil.copytree(run / CKPT_DIR / "step-000002", run / CKPT_DIR / LATEST)
+    before = tree_hash(run)
+    line = one_line(minigpt("train", "--out", str(run), "--resume", cwd=tmp_path))
+    assert "checkpoints/latest is a directory, not the symbolic link" in line
+    assert "ln -s step-000002" in line
+    assert tree_hash(run) == before
+    r = minigpt("sample", "--run", str(run), "-n", "3", "--device", "cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+# The first save of the resumed session (step 4) fails: with eval_interval 1 the session has
+# evaluated, scored heads and logged steps 3 and 4 by then, which must not reach the run.
+OBSTACLES = {  # name: (Python run in the process first, or a file put in the way beforehand)
+    "a file where step-000004 goes": ("", "step-000004"),
+    "a file where its temp dir goes": ("""
+import os, pathlib
+pathlib.Path({ckpts!r}, f'.tmp-step-000004-{{os.getpid()}}').write_text('x')
+""", None),
+    "the disk full": ("""
+import errno, pathlib
+from minigpt.run import checkpoint
+write = checkpoint.write_file_synced
+def full(path, data):
+    if 'step-000004' in str(path) and pathlib.Path(path).name == 'optimizer.safetensors':
+        raise OSError(errno.ENOSPC, 'No space left on device', str(path))
+    write(path, data)
+checkpoint.write_file_synced = full
+""", None),
+}
+
+
+@pytest.mark.parametrize("obstacle", OBSTACLES)
+def test_a_resume_whose_first_save_fails_changes_nothing(tmp_path, corpus, obstacle):
+    run = tmp_path / "run"
+    assert invoke("--out", str(run), *sets(corpus, tmp_path), "--stop-after", "2").exit_code == 0
+    ckpts = run / CKPT_DIR
+    patch, in_the_way = OBSTACLES[obstacle]
+    if in_the_way is not None:
+        (ckpts / in_the_way).write_text("x")
+    before = tree_hash(run)
+    resume = ["train", "--out", str(run), "--resume", "--set", "train.eval_interval=1"]
+    line = one_line(minigpt(*resume, cwd=tmp_path, patch=patch.format(ckpts=str(ckpts))))
+    assert "saving checkpoint step 4 failed" in line and "(step-000002) is intact" in line
+    after = {k: v for k, v in tree_hash(run).items()
+             if not k.startswith("checkpoints/.tmp-step-000004-")}  # the obstacle itself
+    assert after == before
+    assert load_run(run, "cpu").step == 2
+    for p in ckpts.glob("*step-000004*"):  # the obstacle gone, the same resume finishes
+        p.unlink()
+    r = minigpt(*resume, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert load_run(run, "cpu").step == 6
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and [s for s in steps if s <= 2] == [1, 2]
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from minigpt.config import Config, from_dict, to_yaml
 from minigpt.model import GPT
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import LOCK_NAME
+from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import bytes_tokenizer
 from minigpt.train.optim import build_optimizer
 
@@ -48,16 +49,18 @@ MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK}
 
 
 def make_run(run_dir: Path, weights_model: dict | None = None, **model) -> Path:
-    """A committed step-7 checkpoint of a random-init model (+ the top-level files train
-    writes). `weights_model` saves weights of a different shape than config.yaml records."""
+    """A committed step-7 checkpoint of a random-init model with a complete trainer state (+
+    the top-level files train writes). `weights_model` saves weights of a different shape than
+    config.yaml records."""
     tok = bytes_tokenizer()
     sec = {**MODEL, **model, "vocab_size": tok.n_vocab}
     cfg = from_dict({"model": sec, "tokenizer": {"vocab_size": 256}})
     wcfg = from_dict({"model": {**sec, **weights_model}}) if weights_model else cfg
     model = GPT.from_config(wcfg, seed=0)
     optimizer, names = build_optimizer(model, cfg.train, torch.device("cpu"))
+    state = TrainerState(step=7).as_json(rng_state(torch.Generator().manual_seed(0)))
     ckpt = save_checkpoint(run_dir, step=7, model=model, cfg=cfg, tokenizer=tok,
-                           trainer_state={"step": 7}, optimizer=optimizer, param_names=names)
+                           trainer_state=state, optimizer=optimizer, param_names=names)
     for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json"):  # as train leaves them
         shutil.copy(ckpt / name, run_dir / name)
     return run_dir
@@ -100,13 +103,16 @@ class World:
 
     def tiny(self, **over) -> list[str]:
         """--set flags of a 1-layer byte model on the good corpus (train fails fast or works)."""
-        base = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32,
-                "model.block_size": BLOCK, "tokenizer.vocab_size": 256,
-                "train.batch_size": 2, "train.max_steps": 2, "train.warmup_steps": 1,
-                "train.eval_interval": 2, "train.eval_batches": 1, "train.sample_tokens": 0,
-                "data.corpus": str(self.corpus), "data.cache_dir": str(self.root / "cache")}
-        base.update(over)
+        base = {**TINY_SETS, "data.corpus": str(self.corpus),
+                "data.cache_dir": str(self.root / "cache"), **over}
         return [x for k, v in base.items() for x in ("--set", f"{k}={v}")]
+
+
+# A 1-layer byte model that trains a step in milliseconds.
+TINY_SETS = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": BLOCK,
+             "tokenizer.vocab_size": 256, "train.batch_size": 2, "train.max_steps": 2,
+             "train.warmup_steps": 1, "train.eval_interval": 2, "train.eval_batches": 1,
+             "train.sample_tokens": 0}
 
 
 def build_world(root: Path) -> World:
@@ -201,11 +207,49 @@ def build_world(root: Path) -> World:
     corpus = d / "good-corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 60)
     runs["sinusoidal"] = make_run(root / "runs" / "sinusoidal", pos_encoding="sinusoidal")
+    build_resumable(root, runs, corpus)
     nonempty = root / "runs" / "nonempty-out"
     nonempty.mkdir()
     (nonempty / "keep.txt").write_text("mine\n")
     runs["nonempty-out"] = nonempty
     return World(root, good, runs, files, corpus, build_models(root / "models"))
+
+
+def build_resumable(root: Path, runs: dict[str, Path], corpus: Path) -> None:
+    """A really trained run (step 2 of 4, resumable) and copies of it that a resume must
+    refuse without changing them (issue 26): its first save blocked by a file where the step-4
+    directory goes; a trainer state from before the byte split; `latest` a copy, not a link
+    (a zip round trip); no `latest` and the newest step bit-flipped."""
+    from minigpt.config import load_config
+    from minigpt.train import train as train_run
+
+    trained = root / "runs" / "trained"
+    sets = {**TINY_SETS, "train.max_steps": 4, "train.checkpoint_interval": 2,
+            "data.corpus": corpus, "data.cache_dir": root / "cache"}
+    train_run(load_config(None, [f"{k}={v}" for k, v in sets.items()]), trained, stop_after=2)
+
+    def copy(name: str) -> Path:
+        runs[name] = dst = root / "runs" / name
+        shutil.copytree(trained, dst, symlinks=True)
+        return dst
+
+    (copy("save-blocked") / "checkpoints" / "step-000004").write_text("in the way\n")
+    state = weights_of(copy("before-byte-split")).parent / "trainer_state.json"
+    data = json.loads(state.read_text())
+    del data["data_split"]
+    state.write_text(json.dumps(data, indent=1) + "\n")
+    manifest = state.parent / "manifest.json"
+    signed = json.loads(manifest.read_text())
+    signed["files"][state.name] = {"sha256": hashlib.sha256(state.read_bytes()).hexdigest(),
+                                   "bytes": state.stat().st_size}
+    manifest.write_text(json.dumps(signed))
+    latest = copy("latest-copied") / "checkpoints" / "latest"
+    latest.unlink()
+    shutil.copytree(trained / "checkpoints" / "step-000002", latest)
+    unlinked = copy("unlinked-bitflip") / "checkpoints"
+    (unlinked / "latest").unlink()
+    w = unlinked / "step-000002" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-5] + bytes([w.read_bytes()[-5] ^ 0x10]) + w.read_bytes()[-4:])
 
 
 def build_models(root: Path) -> dict[str, Path]:
@@ -382,6 +426,17 @@ CASES = [
           "gives 4"), target="good"),
     Case("resume-changes-model", resume("good", "--set", "model.n_embd=64"),
          ("model.n_embd cannot change on --resume",), target="good"),
+    # ---- a resume never changes or loses a run (issue 26)
+    Case("resume-first-save-blocked", resume("save-blocked", "--set", "train.eval_interval=1"),
+         ("saving checkpoint step 4 failed", "(step-000002) is intact"), target="save-blocked"),
+    Case("resume-before-byte-split", resume("before-byte-split"),
+         ("trainer_state.json records no byte split", "start a new run"),
+         target="before-byte-split"),
+    Case("resume-latest-copied", resume("latest-copied"),
+         ("checkpoints/latest is a directory, not the symbolic link", "ln -s step-000002"),
+         target="latest-copied"),
+    Case("resume-no-latest-newest-bitflip", resume("unlinked-bitflip"),
+         ("step-000002/model.safetensors", "sha256"), target="unlinked-bitflip"),
     # ---- corpora
     Case("corpus-empty", corpus("empty.txt"), ("data.corpus", "empty.txt", "empty")),
     Case("corpus-whitespace", corpus("spaces.txt"), ("data.corpus", "spaces.txt", "whitespace")),

@@ -18,7 +18,7 @@ from minigpt.events import HeadFormedEvent
 from minigpt.heads import timeline
 from minigpt.model import GPT
 from minigpt.run import load_run
-from minigpt.run.checkpoint import discard_uncommitted, kept_steps
+from minigpt.run.checkpoint import kept_steps
 from minigpt.tokenizer import bytes_tokenizer
 from minigpt.train import train
 
@@ -82,9 +82,9 @@ def test_a_head_is_announced_once_when_it_crosses_the_threshold(monkeypatch):
     monkeypatch.setattr(timeline, "probe_scores", lambda *a, **k: next(script))
     earlier = [{"kind": "heads", "step": 100, "scores": {"previous": [[0.91, 0], [0, 0]]}}]
     watch = timeline.HeadWatch(None, None, None, earlier)  # formed before a resume: silent
-    rec, events = watch.measure(200)
-    assert rec["kind"] == "heads" and rec["step"] == 200 and events == []
-    rec, events = watch.measure(300)
+    scores, events = watch.measure(200)
+    assert scores.step == 200 and scores.scores["induction"][1][1] == 0.89 and events == []
+    scores, events = watch.measure(300)
     assert events == [HeadFormedEvent(300, 1, 1, "induction", "an induction head", 0.93)]
     assert watch.measure(400)[1] == []  # dipping below and back is not news
 
@@ -139,17 +139,23 @@ def test_keep_checkpoints_keeps_the_newest_and_inspect_can_load_each(tmp_path):
     assert kept_steps(default) == [6]
 
 
-def test_an_uncommitted_step_dir_is_discarded_before_a_resume(tmp_path):
+def test_an_uncommitted_step_dir_is_never_kept(tmp_path):
+    """A save killed after its rename and before the commit leaves a newer, uncommitted step
+    dir: it is not a kept checkpoint, the resume leaves it alone until its own first commit,
+    which removes it."""
+    from minigpt.run.resume import resume_config
+
     run = tmp_path / "run"
-    train(load_config(None, tiny_sets(tmp_path, **{"train.keep_checkpoints": 3})), run,
-          stop_after=3)
+    sets = tiny_sets(tmp_path, **{"train.keep_checkpoints": 3})
+    train(load_config(None, sets), run, stop_after=3)
     import shutil
 
-    # a save killed after its rename and before the commit leaves a newer, uncommitted dir
     shutil.copytree(run / "checkpoints" / "step-000003", run / "checkpoints" / "step-000005")
     assert kept_steps(run) == [3]
-    discard_uncommitted(run)
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000003"]
+    train(resume_config(run, []), run, resume=True)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "latest", "step-000003", "step-000006"]
+    assert kept_steps(run) == [3, 6]
 
 
 def test_inspect_heads_checkpoint_through_the_real_command(tmp_path):

@@ -3,10 +3,10 @@ the first time a head crosses FORMED, and `heads.png` (per layer, the best induc
 previous-token score against step, so a phase change is visible).
 
 The trainer calls `HeadWatch.measure(step)` every `train.head_scores_interval` steps and
-writes the returned record to metrics.jsonl (`{"kind": "heads", "step", "seconds", "scores":
-{name: [[layer][head]]}}`); `draw_timeline` renders the records of a run. Measuring reads the
-model only: eval mode, no gradients, no random numbers drawn from the global generators, so a
-run with head scores trains exactly like one without.
+emits the HeadScoresEvent it returns (metrics.jsonl records it as `{"kind": "heads", "step",
+"seconds", "scores": {name: [[layer][head]]}}`); `draw_timeline` renders those records.
+Measuring reads the model only: eval mode, no gradients, no random numbers drawn from the
+global generators, so a run with head scores trains exactly like one without.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from minigpt.events import HeadFormedEvent
+from minigpt.events import HeadFormedEvent, HeadScoresEvent
 from minigpt.heads.probes import probe_pool, probe_tokens
 from minigpt.heads.scores import score_heads
 
@@ -75,17 +75,15 @@ class HeadWatch:
             if rec.get("kind") == "heads" and isinstance(rec.get("scores"), dict):
                 self.formed |= formed_heads(rec["scores"])
 
-    def measure(self, step: int) -> tuple[dict, list[HeadFormedEvent]]:
-        """The metrics record of `step` and the heads that formed since the last measure."""
+    def measure(self, step: int) -> tuple[HeadScoresEvent, list[HeadFormedEvent]]:
+        """Every head's scores at `step` and the heads that formed since the last measure."""
         t0 = time.perf_counter()
         scores = probe_scores(self.model, self.cfg, self.tokenizer)
         new = sorted(formed_heads(scores) - self.formed)
         self.formed |= set(new)
-        record = {"kind": "heads", "step": step, "seconds": round(time.perf_counter() - t0, 4),
-                  "scores": scores}
-        events = [HeadFormedEvent(step, la, h, kind, KIND_NAMES[kind], scores[kind][la][h])
+        formed = [HeadFormedEvent(step, la, h, kind, KIND_NAMES[kind], scores[kind][la][h])
                   for la, h, kind in new]
-        return record, events
+        return HeadScoresEvent(step, round(time.perf_counter() - t0, 4), scores), formed
 
 
 def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:

@@ -1,13 +1,19 @@
 """A run directory: its layout, checkpoints and their commit protocol, the run lock, the
-resume rules and what a run writes besides checkpoints. Nothing here unpickles.
+resume rules, the trainer state and the pictures of a run. Nothing here unpickles.
 
     layout.py          file names and the directory layout
     checkpoint.py      the on-disk commit protocol: save, find, verify
     load.py            weights and optimizer state into live objects; `load_run` for inference
-    resume.py          which run directory, the config of a resumed run, claiming a fresh one
+    resume.py          a train command's config and run directory, the config of a resumed run,
+                       opening a run to resume it, claiming a fresh one
     lock.py            one trainer per run directory (flock)
-    state.py           RNG states as JSON, metrics.jsonl, summary.md
+    state.py           trainer_state.json (counters, RNG states as JSON), metrics.jsonl read back
+    curves.py          curves.png and `minigpt curves`
+    listing.py         `minigpt runs`
     safetensors_io.py  safetensors read defensively (header checked before any tensor)
+
+What a training session writes besides checkpoints (metrics.jsonl, pictures, summary.md) is
+written by the trainer's event consumers (minigpt/train/outputs.py).
 
 The public entry points are re-exported here: `from minigpt.run import load_run`.
 """

@@ -1,11 +1,15 @@
 """Checkpoints on disk: the commit protocol, then saving, finding and verifying.
 
-The on-disk commit protocol (the file names are in `layout.py`). Save: write every file into `checkpoints/.tmp-step-N-<pid>/`, fsync each, write
-manifest.json last, fsync, rename the directory to `step-N`, fsync, then atomically replace
-the `latest` symlink (os.replace of a temp symlink) and fsync: that rename is the commit. Only
-then are older step directories deleted. A kill at any point leaves `latest` pointing at a
-complete, manifest-verified checkpoint (the previous one until the commit); leftovers
-(`.tmp-*`, uncommitted `step-*`) are ignored by loaders and cleaned by the next save.
+The on-disk commit protocol (the file names are in `layout.py`). Save: write every file into
+`checkpoints/.tmp-step-N-<pid>/`, fsync each, write manifest.json last, fsync, rename the
+directory to `step-N`, fsync, make a temp symlink to it, run the caller's `before_commit`,
+then atomically replace the `latest` symlink with it (os.replace) and fsync: that rename is
+the commit. Only then are older step directories deleted. A kill at any point leaves `latest`
+pointing at a complete, manifest-verified checkpoint (the previous one until the commit);
+leftovers (`.tmp-*`, uncommitted `step-*`) are ignored by loaders and cleaned by the next
+commit. A committed checkpoint is never overwritten. Where `latest` is missing or is not a link
+(a run copied without its links), the newest step directory holding a manifest is the committed
+one for loading; resuming such a run first needs the link back (resume.py says how).
 Verify: manifest.json present and parseable, every file it lists with the recorded size and
 sha256 (a flipped bit is caught), weights sniffed for pickle/zip before anything is parsed.
 Nothing here unpickles; loading the tensors into a model is `load.py`.
@@ -19,7 +23,7 @@ import json
 import os
 import re
 import shutil
-import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +31,7 @@ import torch
 
 from minigpt import __version__
 from minigpt.config import Config, from_dict, model_hash, to_yaml
-from minigpt.errors import ArgumentError, MinigptError
+from minigpt.errors import ArgumentError, MinigptError, WriteError
 from minigpt.files import disk_error, fsync_dir, parse_yaml, write_file_synced
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -114,92 +118,104 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]
 # Saving.
 
 
-def _die_hook(step: int, var: str) -> bool:
-    """Fault injection for tests: MINIGPT_TEST_DIE_DURING_SAVE=<step> kills the process
-    (SIGKILL) in the middle of that step's save; ..._ENOSPC_... simulates a full disk."""
-    value = os.environ.get(var)
-    return bool(value) and value.isdigit() and int(value) == step
-
-
 def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module, cfg: Config,
                     tokenizer: Tokenizer, trainer_state: dict,
                     optimizer: torch.optim.Optimizer | None = None,
-                    param_names: list[str] | None = None, keep: int = 1) -> Path:
+                    param_names: list[str] | None = None, keep: int = 1,
+                    before_commit: Callable[[], None] | None = None) -> Path:
     """Write a complete checkpoint for `step` and commit it (see the module docstring), then
     delete all but the newest `keep` committed checkpoints. Returns the committed directory.
-    A write failure (disk full, permissions) removes the partial directory and raises
-    MinigptError; the previous checkpoint stays committed."""
-    run_dir = Path(run_dir)
-    root = run_dir / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
+
+    `before_commit()` runs once the checkpoint is complete on disk, just before the commit
+    (the trainer makes its metrics log durable up to `step` there). A failure before the commit
+    (disk full, permissions, an obstacle in the way) removes what this save made and raises
+    MinigptError: the previous checkpoint stays committed and nothing else was touched."""
+    root = Path(run_dir) / CKPT_DIR
+    prev = latest_checkpoint_dir(run_dir)  # the committed checkpoint this one follows
     final = root / step_dir_name(step)
+    if final == prev:
+        return final  # this step is committed already
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    made: list[Path] = []  # what this save created: removed again unless it commits
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # this pid's own leftover, if any
         tmp.mkdir()
-        raw = raw_module(model)
-        aliases = tied_aliases(raw)
-        meta = {"format": FORMAT, "step": str(step), "config_hash": model_hash(cfg.model),
-                "minigpt_version": __version__, "tied": json.dumps(aliases),
-                "tokenizer_hash": str(getattr(tokenizer, "hash", ""))}
-        files: dict[str, bytes] = {MODEL_FILE: tensors_to_bytes(model_tensors(raw), meta)}
-        write_file_synced(tmp / MODEL_FILE, files[MODEL_FILE])
-        if _die_hook(step, "MINIGPT_TEST_DIE_DURING_SAVE"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if _die_hook(step, "MINIGPT_TEST_ENOSPC_DURING_SAVE"):
-            import errno
-            raise OSError(errno.ENOSPC, "No space left on device")
-        if optimizer is not None:
-            files[OPTIM_FILE] = tensors_to_bytes(
-                optimizer_tensors(optimizer, param_names or []),
-                {"format": FORMAT, "step": str(step)})
-        files[STATE_FILE] = (json.dumps(trainer_state, indent=1) + "\n").encode()
-        files[CONFIG_FILE] = to_yaml(cfg).encode()
-        for name in (OPTIM_FILE, STATE_FILE, CONFIG_FILE):
-            if name in files:
-                write_file_synced(tmp / name, files[name])
-        tokenizer.save(tmp)
-        manifest = {"format": FORMAT, "step": step, "minigpt_version": __version__, "files": {}}
-        for p in sorted(tmp.iterdir()):
-            data = files.get(p.name)
-            data = data if data is not None else p.read_bytes()
-            manifest["files"][p.name] = {"sha256": hashlib.sha256(data).hexdigest(),
-                                         "bytes": len(data)}
-        # The manifest is written last: a directory without it was never finished.
-        write_file_synced(tmp / MANIFEST_FILE, (json.dumps(manifest, indent=1) + "\n").encode())
-        fsync_dir(tmp)
-        if final.exists():  # left by a crash after rename and before the commit: not referenced
-            if _latest_target(root) == final.name:
-                shutil.rmtree(tmp)
-                return final  # the same step is already committed
+        made.append(tmp)
+        _write_checkpoint(tmp, step, model, cfg, tokenizer, trainer_state, optimizer,
+                          param_names)
+        if final.exists():  # a leftover of a save that never committed: not referenced
+            if prev is not None and step <= _step_of(prev.name):
+                raise RuntimeError(f"{final} is a committed checkpoint: never overwritten")
             shutil.rmtree(final)
         os.rename(tmp, final)
+        made[0] = final
         fsync_dir(root)
-        _commit_latest(root, final.name)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        err = disk_error(e, tmp)
-        prev = _latest_target(root)
-        keep = f"the previous checkpoint ({prev}) is intact" if prev else "no checkpoint was saved"
-        raise MinigptError(f"saving checkpoint step {step} failed: {err}; {keep}") from None
-    _cleanup(root, final.name, keep)
+        link = root / f".{LATEST}.tmp-{os.getpid()}"
+        link.unlink(missing_ok=True)
+        os.symlink(final.name, link)
+        made.append(link)
+        if before_commit is not None:
+            before_commit()
+        os.replace(link, root / LATEST)  # the commit: readers see the old or the new target
+        made.clear()
+        fsync_dir(root)
+    except (OSError, WriteError) as e:
+        err = e if isinstance(e, WriteError) else disk_error(e, Path(e.filename or tmp))
+        kept = (f"the previous checkpoint ({prev.name}) is intact" if prev is not None
+                else "no checkpoint was saved")
+        raise MinigptError(f"saving checkpoint step {step} failed: {err}; {kept}") from None
+    finally:
+        for path in made:
+            _remove(path)
+    _cleanup(root, final, prev, keep)
     _ensure_top_links(run_dir)
     return final
 
 
-def _commit_latest(root: Path, target: str) -> None:
-    link = root / LATEST
-    tmp = root / f".{LATEST}.tmp-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    os.symlink(target, tmp)
-    os.replace(tmp, link)  # atomic: readers see the old or the new target
-    fsync_dir(root)
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _write_checkpoint(directory: Path, step: int, model: torch.nn.Module, cfg: Config,
+                      tokenizer: Tokenizer, trainer_state: dict,
+                      optimizer: torch.optim.Optimizer | None, param_names: list[str] | None
+                      ) -> None:
+    """Every file of a checkpoint into `directory`, each fsynced, manifest.json last."""
+    raw = raw_module(model)
+    meta = {"format": FORMAT, "step": str(step), "config_hash": model_hash(cfg.model),
+            "minigpt_version": __version__, "tied": json.dumps(tied_aliases(raw)),
+            "tokenizer_hash": str(getattr(tokenizer, "hash", ""))}
+    files: dict[str, bytes] = {MODEL_FILE: tensors_to_bytes(model_tensors(raw), meta)}
+    write_file_synced(directory / MODEL_FILE, files[MODEL_FILE])
+    if optimizer is not None:
+        files[OPTIM_FILE] = tensors_to_bytes(optimizer_tensors(optimizer, param_names or []),
+                                             {"format": FORMAT, "step": str(step)})
+    files[STATE_FILE] = (json.dumps(trainer_state, indent=1) + "\n").encode()
+    files[CONFIG_FILE] = to_yaml(cfg).encode()
+    for name in (OPTIM_FILE, STATE_FILE, CONFIG_FILE):
+        if name in files:
+            write_file_synced(directory / name, files[name])
+    tokenizer.save(directory)
+    manifest = {"format": FORMAT, "step": step, "minigpt_version": __version__, "files": {}}
+    for p in sorted(directory.iterdir()):
+        data = files.get(p.name)
+        data = data if data is not None else p.read_bytes()
+        manifest["files"][p.name] = {"sha256": hashlib.sha256(data).hexdigest(),
+                                     "bytes": len(data)}
+    # The manifest is written last: a directory without it was never finished.
+    write_file_synced(directory / MANIFEST_FILE,
+                      (json.dumps(manifest, indent=1) + "\n").encode())
+    fsync_dir(directory)
 
 
 def _latest_target(root: Path) -> str | None:
     try:
         return os.readlink(root / LATEST)
-    except OSError:
+    except OSError:  # missing, or not a link (a copy made without links)
         return None
 
 
@@ -207,14 +223,21 @@ def _step_of(name: str) -> int | None:
     return int(name[5:]) if re.fullmatch(r"step-\d{6,}", name) else None
 
 
-def _cleanup(root: Path, committed: str, keep: int) -> None:
-    """Keep the newest `keep` committed checkpoints (complete step dirs up to the one just
-    committed); remove older ones, temp dirs, uncommitted leftovers and stale links."""
-    last = _step_of(committed)
-    done = sorted((s, p.name) for p in root.iterdir() if p.is_dir() and not p.is_symlink()
-                  and (s := _step_of(p.name)) is not None and s <= last
-                  and (p / MANIFEST_FILE).is_file())
-    kept = {name for _, name in done[-keep:]} | {committed, LATEST}
+def _complete_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, dir) of every step directory holding a manifest, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((s, p) for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                  and (s := _step_of(p.name)) is not None and (p / MANIFEST_FILE).is_file())
+
+
+def _cleanup(root: Path, committed: Path, prev: Path | None, keep: int) -> None:
+    """Keep the newest `keep` checkpoints of the run (those committed before this save, up to
+    `prev`, and `committed`); remove older ones, temp dirs, leftovers of saves that never
+    committed (step dirs after `prev` but `committed`) and stale temp links."""
+    last = _step_of(prev.name) if prev is not None else -1
+    lineage = [p.name for s, p in _complete_steps(root) if s <= last] + [committed.name]
+    kept = set(lineage[-keep:]) | {committed.name, LATEST}
     for p in root.iterdir():
         if p.name in kept:
             continue
@@ -224,28 +247,13 @@ def _cleanup(root: Path, committed: str, keep: int) -> None:
             p.unlink(missing_ok=True)
 
 
-def discard_uncommitted(run_dir: Path) -> None:
-    """Before a resume: remove step dirs newer than the committed one (renamed by a save that
-    was killed before its commit), so they are never mistaken for kept checkpoints later."""
-    root = Path(run_dir) / CKPT_DIR
-    latest = latest_checkpoint_dir(run_dir)
-    last = _step_of(latest.name) if latest is not None else -1
-    for p in root.iterdir() if root.is_dir() else ():
-        s = _step_of(p.name)
-        if s is not None and s > last and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-
-
 def kept_steps(run_dir: Path) -> list[int]:
     """Steps of the committed checkpoints a run keeps (train.keep_checkpoints), oldest first."""
-    root = Path(run_dir) / CKPT_DIR
     latest = latest_checkpoint_dir(run_dir)
     if latest is None:
         return []
     last = _step_of(latest.name)
-    return sorted(s for p in root.iterdir() if p.is_dir() and not p.is_symlink()
-                  and (s := _step_of(p.name)) is not None and s <= last
-                  and (p / MANIFEST_FILE).is_file())
+    return [s for s, _ in _complete_steps(Path(run_dir) / CKPT_DIR) if s <= last]
 
 
 def _ensure_top_links(run_dir: Path) -> None:
@@ -267,11 +275,14 @@ def _ensure_top_links(run_dir: Path) -> None:
 
 
 def latest_checkpoint_dir(run_dir: Path) -> Path | None:
-    """The committed checkpoint directory of a run, or None if none was ever committed."""
+    """The committed checkpoint directory of a run, or None if none was ever committed: the
+    target of `checkpoints/latest`, or, where that link is missing or is not a link (a copy
+    made without links), the newest step directory holding a manifest (verified on loading)."""
     root = Path(run_dir) / CKPT_DIR
     target = _latest_target(root)
     if target is None:
-        return None
+        complete = _complete_steps(root)
+        return complete[-1][1] if complete else None
     if not re.fullmatch(r"step-\d{6,}", target):  # never follow a pointer out of the run
         raise MinigptError(f"{root / LATEST} points to '{target}', not a step-NNNNNN directory; "
                            "the run directory was tampered with")
@@ -291,12 +302,12 @@ def verify_checkpoint(ckpt_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> 
                            "(interrupted save?); it cannot be loaded")
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        files = manifest["files"]
-        step = int(manifest["step"])
-        if not isinstance(files, dict):
-            raise TypeError
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise MinigptError(f"{mpath} is corrupted (not a minigpt manifest)") from None
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON
+        manifest = None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    step = manifest.get("step") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not isinstance(step, int) or isinstance(step, bool):
+        raise MinigptError(f"{mpath} is corrupted (not a minigpt manifest)")
     for name in (*need, CONFIG_FILE):
         if name not in files or not (ckpt_dir / name).is_file():
             raise MinigptError(f"{ckpt_dir / name} is missing from the checkpoint")

@@ -1,9 +1,10 @@
-"""Pictures of training, from metrics.jsonl: `curves.png` in every run directory (train loss,
+"""Pictures of training, from metrics records: `curves.png` in every run directory (train loss,
 val loss and val bits/byte against step, with the learning rate), and several runs overlaid
-against step and against wall time (`minigpt curves`).
+against step and against wall time (`minigpt curves`, from each run's metrics.jsonl).
 
-The trainer rewrites `curves.png` atomically at each evaluation and when a session ends early,
-so the picture is never torn and always matches the metrics up to its step. matplotlib is
+The trainer keeps its run's `Series` in memory (`Series.add` per record) and rewrites
+`curves.png` atomically at each evaluation and when a session ends early, so the picture is
+never torn and always matches the metrics up to its step. matplotlib is
 imported lazily inside the drawing functions, and only its object-oriented API with the Agg
 canvas is used (Figure + FigureCanvasAgg: no pyplot, no display, no global backend switch).
 """
@@ -21,6 +22,7 @@ from minigpt.errors import ArgumentError, MinigptError, WriteError
 from minigpt.files import atomic_file, atomic_write_bytes
 from minigpt.run.layout import METRICS_FILE
 from minigpt.run.listing import Unreadable, read_run_metrics
+from minigpt.run.state import finite
 
 CURVES_FILE = "curves.png"
 
@@ -47,9 +49,23 @@ class Series:
     def empty(self) -> bool:
         return not self.step and not self.eval_step
 
+    def add(self, r: dict) -> None:
+        """Take one metrics record (kinds other than train and eval are not curves)."""
+        if r.get("kind") == "train":
+            self.step.append(r["step"])
+            self.loss.append(_num(r.get("loss")))
+            self.lr.append(_num(r.get("lr")))
+            self.elapsed.append(_num(r.get("elapsed")))
+        elif r.get("kind") == "eval":
+            self.eval_step.append(r["step"])
+            self.val_loss.append(_num(r.get("val_loss")))
+            self.val_bpb.append(_num(r.get("val_bpb")))
+            self.eval_elapsed.append(_num(r.get("elapsed")))
+
 
 def _num(x) -> float:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+    v = finite(x)
+    return math.nan if v is None else float(v)
 
 
 def read_series(run_dir: Path, name: str | None = None) -> Series:
@@ -61,16 +77,7 @@ def read_series(run_dir: Path, name: str | None = None) -> Series:
         raise MinigptError(f"cannot read {e.path}: {e.why}") from None
     s = Series(name or run_dir.name, run_dir, skipped=bad)
     for r in records:
-        if r.get("kind") == "train":
-            s.step.append(r["step"])
-            s.loss.append(_num(r.get("loss")))
-            s.lr.append(_num(r.get("lr")))
-            s.elapsed.append(_num(r.get("elapsed")))
-        elif r.get("kind") == "eval":
-            s.eval_step.append(r["step"])
-            s.val_loss.append(_num(r.get("val_loss")))
-            s.val_bpb.append(_num(r.get("val_bpb")))
-            s.eval_elapsed.append(_num(r.get("elapsed")))
+        s.add(r)
     return s
 
 
@@ -122,11 +129,10 @@ def curves_figure(s: Series):
     return fig
 
 
-def write_curves(run_dir: Path) -> Path:
-    """Rewrite `<run_dir>/curves.png` from its metrics.jsonl (atomically: a reader sees the
-    old picture or the new one). Raises WriteError if it cannot be written."""
-    run_dir = Path(run_dir)
-    return atomic_write_bytes(run_dir / CURVES_FILE, _png(curves_figure(read_series(run_dir))))
+def write_curves(s: Series) -> Path:
+    """Rewrite `curves.png` in the run directory of `s` with `curves_figure(s)` (atomically: a
+    reader sees the old picture or the new one). Raises WriteError if it cannot be written."""
+    return atomic_write_bytes(s.run_dir / CURVES_FILE, _png(curves_figure(s)))
 
 
 def overlay_figure(runs: list[Series]):

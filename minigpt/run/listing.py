@@ -45,7 +45,7 @@ from minigpt.run.layout import (
     SUMMARY_FILE,
 )
 from minigpt.run.safetensors_io import read_header
-from minigpt.run.state import read_metrics
+from minigpt.run.state import finite, read_metrics
 
 RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CKPT_DIR, LOCK_NAME)  # any one makes a run dir
 _SUMMARY_STATUS = re.compile(r"^\| status \| (\w+) at step (\d+)/\d+ \|$", re.MULTILINE)
@@ -148,8 +148,8 @@ def read_row(run_dir: Path) -> RunRow:
         records, bad = [], 0
         problems.append(str(e))
     evals = [r for r in records if r.get("kind") == "eval"]
-    bpbs = [r["val_bpb"] for r in evals if _finite(r.get("val_bpb"))]
-    times = [r["elapsed"] for r in records if _finite(r.get("elapsed"))]
+    bpbs = [r["val_bpb"] for r in evals if finite(r.get("val_bpb")) is not None]
+    times = [r["elapsed"] for r in records if finite(r.get("elapsed")) is not None]
     max_steps = _max_steps(run_dir, problems)
     try:
         ckpt = latest_checkpoint_dir(run_dir)
@@ -168,10 +168,6 @@ def read_row(run_dir: Path) -> RunRow:
                   params=params, wall_time=times[-1] if times else None,
                   last_change=_last_change(run_dir), skipped_lines=bad,
                   problem=problems[0] if problems else None)
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _text(path: Path, problems: list[str]) -> str | None:

@@ -1,11 +1,10 @@
 """Loading a run: weights and optimizer state into live objects (validated before any tensor is
-read), the trainer state, and `load_run` for inference. Nothing here unpickles.
+read), and `load_run` for inference. Nothing here unpickles.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -22,7 +21,6 @@ from minigpt.run.layout import (
     LATEST,
     MODEL_FILE,
     OPTIM_FILE,
-    STATE_FILE,
 )
 from minigpt.run.safetensors_io import check_against, load_tensors, read_header
 from minigpt.tokenizer import Tokenizer
@@ -114,18 +112,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
 
 # The state each optimizer keeps per parameter, by class name.
 _STATE_KEYS = {"AdamW": ("exp_avg", "exp_avg_sq", "step"), "Muon": ("momentum_buffer",)}
-
-
-def read_trainer_state(ckpt: Checkpoint) -> dict:
-    path = ckpt.path / STATE_FILE
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        raise MinigptError(f"{path} is missing or not valid JSON") from None
-    if (not isinstance(state, dict) or not isinstance(state.get("step"), int)
-            or isinstance(state["step"], bool) or state["step"] < 0):
-        raise MinigptError(f"{path} is not a minigpt trainer state (no valid 'step')")
-    return state
 
 
 def load_run(run_dir: Path | None, device: str | torch.device = "cpu",

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -26,9 +27,24 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
 
 def tensors_to_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """Serialise CPU-contiguous copies of `tensors` (shared storage is not allowed)."""
+    """Serialise CPU-contiguous copies of `tensors` (shared storage is not allowed), with the
+    metadata keys in sorted order: equal tensors and metadata give equal bytes."""
     flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    return st_save(flat, metadata=metadata)
+    return _sorted_metadata(st_save(flat, metadata=metadata))
+
+
+def _sorted_metadata(data: bytes) -> bytes:
+    """The safetensors library writes `__metadata__` from a hash map whose order changes from
+    process to process; rewrite the header (JSON, padded with spaces to a multiple of 8 bytes)
+    with the metadata sorted by key. The tensors' entries keep their order, and their offsets
+    count from the end of the header, so the data bytes are reused as they are."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta else {}) | header
+    text = json.dumps(ordered, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + n:]
 
 
 def sniff(path: Path, what: str) -> None:
@@ -114,5 +130,5 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read the tensors of a file whose header was already validated (CPU tensors)."""
     try:
         return st_load(path.read_bytes())
-    except Exception as e:  # noqa: BLE001 - the library raises its own SafetensorError
+    except (OSError, SafetensorError) as e:  # unreadable, or what the library refuses
         raise MinigptError(f"{path}: cannot read tensors ({e})") from None

@@ -1,35 +1,55 @@
-"""What a run writes besides checkpoints: RNG states as JSON, metrics.jsonl (written and read
-back), summary.md.
+"""What a run keeps about its progress, as plain JSON: trainer_state.json (where the run is, and
+the RNG states that let `--resume` continue it exactly) and metrics.jsonl read back.
 
 RNG states are JSON (base64 bytes / plain lists), never pickled: torch (CPU and every CUDA
-device), numpy's and Python's global generators, and the data-order generator.
+device), numpy's and Python's global generators, and the data-order generator. JSON has no NaN
+or infinity: a number that is not finite is written as null and read back as missing
+(`finite`, the one meaning of "a number" in a run's JSON files).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import dataclasses
 import json
 import math
-import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from minigpt.files import atomic_write_text, disk_error
-from minigpt.run.layout import METRICS_FILE, SUMMARY_FILE  # noqa: F401 - re-exported
+from minigpt.errors import MinigptError
+
+# How train and val were cut from the corpus (data.py's byte split). Recorded in every
+# trainer_state.json; a run without it predates the byte split, which no release wrote.
+DATA_SPLIT = "bytes"
+
+
+def finite(x: Any) -> int | float | None:
+    """`x` if it is a finite number (an int or a float, not a bool), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def json_safe(record: dict) -> dict:
+    """`record` with every float that is not finite replaced by None (JSON's null)."""
+    return {k: finite(v) if isinstance(v, float) else v for k, v in record.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# RNG states.
 
 
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
 
 
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
-
-
 def rng_state(data_gen: torch.Generator) -> dict:
+    """Every RNG state a training step draws from, as JSON."""
     np_state = np.random.get_state()
     py_state = random.getstate()
     return {
@@ -43,70 +63,123 @@ def rng_state(data_gen: torch.Generator) -> dict:
     }
 
 
-def set_rng_state(state: dict, data_gen: torch.Generator) -> None:
-    torch.set_rng_state(_unb64(state["torch"]))
-    if state.get("cuda") and torch.cuda.is_available():
-        cuda = [_unb64(s) for s in state["cuda"]]
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-    n = state["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), int(n[2]), int(n[3]),
-                         float(n[4])))
-    p = state["python"]
-    random.setstate((p[0], tuple(p[1]), p[2]))
-    data_gen.set_state(_unb64(state["data"]))
+@dataclasses.dataclass
+class RngStates:
+    """The RNG states of a trainer_state.json, checked and decoded (`parse_rng`)."""
+    torch: torch.Tensor             # uint8, the CPU generator's state
+    cuda: list[torch.Tensor]        # one per CUDA device of the saving process
+    numpy: tuple                    # np.random.set_state's argument
+    python: tuple                   # random.setstate's argument
+    data: torch.Tensor              # the data-order generator's state
+
+    def restore(self, data_gen: torch.Generator) -> None:
+        """Set the global generators and `data_gen` to these states. CUDA states are restored
+        when the device count matches (a run may resume on another machine)."""
+        torch.set_rng_state(self.torch)
+        if self.cuda and torch.cuda.is_available() and len(self.cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(self.cuda)
+        np.random.set_state(self.numpy)
+        random.setstate(self.python)
+        data_gen.set_state(self.data)
 
 
-def _finite(x):
-    """JSON has no NaN/inf: non-finite floats are written as null."""
-    return x if not isinstance(x, float) or math.isfinite(x) else None
+def _is_int(x: Any, lo: int, hi: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x < hi
 
 
-class MetricsLog:
-    """Append-only metrics.jsonl (one JSON object per line, flushed per record)."""
-
-    def __init__(self, path: Path, enabled: bool = True):
-        self.path = Path(path)
-        self._fh = None
-        if enabled:
-            try:
-                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
-            except OSError as e:
-                raise disk_error(e, self.path) from None
-
-    def write(self, record: dict) -> None:
-        if self._fh is None:
-            return
-        try:
-            self._fh.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
-            self._fh.flush()
-        except OSError as e:
-            raise disk_error(e, self.path) from None
-
-    def sync(self) -> None:
-        if self._fh is not None:
-            os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+def _bytes_of(value: Any, size: int | None) -> torch.Tensor | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        return None
+    if size is not None and len(raw) != size:
+        return None
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone() if raw else None
 
 
-def truncate_metrics(path: Path, step: int) -> None:
-    """On resume from `step`: keep only records up to that step (and drop a torn last line
-    left by a kill), so the resumed log equals an uninterrupted run's."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
-            keep.append(line)
-    atomic_write_text(path, "".join(f"{line}\n" for line in keep))
+def parse_rng(obj: Any) -> RngStates | None:
+    """The RNG states saved by `rng_state`, checked field by field before anything is restored;
+    None when they are missing or damaged (the caller names the file)."""
+    if not isinstance(obj, dict):
+        return None
+    size = torch.get_rng_state().numel()  # every CPU generator's state has this size
+    cpu, data = _bytes_of(obj.get("torch"), size), _bytes_of(obj.get("data"), size)
+    cuda = [_bytes_of(s, None) for s in obj.get("cuda") or []]
+    n, p = obj.get("numpy"), obj.get("python")
+    numpy_ok = (isinstance(n, list) and len(n) == 5 and n[0] == "MT19937"
+                and isinstance(n[1], list) and len(n[1]) == 624
+                and all(_is_int(v, 0, 2**32) for v in n[1]) and _is_int(n[2], 0, 625)
+                and _is_int(n[3], 0, 2) and finite(n[4]) is not None)
+    python_ok = (isinstance(p, list) and len(p) == 3 and _is_int(p[0], 0, 2**31)
+                 and isinstance(p[1], list) and len(p[1]) == 625
+                 and all(_is_int(v, 0, 2**32) for v in p[1]) and p[1][-1] <= 624
+                 and (p[2] is None or finite(p[2]) is not None))
+    if cpu is None or data is None or None in cuda or not numpy_ok or not python_ok:
+        return None
+    return RngStates(cpu, cuda, (n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], float(n[4])),
+                     (p[0], tuple(p[1]), p[2]), data)
+
+
+# --------------------------------------------------------------------------------------------
+# trainer_state.json
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """Where a run is: the counters a resumed run continues from and its best evaluation.
+    trainer_state.json holds these, `data_split` and the RNG states (`as_json`)."""
+    step: int = 0                   # optimizer steps completed
+    tokens_seen: int = 0
+    elapsed: float = 0.0            # training seconds over all sessions
+    best_val_loss: float = math.inf
+    best_val_bpb: float = math.inf
+    best_step: int = 0              # the step of the best evaluation
+
+    def as_json(self, rng: dict) -> dict:
+        """The trainer_state.json of this state and `rng` (from `rng_state`)."""
+        return {**json_safe(dataclasses.asdict(self)), "data_split": DATA_SPLIT, "rng": rng}
+
+
+def read_trainer_state(path: Path) -> tuple[TrainerState, RngStates]:
+    """The state and RNG states of a checkpoint's trainer_state.json, to resume from. One-line
+    MinigptError naming the file for anything missing or damaged."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON
+        raise MinigptError(f"{path} is missing or not valid JSON") from None
+    if not isinstance(raw, dict) or not _is_int(raw.get("step"), 0, 2**63):
+        raise MinigptError(f"{path} is not a minigpt trainer state (no valid 'step')")
+    rng = parse_rng(raw.get("rng"))
+    if rng is None:
+        raise MinigptError(f"{path}: the RNG and data-order state is missing or damaged, so the "
+                           "run cannot be resumed; start a new run (the weights can still be "
+                           "sampled)")
+    if raw.get("data_split") != DATA_SPLIT:
+        raise MinigptError(f"{path} records no byte split of the corpus (data_split): the run "
+                           "was made by a development version before the byte split and cannot "
+                           "be resumed; start a new run (the weights can still be sampled)")
+    counts = {k: raw.get(k) for k in ("tokens_seen", "best_step")}
+    numbers = {k: raw.get(k) for k in ("elapsed", "best_val_loss", "best_val_bpb")}
+    if (not all(_is_int(v, 0, 2**63) for v in counts.values())
+            or not all(v is None or finite(v) is not None for v in numbers.values())):
+        raise MinigptError(f"{path} is damaged: a counter is missing or not a number")
+    best = {k: math.inf if v is None else float(v) for k, v in numbers.items()}
+    return TrainerState(step=raw["step"], **counts, **best), rng
+
+
+# --------------------------------------------------------------------------------------------
+# metrics.jsonl read back.
+
+
+def _record(line: str) -> dict | None:
+    """A metrics.jsonl line as a record: a JSON object with an integer `step`, else None."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("step"), int) else None
 
 
 def read_metrics(path: Path) -> tuple[list[dict], int]:
@@ -121,23 +194,25 @@ def read_metrics(path: Path) -> tuple[list[dict], int]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            rec = None
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+        rec = _record(line)
+        if rec is not None:
             out.append(rec)
         else:
             bad += 1
     return out, bad
 
 
-def write_summary(path: Path, rows: list[tuple[str, str]], samples: list[tuple[str, str]]
-                  ) -> None:
-    """summary.md: a two-column table of the run's figures and the last samples."""
-    lines = ["# minigpt run summary", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]
-    for prompt, text in samples:
-        lines += ["", f"Sample (prompt {prompt!r}):", "", "```", text.replace("```", "'''"),
-                  "```"]
-    atomic_write_text(path, "\n".join(lines) + "\n")
+def metrics_upto(path: Path, step: int) -> tuple[list[str], list[dict]]:
+    """The lines of metrics.jsonl (verbatim) and their records up to `step`: what a session
+    resuming at `step` continues. Damaged lines and records after `step` are left out."""
+    lines, records = [], []
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return [], []
+    for line in text.splitlines():
+        rec = _record(line)
+        if rec is not None and rec["step"] <= step:
+            lines.append(line)
+            records.append(rec)
+    return lines, records

@@ -1,5 +1,12 @@
 """The training loop: `train(cfg, run_dir, ...)` trains, evaluates, checkpoints and reports
-progress through `on_event(event)` (dataclasses in events.py); it never prints.
+progress through `on_event(event)` (dataclasses in events.py); it never prints. What a session
+writes into its run directory besides checkpoints (metrics.jsonl, curves.png, heads.png,
+summary.md) is written by consumers of those same events (outputs.py).
+
+Reading order: `train` opens the run (for a resume: its checkpoint and trainer state, read
+once); `set_up` builds the session in named steps (batch geometry, tokenizer, data, model and
+optimizer, progress and RNG states, outputs) into one `Trainer`; `Trainer.run` loops over
+`step`, `evaluate` / `sample` and `save`.
 
 Batches: every optimizer step draws the GLOBAL batch of `train.batch_size` offsets from one
 torch.Generator seeded by run.seed (identical on every rank); rank r takes the r-th contiguous
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import signal
 import time
@@ -25,8 +33,7 @@ from pathlib import Path
 
 import torch
 
-from minigpt import __version__
-from minigpt.config import Config, head_scores_every, to_yaml
+from minigpt.config import Config, TrainConfig, head_scores_every
 from minigpt.data import Dataset, prepare_dataset
 from minigpt.device import amp_dtype, autocast, resolve_device
 from minigpt.errors import ArgumentError, ConfigError, MinigptError, TrainingDiverged
@@ -39,29 +46,20 @@ from minigpt.events import (
     StepEvent,
     no_events,
 )
-from minigpt.files import atomic_write_bytes, atomic_write_text
-from minigpt.heads.timeline import HeadWatch, draw_timeline
+from minigpt.heads.timeline import HeadWatch
 from minigpt.model import GPT
-from minigpt.run.checkpoint import Checkpoint, save_checkpoint
-from minigpt.run.curves import write_curves
-from minigpt.run.layout import CONFIG_FILE, HEADS_PNG, METRICS_FILE, SUMMARY_FILE
-from minigpt.run.load import load_model_weights, load_optimizer_state, read_trainer_state
+from minigpt.run.checkpoint import save_checkpoint
+from minigpt.run.load import load_model_weights, load_optimizer_state
 from minigpt.run.lock import RunLock
-from minigpt.run.resume import claim_fresh, open_run_dir
-from minigpt.run.state import (
-    MetricsLog,
-    read_metrics,
-    rng_state,
-    set_rng_state,
-    truncate_metrics,
-    write_summary,
-)
+from minigpt.run.resume import Resumed, claim_fresh, open_run_dir
+from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import Tokenizer, build_tokenizer
 from minigpt.train.distributed import DistInfo, agree, all_reduce_sum, main_first, setup, teardown
 from minigpt.train.optim import build_optimizer, lr_at, set_lr
+from minigpt.train.outputs import RunOutputs
 from minigpt.train.safety import StopFlag, check_memory
 
-__all__ = ["train"]
+__all__ = ["Trainer", "set_up", "train"]
 
 
 def train(cfg: Config, run_dir: Path, *, resume: bool = False,
@@ -73,117 +71,237 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
     `stop_after` stops cleanly (checkpoint, reason "stopped") after that step. SIGINT/SIGTERM
     save a checkpoint and return reason "interrupted". Raises MinigptError (TrainingDiverged
     on a non-finite loss) for anything the user can fix; nothing already saved is lost."""
-    emit = on_event or no_events
+    on_event = on_event or no_events
     cfg = copy.deepcopy(cfg)  # the trainer fills in model.vocab_size: never in the caller's
     run_dir = Path(run_dir)
     info, device = setup(resolve_device(cfg.run.device))
     lock = RunLock(run_dir)
+    trainer = None
     try:
-        ckpt = main_first(lambda: open_run_dir(run_dir, resume, lock, info.is_main), info)
-        if resume and ckpt is None and info.is_main:
-            emit(NothingSavedEvent(run_dir))
-        done = read_trainer_state(ckpt)["step"] if ckpt is not None else 0
+        start = main_first(lambda: open_run_dir(run_dir, resume, lock, info.is_main), info)
+        if resume and start is None and info.is_main:
+            on_event(NothingSavedEvent(run_dir))
+        done = start.state.step if start is not None else 0
         if done >= cfg.train.max_steps:
             raise ArgumentError("resume", f"the run is already at step {done} of "
                                 f"train.max_steps={cfg.train.max_steps}; raise it, e.g. --set "
                                 f"train.max_steps={cfg.train.max_steps * 2}")
-        claim = (lambda: None) if resume else (lambda: claim_fresh(run_dir, lock, info.is_main))
-        trainer = _Trainer(cfg, run_dir, ckpt, device, info, emit, claim)
-        try:
-            return trainer.run(stop_after)
-        finally:
-            trainer.metrics.close()
+        trainer = set_up(cfg, run_dir, start, device, info, on_event,
+                         claim=None if resume else lock)
+        return trainer.run(stop_after)
     finally:
+        if trainer is not None:
+            trainer.close()
         lock.release()
         teardown(info)
 
 
-class _Trainer:
-    """One training session: set-up in __init__, then run()."""
+# --------------------------------------------------------------------------------------------
+# Set-up: one Trainer, built step by step.
 
-    def __init__(self, cfg: Config, run_dir: Path, ckpt: Checkpoint | None,
-                 device: torch.device, info: DistInfo, emit, claim: Callable[[], None]):
-        t = cfg.train
-        self.cfg, self.run_dir, self.device, self.info, self.emit = cfg, run_dir, device, info, emit
-        main = info.is_main
+
+def set_up(cfg: Config, run_dir: Path, start: Resumed | None, device: torch.device,
+           info: DistInfo, on_event: Callable[[object], None], *,
+           claim: RunLock | None) -> Trainer:
+    """The training session of `cfg` in `run_dir`, continuing `start` (None: from step 0).
+    `claim` is a fresh run's lock: its directory is created and locked only once the tokenizer
+    and data are ready, so a bad corpus leaves no half-made run behind."""
+    main = info.is_main
+    report = on_event if main else no_events  # rank 0 reports the data preparation
+    micro, n_micro = batch_geometry(cfg.train, info)
+    tokenizer = (Tokenizer.load(start.checkpoint.path) if start is not None
+                 else main_first(lambda: build_tokenizer(cfg, report), info))
+    fit_vocab(cfg, tokenizer)
+    check_memory(cfg, micro, device)
+    data = main_first(lambda: prepare_dataset(cfg, tokenizer, report), info)
+    if claim is not None:
+        main_first(lambda: claim_fresh(run_dir, claim, main), info)
+    model, optimizer, names = build_model(cfg, device, start)
+    state, data_gen = restore_progress(cfg, info, start)
+    # Rank 0's run files consume every event first, then the caller's on_event.
+    head_every = head_scores_every(cfg.train) if main else 0
+    outputs = RunOutputs(run_dir, cfg, tokenizer, resumed_at=None if claim else state.step,
+                         heads_png=head_every > 0) if main else None
+    heads = HeadWatch(model, cfg, tokenizer, outputs.heads) if head_every else None
+    t = cfg.train
+    return Trainer(
+        cfg=cfg, run_dir=run_dir, device=device, info=info, tokenizer=tokenizer, data=data,
+        model=model, fwd=forward_module(model, t, device, info), optimizer=optimizer,
+        names=names, micro=micro, n_micro=n_micro, amp=amp_dtype(t.precision, device),
+        data_gen=data_gen, eval_offsets=validation_sample(data, t, cfg.run.seed), state=state,
+        heads=heads, head_every=head_every, outputs=outputs,
+        emit=_fan_out([c for c in (outputs, on_event) if c is not None]),
+        last_ckpt=start.checkpoint.path if start is not None else None,
+        saved_step=state.step if start is not None else -1)
+
+
+def batch_geometry(t: TrainConfig, info: DistInfo) -> tuple[int, int]:
+    """(sequences per forward pass, forward passes per step on each rank): the global batch of
+    train.batch_size is cut into one slice per rank, each into micro-batches."""
+    micro = t.micro_batch_size or t.batch_size // info.world_size
+    if micro == 0 or t.batch_size % (info.world_size * micro):
+        raise ConfigError(
+            f"train.batch_size: {t.batch_size} must be a multiple of the world size "
+            f"({info.world_size}) x train.micro_batch_size ({micro})")
+    return micro, t.batch_size // (info.world_size * micro)
+
+
+def fit_vocab(cfg: Config, tokenizer: Tokenizer) -> None:
+    """model.vocab_size 0 = the tokenizer's size; a size below it is refused."""
+    if cfg.model.vocab_size == 0:
+        cfg.model.vocab_size = tokenizer.n_vocab
+    elif cfg.model.vocab_size < tokenizer.n_vocab:
+        raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the "
+                          f"tokenizer's {tokenizer.n_vocab} ids; use 0 (automatic)")
+
+
+def build_model(cfg: Config, device: torch.device, start: Resumed | None):
+    """The model (initialised from run.seed) and its optimizer with the parameter names in
+    optimizer order; on resume both restored from the checkpoint."""
+    model = GPT.from_config(cfg, seed=cfg.run.seed).to(device)
+    optimizer, names = build_optimizer(model, cfg.train, device)
+    if start is not None:
+        load_model_weights(model, start.checkpoint)
+        load_optimizer_state(optimizer, names, start.checkpoint)
+    return model, optimizer, names
+
+
+def restore_progress(cfg: Config, info: DistInfo, start: Resumed | None
+                     ) -> tuple[TrainerState, torch.Generator]:
+    """The counters and the data-order generator, with every RNG where the run left it: seeded
+    from run.seed for a fresh run, the saved states on resume. Dropout differs per rank (rank
+    0's stream is the saved one). The last thing before training that touches the RNGs."""
+    data_gen = torch.Generator().manual_seed(cfg.run.seed)
+    if start is None:
+        state = TrainerState()
         torch.manual_seed(cfg.run.seed)
-        # Batch geometry: global batch -> this rank's slice -> micro-batches.
-        self.micro = t.micro_batch_size or t.batch_size // info.world_size
-        if self.micro == 0 or t.batch_size % (info.world_size * self.micro):
-            raise ConfigError(
-                f"train.batch_size: {t.batch_size} must be a multiple of the world size "
-                f"({info.world_size}) x train.micro_batch_size ({self.micro})")
-        self.n_micro = t.batch_size // (info.world_size * self.micro)
-        self.metrics = MetricsLog(run_dir / METRICS_FILE, enabled=False)
+    else:
+        state = dataclasses.replace(start.state)
+        start.rng.restore(data_gen)
+    if info.rank > 0:
+        torch.manual_seed(cfg.run.seed + 7919 * info.rank + state.step)
+    return state, data_gen
 
-        # Tokenizer and data (cached by their modules; rank 0 fills the caches first).
-        if ckpt is not None:
-            self.tokenizer = Tokenizer.load(ckpt.path)
-        else:
-            self.tokenizer = main_first(lambda: build_tokenizer(cfg, emit if main else no_events),
-                                        info)
-        if cfg.model.vocab_size == 0:
-            cfg.model.vocab_size = self.tokenizer.n_vocab
-        elif cfg.model.vocab_size < self.tokenizer.n_vocab:
-            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the "
-                              f"tokenizer's {self.tokenizer.n_vocab} ids; use 0 (automatic)")
-        check_memory(cfg, self.micro, device)
-        # A run resumes on the split it was made with: checkpoints from before the byte split
-        # record none and get the old whole-corpus token split (data.py).
-        split = read_trainer_state(ckpt).get("data_split", "tokens") if ckpt else "bytes"
-        self.data: Dataset = main_first(
-            lambda: prepare_dataset(cfg, self.tokenizer, emit if main else no_events, split),
-            info)
-        main_first(claim, info)  # only now does a fresh run directory appear
 
-        self.model = GPT.from_config(cfg, seed=cfg.run.seed).to(device)
-        self.optimizer, self.names = build_optimizer(self.model, t, device)
-        self.data_gen = torch.Generator().manual_seed(cfg.run.seed)
-        # A fixed validation sample, drawn once: evaluations compare like with like.
-        self.eval_offsets = self.data.sample_offsets(
-            "val", t.eval_batches * t.batch_size, torch.Generator().manual_seed(cfg.run.seed + 1))
-        self.state = {"step": 0, "tokens_seen": 0, "elapsed": 0.0, "best_val_loss": math.inf,
-                      "best_val_bpb": math.inf, "best_step": 0}
-        if ckpt is not None:
-            load_model_weights(self.model, ckpt)
-            load_optimizer_state(self.optimizer, self.names, ckpt)
-            saved = read_trainer_state(ckpt)
-            self.state.update({k: saved[k] for k in self.state if saved.get(k) is not None})
-            try:
-                set_rng_state(saved["rng"], self.data_gen)
-            except (KeyError, TypeError, ValueError, IndexError, RuntimeError):
-                raise MinigptError(
-                    f"{ckpt.path / 'trainer_state.json'}: the RNG and data-order state is "
-                    "missing or damaged, so the run cannot be resumed; start a new run (the "
-                    "weights can still be sampled)") from None
-        if info.rank > 0:  # dropout differs per rank (rank 0's stream is the saved one)
-            torch.manual_seed(cfg.run.seed + 7919 * info.rank + self.state["step"])
-        self.last_ckpt = ckpt.path if ckpt is not None else None
-        self.saved_step = self.state["step"] if ckpt is not None else -1
+def validation_sample(data: Dataset, t: TrainConfig, seed: int) -> torch.Tensor:
+    """The offsets every evaluation uses, drawn once: evaluations compare like with like."""
+    return data.sample_offsets("val", t.eval_batches * t.batch_size,
+                               torch.Generator().manual_seed(seed + 1))
 
-        if main:  # the resolved config, tokenizer and (on resume) the metrics up to the step
-            atomic_write_text(run_dir / CONFIG_FILE, to_yaml(cfg))
-            self.tokenizer.save(run_dir)
-            truncate_metrics(run_dir / METRICS_FILE, self.state["step"])
-        self.metrics = MetricsLog(run_dir / METRICS_FILE, enabled=main)
-        self.head_every = head_scores_every(t) if main else 0
-        self.heads = HeadWatch(self.model, cfg, self.tokenizer, read_metrics(
-            run_dir / METRICS_FILE)[0]) if self.head_every else None
 
-        self.fwd = self.model  # what the training step calls: maybe compiled, maybe DDP
-        if t.compile == "true" or (t.compile == "auto" and device.type == "cuda"):
-            self.fwd = torch.compile(self.model)
-        if info.enabled:
-            self.fwd = torch.nn.parallel.DistributedDataParallel(
-                self.fwd, device_ids=[device.index] if device.type == "cuda" else None)
-        self.amp = amp_dtype(cfg.train.precision, device)
-        self.samples: list[tuple[str, str]] = []
+def forward_module(model: GPT, t: TrainConfig, device: torch.device,
+                   info: DistInfo) -> torch.nn.Module:
+    """What the training step calls: the model, maybe compiled, maybe under DDP."""
+    fwd: torch.nn.Module = model
+    if t.compile == "true" or (t.compile == "auto" and device.type == "cuda"):
+        fwd = torch.compile(model)
+    if info.enabled:
+        fwd = torch.nn.parallel.DistributedDataParallel(
+            fwd, device_ids=[device.index] if device.type == "cuda" else None)
+    return fwd
+
+
+def _fan_out(consumers: list[Callable[[object], object]]) -> Callable[[object], None]:
+    def emit(event: object) -> None:
+        for consume in consumers:
+            consume(event)
+    return emit
+
+
+# --------------------------------------------------------------------------------------------
+# The session.
+
+
+class _Clock:
+    """Training seconds over all sessions of the run, and tokens/s since the last report."""
+
+    def __init__(self, base: float, step: int) -> None:
+        self.start, self.base = time.perf_counter(), base
+        self.mark, self.mark_step = self.start, step
+
+    def elapsed(self) -> float:
+        return self.base + time.perf_counter() - self.start
+
+    def tokens_per_s(self, step: int, tokens_per_step: int) -> float:
+        now = time.perf_counter()
+        rate = (step - self.mark_step) * tokens_per_step / max(now - self.mark, 1e-9)
+        self.mark, self.mark_step = now, step
+        return rate
+
+
+@dataclasses.dataclass
+class Trainer:
+    """One training session, as `set_up` builds it; `run` trains it."""
+    cfg: Config
+    run_dir: Path
+    device: torch.device
+    info: DistInfo
+    tokenizer: Tokenizer
+    data: Dataset
+    model: GPT
+    fwd: torch.nn.Module            # what `step` calls (forward_module)
+    optimizer: object               # torch.optim.AdamW or train.optim.OptimizerChain
+    names: list[str]                # parameter names in optimizer order (checkpoints)
+    micro: int                      # sequences per forward pass
+    n_micro: int                    # forward passes per step on this rank
+    amp: torch.dtype | None         # autocast dtype (None: fp32)
+    data_gen: torch.Generator       # the batches' order
+    eval_offsets: torch.Tensor      # validation_sample
+    state: TrainerState
+    heads: HeadWatch | None         # head scores every `head_every` steps (rank 0)
+    head_every: int
+    outputs: RunOutputs | None      # rank 0's run files, the first consumer of `emit`
+    emit: Callable[[object], object]  # every event to the outputs, then the caller's on_event
+    last_ckpt: Path | None          # the last committed checkpoint
+    saved_step: int                 # the step it holds (-1: none yet)
+
+    def run(self, stop_after: int | None) -> DoneEvent:
+        t, state = self.cfg.train, self.state
+        tokens_per_step = t.batch_size * self.cfg.model.block_size
+        self.emit(StartEvent(self.run_dir, state.step, t.max_steps, self._params(),
+                             str(self.device), self.info.world_size, tokens_per_step,
+                             self.tokenizer.n_vocab, self.data.bytes_per_token))
+        clock = _Clock(state.elapsed, state.step)
+        reason, signame = "finished", ""
+        self.model.train()
+        with StopFlag() as flag:
+            while state.step < t.max_steps:
+                loss, lr, grad_norm, stop = self.step(flag)
+                step, last = state.step, state.step == t.max_steps
+                if step % t.log_interval == 0 or last or step == 1:
+                    self.emit(StepEvent(step, t.max_steps, loss, lr, grad_norm,
+                                        clock.tokens_per_s(step, tokens_per_step),
+                                        clock.elapsed(), state.tokens_seen))
+                if self.heads is not None and (step % self.head_every == 0 or last):
+                    scores, formed = self.heads.measure(step)
+                    for event in (scores, *formed):
+                        self.emit(event)
+                if step % t.eval_interval == 0 or last:
+                    self._evaluate_and_sample(step, clock)
+                if step % t.checkpoint_interval == 0 or last or stop or step == stop_after:
+                    self.save(clock.elapsed())
+                if stop:
+                    reason = "interrupted"
+                    signame = signal.Signals(flag.signum or signal.SIGINT).name
+                    break
+                if step == stop_after:
+                    reason = "stopped"
+                    break
+            if not agree(True, self.info):  # all ranks leave the loop together
+                raise MinigptError("another rank failed")
+        done = self._done(reason, signame, clock.elapsed())
+        self.emit(done)
+        return done
+
+    def close(self) -> None:
+        if self.outputs is not None:
+            self.outputs.close()
 
     # -- one optimizer step -----------------------------------------------------------------
     def step(self, flag: StopFlag) -> tuple[float, float, float, bool]:
         """Forward/backward over this rank's micro-batches, clip, optimizer. Returns (mean loss of
         the global batch, lr, grad norm before clipping, whether any rank was signalled)."""
-        t, info, step = self.cfg.train, self.info, self.state["step"]
+        t, info, step = self.cfg.train, self.info, self.state.step
         lr = lr_at(step, t)
         set_lr(self.optimizer, lr)
         offsets = self.data.sample_offsets("train", t.batch_size, self.data_gen)  # global
@@ -214,8 +332,8 @@ class _Trainer:
             raise self._diverged(step + 1, "the gradient norm")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.state["step"] = step + 1
-        self.state["tokens_seen"] += t.batch_size * self.cfg.model.block_size
+        self.state.step = step + 1
+        self.state.tokens_seen += t.batch_size * self.cfg.model.block_size
         return loss_val, lr, grad_norm, stats[1].item() > 0
 
     def _diverged(self, step: int, what: str) -> TrainingDiverged:
@@ -227,7 +345,7 @@ class _Trainer:
             f"{t.learning_rate:g}), set train.precision=fp32 (now {t.precision}) or a tighter "
             f"train.grad_clip (now {t.grad_clip:g}); {kept}")
 
-    # -- evaluation, samples, checkpoints ---------------------------------------------------
+    # -- evaluation and samples -------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean val loss over the fixed eval offsets (split across ranks, summed back)."""
@@ -263,122 +381,39 @@ class _Trainer:
                 out.append((prompt, self.tokenizer.decode(new)))
         return out
 
-    def checkpoint(self, elapsed: float) -> None:
-        step, t = self.state["step"], self.cfg.train
-        if self.info.is_main and step != self.saved_step:
-            self.metrics.sync()
-            self.state["elapsed"] = elapsed
-            trainer_state = {
-                "format": 1, "minigpt_version": __version__, **self.state,
-                "max_steps": t.max_steps, "batch_size": t.batch_size,
-                "world_size": self.info.world_size, "bytes_per_token": self.data.bytes_per_token,
-                "data_split": self.data.split,
-                "schedule": {"kind": t.schedule, "warmup_steps": t.warmup_steps,
-                             "learning_rate": t.learning_rate, "min_lr": t.min_lr,
-                             "next_lr": lr_at(step, t)},
-                "rng": rng_state(self.data_gen)}
-            trainer_state = {k: None if isinstance(v, float) and not math.isfinite(v) else v
-                             for k, v in trainer_state.items()}  # JSON has no inf
-            self.last_ckpt = save_checkpoint(
-                self.run_dir, step=step, model=self.model, cfg=self.cfg,
-                tokenizer=self.tokenizer, trainer_state=trainer_state,
-                optimizer=self.optimizer, param_names=self.names, keep=t.keep_checkpoints)
-            self.emit(CheckpointEvent(step, self.last_ckpt))
-        self.saved_step = step
-
-    # -- the loop ---------------------------------------------------------------------------
-    def run(self, stop_after: int | None) -> DoneEvent:
-        t, state, emit = self.cfg.train, self.state, self.emit
-        T = self.cfg.model.block_size
-        params = self.model.num_params()["total"]
-        emit(StartEvent(self.run_dir, state["step"], t.max_steps, params, str(self.device),
-                        self.info.world_size, t.batch_size * T, self.tokenizer.n_vocab,
-                        self.data.bytes_per_token))
-        start, base = time.perf_counter(), state["elapsed"]
-
-        def elapsed() -> float:  # training seconds over all sessions of this run
-            return base + time.perf_counter() - start
-
-        reason, signame = "finished", ""
-        mark, mark_step = time.perf_counter(), state["step"]
-        self.model.train()
-        with StopFlag() as flag:
-            while state["step"] < t.max_steps:
-                loss, lr, grad_norm, stop = self.step(flag)
-                step = state["step"]
-                last = step == t.max_steps
-                if step % t.log_interval == 0 or last or step == 1:
-                    now = time.perf_counter()
-                    tps = (step - mark_step) * t.batch_size * T / max(now - mark, 1e-9)
-                    mark, mark_step = now, step
-                    ev = StepEvent(step, t.max_steps, loss, lr, grad_norm, tps, elapsed(),
-                                   state["tokens_seen"])
-                    self.metrics.write({"kind": "train", "step": step, "loss": loss, "lr": lr,
-                                        "grad_norm": grad_norm, "tokens_per_s": tps,
-                                        "elapsed": ev.elapsed, "tokens_seen": ev.tokens_seen})
-                    emit(ev)
-                if self.heads is not None and (step % self.head_every == 0 or last):
-                    self._score_heads(step)
-                if step % t.eval_interval == 0 or last:
-                    self._eval_and_sample(step, elapsed)
-                if step % t.checkpoint_interval == 0 or last or stop or step == stop_after:
-                    self.checkpoint(elapsed())
-                if stop:
-                    reason = "interrupted"
-                    signame = signal.Signals(flag.signum or signal.SIGINT).name
-                    break
-                if step == stop_after:
-                    reason = "stopped"
-                    break
-            if not agree(True, self.info):  # all ranks leave the loop together
-                raise MinigptError("another rank failed")
-        self.metrics.close()
-
-        wall = elapsed()
-        best_loss, best_bpb = state["best_val_loss"], state["best_val_bpb"]
-        done = DoneEvent(self.run_dir, state["step"], t.max_steps, reason, signame, params,
-                         state["tokens_seen"], wall, state["tokens_seen"] / max(wall, 1e-9),
-                         best_loss if math.isfinite(best_loss) else math.nan,
-                         best_bpb if math.isfinite(best_bpb) else math.nan, self.last_ckpt)
-        if self.info.is_main:
-            write_summary(self.run_dir / SUMMARY_FILE, done.summary_rows(), self.samples)
-            if reason != "finished":  # a finished run drew its last evaluation already
-                self._draw_pictures()
-        emit(done)
-        return done
-
-    def _eval_and_sample(self, step: int, elapsed: Callable[[], float]) -> None:
-        state = self.state
+    def _evaluate_and_sample(self, step: int, clock: _Clock) -> None:
         val = self.evaluate()
         if not math.isfinite(val):
             raise self._diverged(step, "the validation loss")
         bpb = val / math.log(2) / self.data.bytes_per_token  # nats/token -> bits/byte
-        if val < state["best_val_loss"]:
-            state.update(best_val_loss=val, best_val_bpb=bpb, best_step=step)
-        self.samples = self.sample()
-        ev = EvalEvent(step, val, math.exp(min(val, 700.0)), bpb, state["best_val_loss"],
-                       state["best_val_bpb"], elapsed(), self.samples)
-        self.metrics.write({"kind": "eval", "step": step, "val_loss": val, "val_ppl": ev.val_ppl,
-                            "val_bpb": bpb, "elapsed": ev.elapsed,
-                            "tokens_seen": state["tokens_seen"]})
-        if self.info.is_main:  # drawn before the event, so a listener sees this evaluation
-            self._draw_pictures()
-        self.emit(ev)
+        s = self.state
+        if val < s.best_val_loss:
+            s.best_val_loss, s.best_val_bpb, s.best_step = val, bpb, step
+        samples = self.sample()
+        self.emit(EvalEvent(step, val, math.exp(min(val, 700.0)), bpb, s.best_val_loss,
+                            s.best_val_bpb, clock.elapsed(), samples, s.tokens_seen))
 
-    def _score_heads(self, step: int) -> None:
-        """Every head's probe scores to metrics.jsonl; say which heads formed."""
-        record, formed = self.heads.measure(step)
-        self.metrics.write(record)
-        for ev in formed:
-            self.emit(ev)
+    # -- checkpoints and the end ------------------------------------------------------------
+    def save(self, elapsed: float) -> None:
+        """Commit a checkpoint of the current step (rank 0; once per step)."""
+        step = self.state.step
+        if self.info.is_main and step != self.saved_step:
+            self.state.elapsed = elapsed
+            self.last_ckpt = save_checkpoint(
+                self.run_dir, step=step, model=self.model, cfg=self.cfg,
+                tokenizer=self.tokenizer, optimizer=self.optimizer, param_names=self.names,
+                trainer_state=self.state.as_json(rng_state(self.data_gen)),
+                keep=self.cfg.train.keep_checkpoints, before_commit=self.outputs.before_commit)
+            self.emit(CheckpointEvent(step, self.last_ckpt))
+        self.saved_step = step
 
-    def _draw_pictures(self) -> None:
-        """curves.png and heads.png from every record of the run (earlier sessions included),
-        each rewritten atomically."""
-        write_curves(self.run_dir)
-        if self.heads is not None:
-            records, _ = read_metrics(self.run_dir / METRICS_FILE)
-            png = draw_timeline(records, f"{self.run_dir.name}: head scores on the built-in "
-                                "probes")
-            if png is not None:
-                atomic_write_bytes(self.run_dir / HEADS_PNG, png)
+    def _params(self) -> int:
+        return self.model.num_params()["total"]
+
+    def _done(self, reason: str, signame: str, wall: float) -> DoneEvent:
+        s = self.state
+        return DoneEvent(self.run_dir, s.step, self.cfg.train.max_steps, reason, signame,
+                         self._params(), s.tokens_seen, wall, s.tokens_seen / max(wall, 1e-9),
+                         s.best_val_loss if math.isfinite(s.best_val_loss) else math.nan,
+                         s.best_val_bpb if math.isfinite(s.best_val_bpb) else math.nan,
+                         self.last_ckpt)

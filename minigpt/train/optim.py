@@ -89,7 +89,7 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device
     to_muon = [t.optimizer == "muon" and is_block_matrix(n, p) for n, p in named]
     muon = [np_ for np_, m in zip(named, to_muon) if m]
     rest = [np_ for np_, m in zip(named, to_muon) if not m]
-    groups, names = _adamw_groups(rest, t.weight_decay)
+    groups, names = adamw_groups(rest, t.weight_decay)
     extra = {"fused": True} if device.type in ("cuda", "cpu") else {}
     adamw = torch.optim.AdamW(groups, lr=lr_at(0, t), betas=(t.beta1, t.beta2), **extra)
     if t.optimizer == "adamw":
@@ -106,16 +106,10 @@ def is_block_matrix(name: str, p: torch.Tensor) -> bool:
     return name.startswith("blocks.") and p.dim() == 2
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> tuple[list[dict], list[str]]:
-    """AdamW's [decayed matrices (dim >= 2), undecayed norms and biases] over every parameter
-    and the parameter names in that order. Each Parameter appears once (named_parameters()
-    drops tied aliases)."""
-    return _adamw_groups([(n, p) for n, p in model.named_parameters() if p.requires_grad],
-                         weight_decay)
-
-
-def _adamw_groups(named: list[tuple[str, torch.Tensor]], weight_decay: float
-                  ) -> tuple[list[dict], list[str]]:
+def adamw_groups(named: list[tuple[str, torch.Tensor]], weight_decay: float
+                 ) -> tuple[list[dict], list[str]]:
+    """AdamW's two groups over `named` (name, parameter) pairs: [decayed matrices (dim >= 2),
+    undecayed norms and biases], and the parameter names in that order."""
     decay = [(n, p) for n, p in named if p.dim() >= 2]
     no_decay = [(n, p) for n, p in named if p.dim() < 2]
     groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay, "lr_scale": 1.0},
