@@ -4,7 +4,12 @@ batched pass equals ablating one head at a time by editing the weights."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,3 +137,75 @@ def test_chunks_give_the_same_effects(monkeypatch):
     monkeypatch.setattr(abl, "CHUNK_FLOATS", 1)
     split = ablate_heads(model, ids, "resample", seed=7)
     assert torch.allclose(whole.effect, split.effect, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# Through the installed command: the numbers are the library's, bad input is one line.
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    program = shutil.which("minigpt")
+    assert program, "the `minigpt` console script is not on PATH: pip install -e ."
+    r = subprocess.run([program, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    from conftest import save_tiny_run
+
+    return save_tiny_run(tmp_path_factory.mktemp("abl") / "run")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_command_prints_the_librarys_effects(tiny_run, tmp_path, mode):
+    from minigpt.heads.probes import prepare_input
+    from minigpt.run import load_run
+
+    r = run_cli("inspect-heads", "--run", str(tiny_run), "--probe", "induction", "--ablate",
+                mode, "--json", "--device", "cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    loaded = load_run(tiny_run, "cpu")
+    inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
+    want = ablate_heads(loaded.model, inp.tokens, mode, positions=inp.positions)
+    assert doc["ablation"]["mode"] == mode and doc["ablation"]["unit"] == "nats/token"
+    assert doc["ablation"]["n_scored"] == len(inp.positions) == 16 // 2 - 1  # block 16
+    assert "second copy" in doc["ablation"]["scored"] and "second copy" in r.stderr
+    assert doc["ablation"]["base_loss"] == pytest.approx(want.base_loss, abs=1e-6)
+    for row in doc["heads"]:
+        assert row["ablation"] == pytest.approx(float(want.effect[row["layer"], row["head"]]),
+                                                abs=1e-6)
+
+
+def test_table_png_html_and_json_files_carry_the_effects(tiny_run, tmp_path):
+    out = tmp_path / "out"
+    r = run_cli("inspect-heads", "--run", str(tiny_run), "--text", "To be, or not to be",
+                "--ablate", "zero", "--format", "table,png,html,json", "--out", str(out),
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "ablate" in r.stdout and "every next-token prediction" in r.stderr
+    assert (out / "ablation.png").read_bytes()[:4] == b"\x89PNG"
+    scores = json.loads((out / "scores.json").read_text())
+    assert all(isinstance(row["ablation"], float) for row in scores["heads"])
+    html = (out / "attention.html").read_text()
+    data = html.split('id="viewer-data">', 1)[1].split("</script>", 1)[0]
+    shown = json.loads(data)  # what the page's script reads
+    assert shown["ablation"]["mode"] == "zero"
+    assert [row["ablation"] for row in shown["scores"]] == pytest.approx(
+        [row["ablation"] for row in scores["heads"]], abs=1e-4)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--ablate", "half"],
+     "--ablate: 'half' is not an ablation mode; valid: zero, mean, resample"),
+    (["--probe", "induction", "--max-tokens", "3", "--ablate", "zero"],
+     ("--ablate: the input has 2 tokens, too short to score a prediction: it needs at least 4 "
+      "(see --max-tokens)")),
+])
+def test_bad_ablation_input_is_one_line(tiny_run, tmp_path, args, needle):
+    r = run_cli("inspect-heads", "--run", str(tiny_run), *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: {needle}"]

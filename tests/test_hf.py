@@ -300,6 +300,27 @@ def test_inspect_input_of_a_pretrained_model_starts_with_endoftext(hf_dirs):
     assert plain.tokens[:10] == plain.tokens[10:]  # a minigpt run: no <|endoftext|> first
 
 
+def test_ablation_of_a_gpt2_model_scores_the_copy_after_endoftext(hf_dirs):
+    """--ablate on a GPT-2 directory: every head gets an effect, scored on the 9 predictions
+    inside the probe's second copy (the input is <|endoftext|> + 10 ids + the same 10), equal to
+    the library's."""
+    from minigpt.heads.ablation import ablate_heads
+
+    r = CliRunner().invoke(app, ["inspect-heads", "--model", str(hf_dirs["gpt2"]), "--probe",
+                                 "induction", "--max-tokens", "21", "--ablate", "mean",
+                                 "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    loaded = load_model(hf_dirs["gpt2"])
+    want = ablate_heads(loaded.model, doc["tokens"], "mean", positions=list(range(11, 20)))
+    assert doc["ablation"]["n_scored"] == 9 and doc["ablation"]["mode"] == "mean"
+    assert doc["ablation"]["base_loss"] == pytest.approx(want.base_loss, abs=1e-5)
+    got = {(row["layer"], row["head"]): row["ablation"] for row in doc["heads"]}
+    assert len(got) == loaded.cfg.model.n_layer * loaded.cfg.model.n_head
+    for (layer, head), v in got.items():
+        assert v == pytest.approx(float(want.effect[layer, head]), abs=1e-5)
+
+
 # --------------------------------------------------------------------------------------------
 # Configs minigpt does not implement: refused, naming the field.
 

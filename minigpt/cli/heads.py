@@ -42,6 +42,11 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic probes.")]
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="Print the head scores as JSON on stdout (no tables).")]
+AblateOpt = Annotated[str | None, typer.Option(
+    "--ablate", metavar="MODE", help="Also measure what each head carries: the loss with that "
+    "head alone ablated minus the loss without (nats/token). zero: its output replaced by "
+    "zeros; mean: by its mean over the input's positions; resample: by its output on the same "
+    "tokens in a random order.")]
 CheckpointOpt = Annotated[int | None, typer.Option(
     "--checkpoint", metavar="STEP", help="Inspect the run's kept checkpoint of this step "
     "(train.keep_checkpoints sets how many are kept). Default: the latest.")]
@@ -53,15 +58,18 @@ def inspect_heads_command(
     probe: ProbeOpt = None, layer: LayerOpt = None, head: HeadOpt = None,
     formats: FormatOpt = None, out: OutOpt = None, max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = 0, json_out: JsonOpt = False, device: DeviceOpt = "auto",
-    model: ModelOpt = None, checkpoint: CheckpointOpt = None,
+    model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.heads import output
+    from minigpt.heads.ablation import check_mode
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
     from minigpt.inputs import load_run_or_model
 
     fmts = output.parse_formats(formats or [])
+    if ablate is not None:
+        check_mode(ablate)  # before loading anything
     loaded = load_run_or_model(run, model, device, checkpoint)
     if run is None and model is None:
         say(f"using the latest run: {loaded.run_dir}")
@@ -77,11 +85,15 @@ def inspect_heads_command(
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
     insp = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source,
-                   run=loaded.source, step=loaded.step)
+                   run=loaded.source, step=loaded.step, ablate=ablate, inp=inp)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
         f"{insp.parity_max_diff:.2e} (tolerance {insp.parity_tol:.0e}: {verdict})")
+    if insp.ablation is not None:
+        ab = insp.ablation
+        say(f"ablation ({ab.mode}): loss {ab.base_loss:.4f} nats/token over {ab.scored}; "
+            "each head's effect = the loss with it alone ablated minus that")
     if out_dir is not None:
         for path in output.write_files(insp, out_dir, fmts, layers, heads):
             say(f"wrote {path}")
@@ -131,15 +143,36 @@ def _heads_summary_table(insp, layers, heads):
                   "duplicate-token, first = attention to token 0, delim = delimiter, ent = "
                   "entropy (0 focused .. 1 uniform); - = not applicable to this input",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("L", "H", "type", *(short.get(n, n) for n in SCORE_NAMES)):
+    ablation = insp.ablation
+    names = [short.get(n, n) for n in SCORE_NAMES] + (["ablate"] if ablation is not None else [])
+    for name in ("L", "H", "type", *names):
         table.add_column(name, justify="left" if name == "type" else "right", no_wrap=True)
+    if ablation is not None:
+        table.caption += (f"; ablate = nats/token lost with the head {ablation.mode}-ablated "
+                          "(red: the larger)")
+        largest = max(float(ablation.effect.abs().max()), 1e-12)
     for la in layers:
         for h in heads:
             s = insp.head_scores(la, h)
             cells = [Text("-") if math.isnan(v) else Text(f"{v:.2f}", style=_shade(v))
                      for v in s.values()]
+            if ablation is not None:
+                effect = float(ablation.effect[la, h])
+                cells.append(Text(f"{effect:+.3f}", style=_heat(effect / largest)))
             table.add_row(str(la), str(h), Text(insp.dominant(la, h), style="bold"), *cells)
     return table
+
+
+def _heat(v: float):
+    """Background for an ablation effect scaled to [-1, 1]: white -> red for a loss the head
+    prevents, white -> blue for one it causes."""
+    from rich.color import Color
+    from rich.style import Style
+
+    v = min(1.0, max(-1.0, v))
+    end = (180, 30, 30) if v >= 0 else (40, 70, 170)
+    rgb = [round(255 * (1 - abs(v)) + c * abs(v)) for c in end]
+    return Style(bgcolor=Color.from_rgb(*rgb), color="white" if abs(v) > 0.45 else "black")
 
 
 def _attention_table(insp, la: int, h: int, width: int):

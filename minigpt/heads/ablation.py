@@ -92,12 +92,12 @@ def check_positions(n_tokens: int, positions: Sequence[int] | None, minimum: int
 @torch.no_grad()
 def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                  positions: Sequence[int] | None = None, scored: str = "every next-token "
-                 "prediction", seed: int = 0) -> Ablation:
+                 "prediction", minimum: int = 2, seed: int = 0) -> Ablation:
     """Every head's ablation effect on `tokens` (one sequence within the model's block_size);
-    `positions` as in `check_positions`. The model is run in eval mode with its own attention
-    kernel and restored to its mode afterwards."""
+    `positions` and `minimum` as in `check_positions`; `seed` orders the resample reference.
+    The model runs in eval mode with its own attention kernel and is restored afterwards."""
     check_mode(mode)
-    pos = check_positions(len(tokens), positions)
+    pos = check_positions(len(tokens), positions, minimum)
     cfg = model.cfg
     L, H = cfg.n_layer, cfg.n_head
     device = next(model.parameters()).device

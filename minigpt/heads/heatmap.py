@@ -113,9 +113,43 @@ def head_png(insp: Inspection, layer: int, head: int) -> bytes:
     return _png_bytes(head_figure(insp, layer, head))
 
 
+def ablation_png(insp: Inspection) -> bytes:
+    """The layer x head table of ablation effects (nats/token lost with the head ablated), on
+    a diverging colour scale centred at 0, each cell labelled with its effect and the head's
+    dominant type: what each head carries beside where it looks."""
+    from matplotlib.figure import Figure
+
+    ab = insp.ablation
+    L, H = insp.n_layer, insp.n_head
+    effect = ab.effect.numpy()  # (L, H)
+    top = max(float(np.abs(effect).max()), 1e-9)
+    fig = Figure(figsize=(min(30.0, 1.1 * H + 2.0), min(30.0, 0.8 * L + 1.6)),
+                 layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(effect, cmap="RdBu_r", vmin=-top, vmax=top, interpolation="nearest",
+                   aspect="auto")
+    if L * H <= 400:  # numbers stay legible
+        for layer in range(L):
+            for head in range(H):
+                v = effect[layer, head]
+                ax.text(head, layer, f"{v:+.2f}\n{insp.dominant(layer, head)}", ha="center",
+                        va="center", fontsize=7, color="white" if abs(v) > 0.6 * top else "black")
+    ax.set_xticks(range(H))
+    ax.set_yticks(range(L))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"{ab.mode} ablation: loss {ab.base_loss:.3f} nats/token over {ab.scored}; "
+                 "cell = loss lost with that head ablated", fontsize=8, wrap=True)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="nats/token")
+    return _png_bytes(fig)
+
+
 def write_pngs(insp: Inspection, out_dir: Path, heads: Sequence[tuple[int, int]]) -> list[Path]:
-    """Write `attention_grid.png` and `attention_L{layer}_H{head}.png` for each selected head."""
+    """Write `attention_grid.png`, `attention_L{layer}_H{head}.png` for each selected head and,
+    with an ablation, `ablation.png`."""
     paths = [atomic_write_bytes(out_dir / "attention_grid.png", grid_png(insp))]
+    if insp.ablation is not None:
+        paths.append(atomic_write_bytes(out_dir / "ablation.png", ablation_png(insp)))
     for layer, head in heads:
         paths.append(atomic_write_bytes(out_dir / f"attention_L{layer}_H{head}.png",
                                         head_png(insp, layer, head)))

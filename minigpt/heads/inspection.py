@@ -19,6 +19,8 @@ from torch import Tensor
 
 from minigpt.attention import AttnSpec
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.heads.ablation import Ablation, ablate_heads
+from minigpt.heads.probes import ProbeInput
 from minigpt.heads.scores import SCORE_HELP, SCORE_NAMES, dominant_type, score_heads
 
 
@@ -67,6 +69,7 @@ class Inspection:
     run: str = ""
     step: int = 0
     notes: list[str] = field(default_factory=list)
+    ablation: Ablation | None = None  # what each head carries (`ablate_heads`), if asked for
 
     @property
     def n_layer(self) -> int:
@@ -91,8 +94,11 @@ class Inspection:
         `digits` (None = not applicable to this input). `--json`, scores.json and the viewer
         all take their per-head numbers from here."""
         s = self.head_scores(layer, head)
-        return {"layer": layer, "head": head, "dominant": dominant_type(s),
-                **{n: (None if math.isnan(v) else round(v, digits)) for n, v in s.items()}}
+        row = {"layer": layer, "head": head, "dominant": dominant_type(s),
+               **{n: (None if math.isnan(v) else round(v, digits)) for n, v in s.items()}}
+        if self.ablation is not None:  # nats/token lost when this head alone is ablated
+            row["ablation"] = round(float(self.ablation.effect[layer, head]), digits)
+        return row
 
     def to_json(self, layers: Sequence[int] | None = None,
                 heads: Sequence[int] | None = None) -> dict:
@@ -104,6 +110,7 @@ class Inspection:
                 "tokens": self.tokens, "token_strs": self.token_strs,
                 "parity_max_abs_diff": self.parity_max_diff, "parity_ok": self.parity_ok,
                 "score_definitions": SCORE_HELP,
+                **({"ablation": self.ablation.to_json()} if self.ablation is not None else {}),
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
@@ -127,10 +134,12 @@ def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "c
 
 def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
             device: torch.device | str | None = None, source: str = "text", run: str = "",
-            step: int = 0) -> Inspection:
+            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None
+            ) -> Inspection:
     """Attention maps and head scores of `model` on `tokens` (already within block_size), on
     `device` (None: where the model's weights are). MinigptError if the attention or the
-    logits are not finite."""
+    logits are not finite. `ablate` (a mode of heads.ablation) also measures what each head
+    carries, scored where `inp` (the `prepare_input` this came from) defines the loss."""
     if not tokens:
         raise ValueError("inspect: no tokens")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
@@ -140,9 +149,14 @@ def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
     strs_for_scores = None if source.startswith("probe:") else token_strs
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
+    ablation = None
+    if ablate is not None:
+        inp = inp or ProbeInput(list(tokens), list(token_strs), source)
+        ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
+                                scored=inp.scored, minimum=inp.min_tokens)
     return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
                       scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
-                      parity_tol=tol, source=source, run=run, step=step)
+                      parity_tol=tol, source=source, run=run, step=step, ablation=ablation)
 
 
 def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:

@@ -51,17 +51,27 @@ def probe_tokens(name: str, length: int, pool: Sequence[int], seed: int = 0) -> 
     return [rng.choice(alphabet) for _ in range(length)]
 
 
+EVERY_PREDICTION = "every next-token prediction"
+
+
 @dataclass
 class ProbeInput:
     """The token ids to inspect, their strings and where they came from. `n_text_tokens` > len
     (tokens) when a longer text was cut to its first `len(tokens)` tokens; `file_bytes` is a
-    text file's size when only its start was read (the text has more tokens than counted)."""
+    text file's size when only its start was read (the text has more tokens than counted).
+
+    Where a loss is defined on this input (for ablation): `positions`, the query positions
+    whose next-token prediction is scored (None: every one), described by `scored`;
+    `min_tokens`, the shortest input of this kind with a prediction to score."""
 
     tokens: list[int]
     token_strs: list[str]
     source: str
     n_text_tokens: int = 0
     file_bytes: int | None = None
+    positions: list[int] | None = None
+    scored: str = EVERY_PREDICTION
+    min_tokens: int = 2
 
     @property
     def truncated(self) -> bool:
@@ -109,7 +119,16 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
     if probe is not None:
         ids = first + probe_tokens(probe, max_tokens - len(first), probe_pool(cfg, tokenizer),
                                    seed)
-        return ProbeInput(ids, [tokenizer.token_str(i) for i in ids], f"probe:{probe}")
+        inp = ProbeInput(ids, [tokenizer.token_str(i) for i in ids], f"probe:{probe}",
+                         min_tokens=len(first) + 2)
+        if probe == "induction":  # only the second copy can be predicted, by copying
+            half = (len(ids) - len(first)) // 2
+            second = len(first) + half  # its first token predicts the second, and so on
+            inp.positions = list(range(second, len(ids) - 1))
+            inp.scored = (f"the {len(inp.positions)} predictions inside the probe's second "
+                          "copy, where copying is possible")
+            inp.min_tokens = len(first) + 4
+        return inp
     source, file_bytes = "text", None
     if text_file is not None:
         budget = text_budget(tokenizer, max_tokens)
@@ -122,4 +141,4 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
                             "the text is empty; give some text to inspect")
     ids = first + tokenizer.encode(text)
     return ProbeInput(ids[:max_tokens], [tokenizer.token_str(i) for i in ids[:max_tokens]],
-                      source, len(ids), file_bytes)
+                      source, len(ids), file_bytes, min_tokens=len(first) + 2)

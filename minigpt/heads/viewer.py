@@ -47,7 +47,8 @@ def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
             "strs": insp.token_strs, "labels": [visible_token(s, 16) for s in insp.token_strs],
             "attn": attn, "scores": scores, "score_names": list(SCORE_NAMES),
             "score_help": SCORE_HELP, "run": insp.run, "step": insp.step,
-            "source": insp.source, "parity": insp.parity_max_diff, "first": first}
+            "source": insp.source, "parity": insp.parity_max_diff, "first": first,
+            "ablation": insp.ablation.to_json() if insp.ablation is not None else None}
 
 
 _CSS = """
@@ -125,7 +126,9 @@ _JS = r"""
     canvas.dataset.layer = cur.layer;
     canvas.dataset.head = cur.head;
     const row = D.scores.find((r) => r.layer === cur.layer && r.head === cur.head);
-    text($("current"), "layer " + cur.layer + ", head " + cur.head + ": " + row.dominant);
+    text($("current"), "layer " + cur.layer + ", head " + cur.head + ": " + row.dominant +
+         (D.ablation ? "; ablated, the loss rises by " + row.ablation.toFixed(4) +
+          " nats/token" : ""));
     document.querySelectorAll("#scores tbody tr").forEach((tr) => {
       tr.classList.toggle("sel", +tr.dataset.layer === cur.layer && +tr.dataset.head === cur.head);
     });
@@ -154,7 +157,10 @@ _JS = r"""
   function build() {
     text($("meta"), "run: " + (D.run || "(none)") + "   step: " + D.step + "   input: " +
          D.source + "   tokens: " + T + "   explicit vs SDPA logits max |diff|: " +
-         D.parity.toExponential(2));
+         D.parity.toExponential(2) + (D.ablation ? "\nablation (" + D.ablation.mode + "): " +
+         D.ablation.what + "; loss " + D.ablation.base_loss.toFixed(4) + " nats/token over " +
+         D.ablation.scored + "; the ablation column is the loss each head's ablation adds" :
+         ""));
     for (let l = 0; l < D.n_layer; l++) add($("layer"), "option", String(l)).value = String(l);
     for (let h = 0; h < D.n_head; h++) add($("head"), "option", String(h)).value = String(h);
     $("layer").addEventListener("change", () => select(+$("layer").value, cur.head));
@@ -164,9 +170,12 @@ _JS = r"""
       li.title = i + ": " + JSON.stringify(s) + " (id " + D.tokens[i] + ")";
     });
     const head = add($("scores"), "thead"), hr = add(head, "tr");
-    ["layer", "head", "dominant"].concat(D.score_names).forEach((n) => {
+    const columns = D.score_names.concat(D.ablation ? ["ablation"] : []);
+    ["layer", "head", "dominant"].concat(columns).forEach((n) => {
       const th = add(hr, "th", n);
       if (D.score_help[n]) th.title = D.score_help[n];
+      if (n === "ablation") th.title = "nats/token lost with the head " + D.ablation.mode +
+        "-ablated";
     });
     const body = add($("scores"), "tbody");
     D.scores.forEach((r) => {
@@ -176,7 +185,7 @@ _JS = r"""
       add(tr, "td", String(r.layer));
       add(tr, "td", String(r.head));
       add(tr, "td", r.dominant);
-      D.score_names.forEach((n) => add(tr, "td", r[n] === null ? "-" : r[n].toFixed(3)));
+      columns.forEach((n) => add(tr, "td", r[n] === null ? "-" : r[n].toFixed(3)));
       tr.addEventListener("click", () => select(r.layer, r.head));
     });
     canvas.addEventListener("mousemove", hover);
