@@ -215,8 +215,11 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
         assert out.read_bytes()[:8] == PNG_MAGIC
     elif argv[0] == "export":
         out = cwd / argv[argv.index("--out") + 1]
-        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
-            p.name for p in out.iterdir()}
+        if "gguf" in argv:  # one file, GGUF's magic first
+            assert out.read_bytes()[:4] == b"GGUF" and r.stdout.strip() == str(out)
+        else:
+            assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+                p.name for p in out.iterdir()}
 
 
 def downloads(argv: list[str]) -> bool:

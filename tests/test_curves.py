@@ -78,6 +78,7 @@ def test_the_trainer_draws_from_its_records_and_never_reads_the_log_back(tmp_pat
     from conftest import tiny_train_sets
 
     import minigpt.run.curves as curves_mod
+    import minigpt.run.listing as listing_mod
     import minigpt.run.state as state_mod
     import minigpt.train.outputs as outputs_mod
     from minigpt.config import load_config
@@ -90,7 +91,7 @@ def test_the_trainer_draws_from_its_records_and_never_reads_the_log_back(tmp_pat
     reads, upto = [], outputs_mod.metrics_upto
     with monkeypatch.context() as m:
         m.setattr(outputs_mod, "metrics_upto", lambda *a: reads.append(a[1]) or upto(*a))
-        m.setattr(curves_mod, "read_metrics", never)
+        m.setattr(listing_mod, "read_metrics", never)
         m.setattr(state_mod, "read_metrics", never)
         run = tmp_path / "a" / "run"
         train(load_config(None, tiny_train_sets(tmp_path, **{"train.max_steps": 9})), run,
