@@ -363,11 +363,14 @@ def test_ddp_two_processes_equal_one(tmp_path, options):
     r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = losses(single), losses(ddp)
-    # Muon orthogonalises in bf16 (torch's Newton-Schulz), so the ~1e-7 summation-order
-    # differences of the averaged gradient round to other bf16 values: after 5 steps of
-    # muon_lr 0.05 the block matrices differed by up to 3.3e-3 and the losses by 1.5e-5
-    # relative (measured); AdamW's weights agree to 1e-5.
-    rel, atol = (1e-5, 1e-5) if not options else (1e-4, 1e-2)
+    # Muon orthogonalises in bf16 (torch's Newton-Schulz): the ~1e-7 summation-order
+    # differences of the averaged gradient flip some bf16 roundings (2^-8 relative), and the
+    # iteration stretches the directions of small singular values to ~1, so the block matrices
+    # of two equally correct runs drift apart (measured: up to 3.3e-3 on one machine, 2.0e-2 on
+    # another, after 5 steps of muon_lr 0.05, i.e. a fraction of the 0.25 a matrix entry can
+    # move); the losses still agree to ~1e-5 relative, which is what catches a wrong average.
+    # AdamW's weights agree to 1e-5.
+    rel = 1e-5 if not options else 1e-4
     assert [x[0] for x in a] == [x[0] for x in b]
     for (_, la, va), (_, lb, vb) in zip(a, b):
         assert (la is None) == (lb is None) and (va is None) == (vb is None)
@@ -376,7 +379,10 @@ def test_ddp_two_processes_equal_one(tmp_path, options):
         if va is not None:
             assert va == pytest.approx(vb, rel=rel, abs=1e-6)
     wa, wb = load_file(single / "model.safetensors"), load_file(ddp / "model.safetensors")
-    assert all(torch.allclose(wa[k], wb[k], atol=atol) for k in wa)
+    muon = {n for n in wa if n.startswith("blocks.") and wa[n].ndim == 2} if options else set()
+    for k in wa:
+        atol = 0.06 if k in muon else (1e-5 if not options else 1e-3)
+        assert torch.allclose(wa[k], wb[k], atol=atol), (k, (wa[k] - wb[k]).abs().max())
     assert "x 2 processes" in r.stderr
 
 
