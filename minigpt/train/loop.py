@@ -1,7 +1,6 @@
 """The training loop: `train(cfg, run_dir, ...)` trains, evaluates, checkpoints and reports
 progress through `on_event(event)` (dataclasses in events.py); it never prints. What a session
-writes into its run directory besides checkpoints (metrics.jsonl, curves.png, heads.png,
-summary.md) is written by consumers of those same events (outputs.py).
+writes besides checkpoints is written by consumers of those events (outputs.py, tensorboard.py).
 
 Reading order: `train` opens the run (for a resume: its checkpoint and trainer state, read
 once); `set_up` builds the session in named steps (batch geometry, tokenizer, data, model and
