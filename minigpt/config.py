@@ -133,6 +133,8 @@ class TrainConfig:
     eval_interval: int = f(250, "evaluate every this many steps", min=1)
     eval_batches: int = f(20, "validation batches per evaluation", min=1)
     log_interval: int = f(10, "log a metrics line every this many steps", min=1)
+    tensorboard: bool = f(False, "also write TensorBoard event files into the run's "
+                          "tensorboard/ directory (needs pip install 'minigpt-lab[tensorboard]')")
     checkpoint_interval: int = f(500, "checkpoint every this many steps (and at the end)", min=1)
     sample_tokens: int = f(100, "tokens sampled at each evaluation; 0 = none", min=0)
     sample_prompts: list[str] = f([""], "prompts sampled at each evaluation ('' = start of text)")  # noqa: RUF009 - f() returns a field(default_factory=...)

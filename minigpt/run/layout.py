@@ -3,6 +3,7 @@ trainer) names files through these constants; nothing else hard-codes a run-dir 
 
     <run>/config.yaml, tokenizer.tiktoken, tokenizer.json   resolved config + tokenizer
     <run>/metrics.jsonl, summary.md, train.lock               logs, end summary, the run lock
+    <run>/tensorboard/events.out.tfevents.*                   TensorBoard event files (train.tensorboard)
     <run>/checkpoints/step-000500/                            one complete, self-contained checkpoint:
         model.safetensors  optimizer.safetensors  trainer_state.json  config.yaml
         tokenizer.tiktoken  tokenizer.json  manifest.json   (sha256 of every other file)
@@ -27,6 +28,7 @@ MANIFEST_FILE = "manifest.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
 HEADS_PNG = "heads.png"
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files (train.tensorboard)
 LOCK_NAME = "train.lock"
 FORMAT = "minigpt-checkpoint-1"
 # Convenience links at the top of the run dir, so plain `safetensors` finds <run>/model.safetensors.

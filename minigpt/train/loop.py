@@ -1,7 +1,6 @@
 """The training loop: `train(cfg, run_dir, ...)` trains, evaluates, checkpoints and reports
 progress through `on_event(event)` (dataclasses in events.py); it never prints. What a session
-writes into its run directory besides checkpoints (metrics.jsonl, curves.png, heads.png,
-summary.md) is written by consumers of those same events (outputs.py).
+writes besides checkpoints is written by consumers of those events (outputs.py, tensorboard.py).
 
 Reading order: `train` opens the run (for a resume: its checkpoint and trainer state, read
 once); `set_up` builds the session in named steps (batch geometry, tokenizer, data, model and
@@ -58,6 +57,7 @@ from minigpt.train.distributed import DistInfo, agree, all_reduce_sum, main_firs
 from minigpt.train.optim import build_optimizer, lr_at, set_lr
 from minigpt.train.outputs import RunOutputs
 from minigpt.train.safety import StopFlag, check_memory
+from minigpt.train.tensorboard import tensorboard_log
 
 __all__ = ["Trainer", "set_up", "train"]
 
@@ -108,6 +108,7 @@ def set_up(cfg: Config, run_dir: Path, start: Resumed | None, device: torch.devi
     and data are ready, so a bad corpus leaves no half-made run behind."""
     main = info.is_main
     report = on_event if main else no_events  # rank 0 reports the data preparation
+    board = tensorboard_log(cfg.train, run_dir, fresh=claim is not None, main=main)  # may refuse
     micro, n_micro = batch_geometry(cfg.train, info)
     tokenizer = (Tokenizer.load(start.checkpoint.path) if start is not None
                  else main_first(lambda: build_tokenizer(cfg, report), info))
@@ -130,7 +131,7 @@ def set_up(cfg: Config, run_dir: Path, start: Resumed | None, device: torch.devi
         names=names, micro=micro, n_micro=n_micro, amp=amp_dtype(t.precision, device),
         data_gen=data_gen, eval_offsets=validation_sample(data, t, cfg.run.seed), state=state,
         heads=heads, head_every=head_every, outputs=outputs,
-        emit=_fan_out([c for c in (outputs, on_event) if c is not None]),
+        emit=_fan_out([c for c in (outputs, board, on_event) if c is not None]),
         last_ckpt=start.checkpoint.path if start is not None else None,
         saved_step=state.step if start is not None else -1)
 

@@ -1,0 +1,264 @@
+"""`train.tensorboard: true`: TensorBoard event files under <run>/tensorboard/, read back with
+TensorBoard's own reader (EventAccumulator) and compared with metrics.jsonl; a resumed run
+holds each tag's steps once, as an uninterrupted run does, even after a session that died past
+its last checkpoint; a missing `tensorboard` package is refused in one line before anything
+is made; with the option off the package is never imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import kill_trials, tiny_train_sets
+
+from minigpt.config import ConfigError, load_config
+from minigpt.events import StepEvent
+from minigpt.paths import PROJECT_ROOT
+from minigpt.train import train
+
+MINIGPT = shutil.which("minigpt")
+# Tags whose values are the same in two runs of the same config (tokens/s is a timing).
+DETERMINISTIC = re.compile(r"^(train/(loss|lr|grad_norm)|val/.*|heads/.*)$")
+
+
+def accumulator(run: Path):
+    """TensorBoard's own reader over the run's event files, loaded."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = ea.EventAccumulator(str(run / "tensorboard"), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    return acc
+
+
+def board(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value)]} as TensorBoard shows the run."""
+    acc = accumulator(run)
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def raw_points(run: Path) -> list[tuple[str, int]]:
+    """(tag, step) of every scalar in every event file of the run, as written: no reader's
+    purging in between (a duplicate left on disk shows here)."""
+    loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader")
+    out = []
+    for path in sorted((run / "tensorboard").iterdir()):
+        for event in loader.EventFileLoader(str(path)).Load():
+            out += [(v.tag, event.step) for v in event.summary.value]
+    return out
+
+
+def f32(x: float) -> float:
+    """`x` as TensorBoard stores a scalar (float32)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def expected(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value)]} computed here from the run's metrics.jsonl: the documented
+    mapping of records to tags, heads as the best score of each layer."""
+    keys = {"train": {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
+                      "tokens_per_s": "train/tokens_per_s"},
+            "eval": {"val_loss": "val/loss", "val_bpb": "val/bits_per_byte"}}
+    out: dict[str, list] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "heads":
+            values = {f"heads/{s}/layer{la}": max(v for v in row if v is not None)
+                      for s, rows in r["scores"].items()
+                      for la, row in enumerate(rows)}
+        else:
+            values = {tag: r[k] for k, tag in keys[r["kind"]].items()}
+        for tag, v in values.items():
+            out.setdefault(tag, []).append((r["step"], f32(v)))
+    return out
+
+
+def installed(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([MINIGPT, *args], cwd=cwd, capture_output=True, text=True,
+                          check=False, timeout=600, env=env)
+
+
+def with_sets(sets: list[str]) -> list[str]:
+    return [x for s in sets for x in ("--set", s)]
+
+
+def test_tensorboard_run_and_resume_through_the_installed_command(tmp_path):
+    """`minigpt train --set train.tensorboard=true`: TensorBoard sees every scalar metrics.jsonl
+    has, with its values; 3 steps + `--resume` to 6 show the same steps, once each, and the same
+    values as 6 steps straight (CPU: bit for bit; the straight run through the library),
+    written as one event file per session."""
+    pytest.importorskip("tensorboard")
+    sets = with_sets(tiny_train_sets(tmp_path, **{"train.tensorboard": "true"}))
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(load_config(None, [*tiny_train_sets(tmp_path), "train.tensorboard=true"]), straight)
+    r = installed("train", *sets, "--out", str(resumed), "--stop-after", "3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [s for s, _ in board(resumed)["train/loss"]] == [1, 2, 3]
+    r = installed("train", *sets, "--out", str(resumed), "--resume", cwd=tmp_path)
+    assert r.returncode == 0 and "from step 3" in r.stderr, r.stderr
+
+    a, b = board(straight), board(resumed)
+    assert a == expected(straight) and b == expected(resumed)  # metrics.jsonl's values
+    assert set(a) == {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
+                      "val/loss", "val/bits_per_byte", "heads/induction/layer0",
+                      "heads/previous/layer0", "heads/duplicate/layer0", "heads/first/layer0"}
+    assert [s for s, _ in a["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in a["val/loss"]] == [s for s, _ in a["heads/induction/layer0"]] == [3, 6]
+    assert {t: [s for s, _ in v] for t, v in a.items()} == \
+        {t: [s for s, _ in v] for t, v in b.items()}
+    assert {t: v for t, v in a.items() if DETERMINISTIC.match(t)} == \
+        {t: v for t, v in b.items() if DETERMINISTIC.match(t)}
+    points = raw_points(resumed)
+    assert len(points) == len(set(points))  # no step written twice, even before a reader
+    assert len(list((resumed / "tensorboard").iterdir())) == 2  # one event file per session
+    # The docs name every tag (docs/cli.md, "TensorBoard").
+    section = (PROJECT_ROOT / "docs" / "cli.md").read_text().split("### TensorBoard")[1]
+    for tag in a:
+        assert f"`{re.sub(r'layer0$', 'layer<i>', tag)}`" in section, tag
+
+
+class Crash(Exception):
+    """Stands for a session dying (kill -9, power cut) right after an event."""
+
+
+def crash_after(step: int):
+    def on_event(event):
+        if isinstance(event, StepEvent) and event.step == step:
+            raise Crash
+    return on_event
+
+
+def files(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((run / "tensorboard").iterdir())}
+
+
+def test_resume_after_a_session_died_past_its_checkpoint(tmp_path):
+    """A session dies at step 5 with step 3 committed: its event file holds steps 4 and 5 and a
+    torn last record. A resume that dies again before its first commit changes no byte under
+    tensorboard/. The resume that commits cuts what the dead sessions wrote past step 3; the
+    run then shows every step once, with the values of an uninterrupted run."""
+    pytest.importorskip("tensorboard")
+    cfg = load_config(None, tiny_train_sets(tmp_path, **{"train.tensorboard": "true"}))
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    train(cfg, straight)
+    with pytest.raises(Crash):
+        train(cfg, run, on_event=crash_after(5))
+    assert [s for s, _ in board(run)["train/loss"]] == [1, 2, 3, 4, 5]
+    (first,) = (run / "tensorboard").iterdir()
+    with first.open("ab") as fh:
+        fh.write(b"\x2a\x00\x00\x00\x00\x00\x00\x00\x01\x02")  # a record cut short by the kill
+
+    before = files(run)
+    with pytest.raises(Crash):
+        train(cfg, run, resume=True, on_event=crash_after(5))  # dies before committing step 6
+    assert files(run) == before
+
+    train(cfg, run, resume=True)
+    points = raw_points(run)
+    assert len(points) == len(set(points))
+    steps = sorted(s for t, s in points if t == "train/loss")
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert board(run) == expected(run)
+    a, b = board(straight), board(run)
+    assert {t: v for t, v in a.items() if DETERMINISTIC.match(t)} == \
+        {t: v for t, v in b.items() if DETERMINISTIC.match(t)}
+    loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader")
+    kept = list(loader.RawEventFileLoader(str(first)).Load())
+    assert first.stat().st_size == sum(len(x) + 16 for x in kept)  # the torn record is gone
+
+
+def test_turned_on_at_resume_logs_from_the_resumed_step(tmp_path):
+    """`--resume --set train.tensorboard=true` on a run trained without it: the event files
+    start after the resumed step (nothing is made up for the steps before)."""
+    pytest.importorskip("tensorboard")
+    sets = tiny_train_sets(tmp_path)
+    run = tmp_path / "run"
+    train(load_config(None, sets), run, stop_after=3)
+    assert not (run / "tensorboard").exists()
+    train(load_config(None, [*sets, "train.tensorboard=true"]), run, resume=True)
+    assert [s for s, _ in board(run)["train/loss"]] == [4, 5, 6]
+
+
+def shadowed_tensorboard(tmp_path: Path) -> dict:
+    """An environment in which `import tensorboard` fails as on a machine without it."""
+    shadow = tmp_path / "shadow" / "tensorboard"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tensorboard'\", name='tensorboard')\n")
+    path = os.pathsep.join(p for p in (str(shadow.parent), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def test_without_the_package_the_option_is_refused_before_anything_is_made(tmp_path):
+    """No tensorboard installed: `--set train.tensorboard=true` is one error line naming the
+    extra, exit 2, before the run directory or the token cache exist."""
+    env = shadowed_tensorboard(tmp_path)
+    sets = with_sets(tiny_train_sets(tmp_path))
+    run = tmp_path / "run"
+    r = installed("train", *sets, "--set", "train.tensorboard=true", "--out", str(run),
+                  cwd=tmp_path, env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [(
+        "error: train.tensorboard: true needs the tensorboard package, the optional extra: pip "
+        "install 'minigpt-lab[tensorboard]' (or set train.tensorboard: false)")]
+    assert not run.exists() and not (tmp_path / "cache").exists()  # nothing made, nothing trained
+
+
+def test_the_library_refuses_the_same_way_and_trains_without_it_when_off(tmp_path, monkeypatch):
+    """`train()` itself: the missing package is a ConfigError before the run directory exists;
+    with the option off the run trains (the package is imported only when asked for)."""
+    for name in [m for m in sys.modules if m == "tensorboard" or m.startswith("tensorboard.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` now fails
+    cfg = load_config(None, tiny_train_sets(tmp_path, **{"train.tensorboard": "true"}))
+    with pytest.raises(ConfigError, match=r"minigpt-lab\[tensorboard\]"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    cfg.train.tensorboard, cfg.train.max_steps = False, 2
+    assert train(cfg, tmp_path / "run").step == 2
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_resume_of_a_run_that_saved_nothing_drops_what_it_logged(tmp_path):
+    """A session dies at step 2, before its first checkpoint: `--resume` starts from step 0 and
+    its first commit removes the dead session's event file (it held only uncommitted steps)."""
+    pytest.importorskip("tensorboard")
+    cfg = load_config(None, tiny_train_sets(tmp_path, **{"train.tensorboard": "true"}))
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(cfg, run, on_event=crash_after(2))
+    (dead,) = (run / "tensorboard").iterdir()
+    train(cfg, run, resume=True)
+    assert dead.name not in files(run) and len(files(run)) == 1
+    assert board(run) == expected(run)
+    assert [s for s, _ in board(run)["train/loss"]] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_save_then_resume(tmp_path):
+    """The installed command SIGKILLs itself while saving step 4 (step 2 committed; TensorBoard
+    already has steps 3 and 4): `--resume` finishes the run, and TensorBoard shows what a
+    straight run shows."""
+    pytest.importorskip("tensorboard")
+    over = {"train.tensorboard": "true", "train.checkpoint_interval": 2}
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    train(load_config(None, tiny_train_sets(tmp_path, **over)), straight)
+    sets = with_sets(tiny_train_sets(tmp_path, **over))
+    cmd = kill_trials().minigpt_command("train", "--out", str(run), *sets, die_during_save=4)
+    killed = subprocess.run(cmd, cwd=tmp_path, capture_output=True, check=False, timeout=600)
+    assert killed.returncode == -signal.SIGKILL
+    assert [s for s, _ in board(run)["train/loss"]] == [1, 2, 3, 4]
+    r = installed("train", "--out", str(run), "--resume", cwd=tmp_path)
+    assert r.returncode == 0 and "from step 2" in r.stderr, r.stderr
+    points = raw_points(run)
+    assert len(points) == len(set(points))
+    a, b = board(straight), board(run)
+    assert b == expected(run)
+    assert {t: v for t, v in a.items() if DETERMINISTIC.match(t)} == \
+        {t: v for t, v in b.items() if DETERMINISTIC.match(t)}
