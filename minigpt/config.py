@@ -182,7 +182,12 @@ def check_run_name(name: str) -> None:
 def _validate_cross(cfg: Config) -> None:
     """Constraints between fields (single-field ranges are in the metadata)."""
     check_run_name(cfg.run.name)
-    m, t = cfg.model, cfg.train
+    _check_model(cfg.model)
+    _check_train(cfg.train, cfg.model)
+    _check_induction(cfg)
+
+
+def _check_model(m: ModelConfig) -> None:
     if m.n_embd % m.n_head:
         divisors = [h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0 and h <= 64]
         raise ConfigError(
@@ -192,6 +197,13 @@ def _validate_cross(cfg: Config) -> None:
         raise ConfigError(
             f"model.n_embd/model.n_head = {m.head_dim} is odd: RoPE rotates pairs of dimensions, "
             "so the head dimension must be even")
+    if m.head_init == "zero" and m.tie_weights:
+        raise ConfigError(
+            "model.head_init: zero needs model.tie_weights: false (a tied LM head is the token "
+            "embedding, which must not start at zero); untie it or use head_init: normal")
+
+
+def _check_train(t: TrainConfig, m: ModelConfig) -> None:
     if t.min_lr > t.learning_rate:
         raise ConfigError(
             f"train.min_lr: {t.min_lr} exceeds train.learning_rate={t.learning_rate}; "
@@ -200,15 +212,21 @@ def _validate_cross(cfg: Config) -> None:
         raise ConfigError(
             f"train.micro_batch_size: {t.micro_batch_size} does not divide "
             f"train.batch_size={t.batch_size}")
-    if m.vocab_size and cfg.data.source == "induction" and m.vocab_size < cfg.data.induction_vocab:
+    head_scores_every(t)  # 'eval', 'off' or a positive integer
+    if t.head_scores_interval != "off" and m.block_size < MIN_PROBE_TOKENS:
         raise ConfigError(
-            f"data.induction_vocab: {cfg.data.induction_vocab} exceeds model.vocab_size="
+            f"train.head_scores_interval: the head-score probes need model.block_size >= "
+            f"{MIN_PROBE_TOKENS}, got {m.block_size}; set train.head_scores_interval: off")
+
+
+def _check_induction(cfg: Config) -> None:
+    """The synthetic induction data: its ids, segment lengths and tokenizer."""
+    m, d, tc = cfg.model, cfg.data, cfg.tokenizer
+    if m.vocab_size and d.source == "induction" and m.vocab_size < d.induction_vocab:
+        raise ConfigError(
+            f"data.induction_vocab: {d.induction_vocab} exceeds model.vocab_size="
             f"{m.vocab_size}")
-    if m.head_init == "zero" and m.tie_weights:
-        raise ConfigError(
-            "model.head_init: zero needs model.tie_weights: false (a tied LM head is the token "
-            "embedding, which must not start at zero); untie it or use head_init: normal")
-    d, half = cfg.data, max(1, m.block_size // 2)
+    half = max(1, m.block_size // 2)
     if d.induction_max_period > half:
         raise ConfigError(
             f"data.induction_max_period: {d.induction_max_period} exceeds model.block_size//2="
@@ -224,12 +242,6 @@ def _validate_cross(cfg: Config) -> None:
             f"data.induction_distinct: a row of model.block_size={m.block_size} needs up to "
             f"{fresh} distinct ids but data.induction_vocab is {d.induction_vocab}; raise "
             "data.induction_vocab or set data.induction_distinct to false")
-    head_scores_every(t)  # 'eval', 'off' or a positive integer
-    if t.head_scores_interval != "off" and m.block_size < MIN_PROBE_TOKENS:
-        raise ConfigError(
-            f"train.head_scores_interval: the head-score probes need model.block_size >= "
-            f"{MIN_PROBE_TOKENS}, got {m.block_size}; set train.head_scores_interval: off")
-    tc = cfg.tokenizer
     if d.source == "induction" and not tc.encoding:  # (a named encoding is checked in data.py)
         if tc.vocab_size != 256:
             raise ConfigError(

@@ -38,53 +38,61 @@ def _type_name(tp: Any) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
 
 
+_BAD = object()  # what a converter returns for a value of the wrong type
+
+
+def _to_list(value: Any, where: str) -> Any:
+    if isinstance(value, str):  # one string is a list of one
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and
+                                              not isinstance(v, bool) for v in value):
+        return _BAD
+    return [str(v) for v in value]
+
+
+def _to_bool(value: Any, where: str) -> Any:
+    return value if isinstance(value, bool) else _BAD
+
+
+def _to_int(value: Any, where: str) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)  # YAML's 1e3
+    return _BAD
+
+
+def _to_float(value: Any, where: str) -> Any:
+    if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
+        try:
+            value = float(value)
+        except ValueError:
+            return _BAD
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return _BAD
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: must be a finite number, got {value}")
+    return float(value)
+
+
+def _to_str(value: Any, where: str) -> Any:
+    if isinstance(value, bool):  # `compile: true` -> "true"
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, (int, float, str)) else _BAD
+
+
+_CONVERTERS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
 def coerce(value: Any, tp: Any, where: str) -> Any:
     """Coerce a YAML value to the field type `tp`, or raise a ConfigError naming `where`."""
-    bad = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
-    if typing.get_origin(tp) is list:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and
-                                                  not isinstance(v, bool) for v in value):
-            raise bad
-        return [str(v) for v in value]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            return int(value)
-        raise bad
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad from None
-        if isinstance(value, (int, float)):
-            value = float(value)
-            if not math.isfinite(value):
-                raise ConfigError(f"{where}: must be a finite number, got {value}")
-            return value
-        raise bad
-    if tp is str:
-        if isinstance(value, bool):  # `compile: true` -> "true"
-            return "true" if value else "false"
-        if value is None:
-            return ""
-        if isinstance(value, (int, float)):
-            return str(value)
-        if isinstance(value, str):
-            return value
-        raise bad
-    raise bad
+    convert = _to_list if typing.get_origin(tp) is list else _CONVERTERS.get(tp)
+    out = _BAD if convert is None else convert(value, where)
+    if out is _BAD:
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    return out
 
 
 def check_meta(value: Any, meta: dict, where: str) -> None:

@@ -91,6 +91,15 @@ def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: d
     MinigptError (naming `where`) when it is not a byte-level BPE whose ids follow its merges,
     or when an id is outside the model's `vocab_size` embedding rows (checked first: nothing of
     an id's size is built before)."""
+    _check_ids(vocab, added, where, vocab_size)
+    raw_of = {token: text_to_bytes(token) for token in vocab}  # None: not byte-level text
+    ranks = _byte_ranks(vocab, added, raw_of, where)
+    _rank_merges(ranks, vocab, merges, raw_of, where)
+    return ranks, _specials(vocab, added, ranks, raw_of, where)
+
+
+def _check_ids(vocab: dict, added: dict[str, int], where: str, vocab_size: int) -> None:
+    """Token text to ids in [0, vocab_size), no empty text."""
     if not isinstance(vocab, dict) or not all(isinstance(k, str) and type(v) is int
                                               for k, v in vocab.items()):
         raise MinigptError(f"{where}: the vocabulary is not a mapping of token text to id")
@@ -103,17 +112,24 @@ def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: d
     if "" in added or "" in vocab:
         raise MinigptError(f"{where}: a token with empty text; every token has at least one "
                            "character")
-    raw_of = {token: text_to_bytes(token) for token in vocab}  # None: not byte-level text
-    ranks: dict[bytes, int] = {}
-    for token, i in vocab.items():
-        raw = raw_of[token]
-        if raw is not None and len(raw) == 1 and token not in added:
-            ranks[raw] = i
+
+
+def _byte_ranks(vocab: dict[str, int], added: dict[str, int], raw_of: dict,
+                where: str) -> dict[bytes, int]:
+    """The 256 single-byte tokens' ranks; MinigptError when a byte has none."""
+    ranks = {raw: i for token, i in vocab.items()
+             if (raw := raw_of[token]) is not None and len(raw) == 1 and token not in added}
     missing = sorted(set(range(256)) - {b[0] for b in ranks})
     if missing:
         raise MinigptError(f"{where}: not a byte-level BPE (no token for byte "
                            f"0x{missing[0]:02x}, {len(missing)} bytes missing); minigpt imports "
                            "GPT-2's byte-level BPE")
+    return ranks
+
+
+def _rank_merges(ranks: dict[bytes, int], vocab: dict[str, int], merges: list, raw_of: dict,
+                 where: str) -> None:
+    """Add each merge's result to `ranks` (rank = id), checking the ids follow merge order."""
     last = -1  # the id of the previous merge's token: merge priority = id order
     for n, pair in enumerate(merges):
         if len(pair) != 2 or not all(isinstance(t, str) for t in pair):
@@ -135,6 +151,11 @@ def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: d
         ranks[raw] = last = i
     if len(set(ranks.values())) != len(ranks):
         raise MinigptError(f"{where}: two byte-level tokens share an id")
+
+
+def _specials(vocab: dict[str, int], added: dict[str, int], ranks: dict[bytes, int],
+              raw_of: dict, where: str) -> dict[str, int]:
+    """Every added token and every vocabulary entry no merge makes, with distinct ids."""
     specials = dict(added)
     for token, i in vocab.items():
         raw = raw_of[token]
@@ -150,7 +171,7 @@ def ranks_from_hf(vocab: dict[str, int], merges: list[tuple[str, str]], added: d
     shared = [i for i, n in Counter(specials.values()).items() if n > 1]
     if shared:
         raise MinigptError(f"{where}: two added tokens share id {min(shared)}")
-    return ranks, specials
+    return specials
 
 
 # The split patterns a tokenizer.json may name: minigpt's own (what `tokenizer_json` writes),
