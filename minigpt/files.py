@@ -430,43 +430,25 @@ def read_text_part(path: str | Path, param: str, limit: int, *, tail: bool = Fal
     """At most `limit` bytes of a UTF-8 text file, decoded: its first bytes, or with `tail`
     its last; and the file's size in bytes (> `limit`: the text is a part of the file).
 
-    Only a regular file is read: a FIFO, a device (/dev/zero, /dev/urandom), a socket or a
-    directory is an ArgumentError naming it, found before any read (the file is opened
-    non-blocking and checked with fstat), so nothing blocks and memory stays within `limit`.
+    Only a regular file is read (`open_regular`): a FIFO, a device (/dev/zero, /dev/urandom),
+    a socket or a directory is an ArgumentError naming it, found before any read, so nothing
+    blocks and memory stays within `limit`.
     A cut inside a UTF-8 character drops the character's partial bytes. ArgumentError(param,
     ...) naming the file when it is missing, not a regular file, unreadable, not UTF-8 or
     binary (NUL bytes); a leading BOM is kept."""
     import codecs
-    import stat
 
     path = Path(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise ArgumentError(param, "no such file", subject=path) from None
-    except PermissionError:
-        raise ArgumentError(param, "cannot read it (permission denied)", subject=path) from None
-    except OSError as e:
-        raise ArgumentError(param, f"cannot read it ({e.strerror or e})", subject=path) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise ArgumentError(param, "is a directory; give a text file", subject=path)
-        if not stat.S_ISREG(mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                    else "a device")
-            raise ArgumentError(param, f"is not a regular file ({kind}); give a text file",
-                                subject=path)
-        size = os.fstat(fd).st_size
-        start = max(0, size - limit) if tail else 0
-        with os.fdopen(os.dup(fd), "rb") as fh:
+        with open_regular(path) as fh:  # never waits on a FIFO, never reads a device
+            size = os.fstat(fh.fileno()).st_size
+            start = max(0, size - limit) if tail else 0
             fh.seek(start)
             data = fh.read(limit)
     except OSError as e:
-        raise ArgumentError(param, f"cannot read it ({e.strerror or e})", subject=path) from None
-    finally:
-        os.close(fd)
+        why = read_problem(e)
+        raise ArgumentError(param, why if why == "no such file" else
+                            f"cannot read it ({why}); give a text file", subject=path) from None
     skip = 0
     if start:  # the cut fell inside a character: drop its continuation bytes
         while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:

@@ -228,7 +228,7 @@ def test_text_file_errors(tmp_path):
     (tmp_path / "nul").write_bytes(b"abc\x00def")
     (tmp_path / "empty").write_bytes(b"")
     for name, match in (("bin", "not UTF-8"), ("nul", "NUL bytes"), ("empty", "empty"),
-                        ("missing", "no such file"), (".", "is a directory")):
+                        ("missing", "no such file"), (".", r"not a regular file \(a directory\)")):
         with pytest.raises(MinigptError, match=match):
             prb.prepare_input(cfg_for(), bytes_tokenizer(), text_file=tmp_path / name)
 
