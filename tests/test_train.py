@@ -176,41 +176,6 @@ def test_exact_resume_is_bit_identical(tmp_path, options):
     assert load_run(split, "cpu").step == 6
 
 
-def test_run_made_before_the_byte_split_resumes_on_its_token_split(tmp_path, monkeypatch):
-    """A run made before the byte split (whole-corpus token split; its checkpoints record no
-    `data_split`) resumes on the data it trained on: stopped at step 4 and resumed by this
-    code, it ends bit-identical to the same old run trained straight to step 6. A new run
-    (byte split) takes other batches, so the split does matter here."""
-    from minigpt.train import loop
-
-    real_prepare, real_save = loop.prepare_dataset, loop.save_checkpoint
-
-    def old_prepare(cfg, tok, emit=None, split="bytes"):
-        return real_prepare(cfg, tok, emit, "tokens")
-
-    def old_save(run_dir, *, trainer_state, **kw):  # what an old trainer wrote: no data_split
-        return real_save(run_dir, trainer_state={k: v for k, v in trainer_state.items()
-                                                 if k != "data_split"}, **kw)
-
-    sets = tiny_sets(tmp_path)
-    old_straight, old, new = tmp_path / "old-straight", tmp_path / "old", tmp_path / "new"
-    with monkeypatch.context() as m:
-        m.setattr(loop, "prepare_dataset", old_prepare)
-        m.setattr(loop, "save_checkpoint", old_save)
-        train(load_config(None, sets), old_straight)
-        assert train(load_config(None, sets), old, stop_after=4).step == 4
-    assert "data_split" not in json.loads((old / "trainer_state.json").read_text())
-    assert train(resume_config(old, []), old, resume=True).step == 6  # this code, unpatched
-    assert json.loads((old / "trainer_state.json").read_text())["data_split"] == "tokens"
-    train(load_config(None, sets), new)
-    assert json.loads((new / "trainer_state.json").read_text())["data_split"] == "bytes"
-    a, b = load_file(old_straight / "model.safetensors"), load_file(old / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert losses(old_straight) == losses(old)
-    c = load_file(new / "model.safetensors")
-    assert not all(torch.equal(a[k], c[k]) for k in a)
-
-
 def test_nan_stops_with_knobs_and_keeps_last_checkpoint(tmp_path, monkeypatch):
     sets = tiny_sets(tmp_path, **{"train.max_steps": 8, "train.checkpoint_interval": 2})
     real = GPT.forward

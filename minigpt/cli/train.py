@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import shlex
 import sys
+import time
 from typing import Annotated
 
 import typer
@@ -103,6 +104,7 @@ class _TrainView:
         self.tty = err_console.is_terminal and not quiet
         self.progress = None
         self.task = None
+        self.corpus_pass: dict[str, float] = {}  # stage -> when its progress was last shown
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -167,6 +169,14 @@ class _TrainView:
         elif isinstance(e, events.CheckpointEvent):
             if self.progress is None:
                 self.line(f"checkpoint step {e.step}: {e.path}")
+        elif isinstance(e, events.CorpusProgress):  # a long pass: a line every 10 s
+            now, last = time.monotonic(), self.corpus_pass.setdefault(e.stage, time.monotonic())
+            if now - last >= 10 and e.total:
+                self.corpus_pass[e.stage] = now
+                what = {"scan": "reading records", "bpe": "training the BPE",
+                        "tokenize": "tokenizing"}.get(e.stage, e.stage)
+                self.line(f"data: {what} {100 * e.done / e.total:.0f}% ({e.done / 1e6:,.0f} of "
+                          f"{e.total / 1e6:,.0f} MB)")
         elif isinstance(e, events.TrainingBPE):
             self.line("training the BPE tokenizer on the corpus's training split (cached for next "
                       "time) ...")

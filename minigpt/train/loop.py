@@ -27,7 +27,7 @@ import torch
 
 from minigpt import __version__
 from minigpt.config import Config, head_scores_every, to_yaml
-from minigpt.data import Dataset, prepare_dataset
+from minigpt.data import DATA_SPLIT, Dataset, prepare_dataset
 from minigpt.device import amp_dtype, autocast, resolve_device
 from minigpt.errors import ArgumentError, ConfigError, MinigptError, TrainingDiverged
 from minigpt.events import (
@@ -128,12 +128,8 @@ class _Trainer:
             raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the "
                               f"tokenizer's {self.tokenizer.n_vocab} ids; use 0 (automatic)")
         check_memory(cfg, self.micro, device)
-        # A run resumes on the split it was made with: checkpoints from before the byte split
-        # record none and get the old whole-corpus token split (data.py).
-        split = read_trainer_state(ckpt).get("data_split", "tokens") if ckpt else "bytes"
         self.data: Dataset = main_first(
-            lambda: prepare_dataset(cfg, self.tokenizer, emit if main else no_events, split),
-            info)
+            lambda: prepare_dataset(cfg, self.tokenizer, emit if main else no_events), info)
         main_first(claim, info)  # only now does a fresh run directory appear
 
         self.model = GPT.from_config(cfg, seed=cfg.run.seed).to(device)
@@ -272,7 +268,7 @@ class _Trainer:
                 "format": 1, "minigpt_version": __version__, **self.state,
                 "max_steps": t.max_steps, "batch_size": t.batch_size,
                 "world_size": self.info.world_size, "bytes_per_token": self.data.bytes_per_token,
-                "data_split": self.data.split,
+                "data_split": DATA_SPLIT,
                 "schedule": {"kind": t.schedule, "warmup_steps": t.warmup_steps,
                              "learning_rate": t.learning_rate, "min_lr": t.min_lr,
                              "next_lr": lr_at(step, t)},
