@@ -36,13 +36,15 @@ _WS = b" \t\r\n\x0b\x0c"
 _BOM = b"\xef\xbb\xbf"
 _MEMO: dict[tuple, object] = {}  # per process, keyed by the files' (path, size, mtime, inode)
 SPLIT_RULE = "bytes-at-line-start-v1"  # part of every cache key built on the split
-CORPUS_SUFFIXES = (".txt", *SUFFIXES)
+# What a directory contributes. Not a plain .json: in a directory that is more often metadata
+# (tokenizer.json, dataset_info.json) than data; a file path or a glob names one.
+DIRECTORY_SUFFIXES = tuple(s for s in (".txt", *SUFFIXES) if s != ".json")
 _KINDS = ".txt, .jsonl, .json, .jsonl.gz, .json.gz or .parquet"
 
 
 def list_corpus(spec: str) -> list[Path]:
-    """The corpus files named by `data.corpus`: a file, a directory (its corpus files by
-    suffix, CORPUS_SUFFIXES, recursive, sorted by relative path) or a glob (sorted). Raises a
+    """The corpus files named by `data.corpus`: a file, a directory (its files ending in one
+    of DIRECTORY_SUFFIXES, recursive, sorted by relative path) or a glob (sorted). Raises a
     one-line MinigptError for a missing path, a dangling symlink, a directory without corpus
     files or a glob matching nothing."""
     if not spec.strip():
@@ -64,11 +66,12 @@ def list_corpus(spec: str) -> list[Path]:
             raise MinigptError(f"data.corpus: {p} not found; give a {_KINDS} file, a "
                                "directory of them or a glob (bundled: data/tinyshakespeare.txt)")
         if p.is_dir():
-            files = sorted((q for q in p.rglob("*") if q.name.lower().endswith(CORPUS_SUFFIXES)
-                            and not q.is_dir()), key=lambda q: q.relative_to(p).as_posix())
+            files = sorted((q for q in p.rglob("*") if q.name.lower().endswith(
+                DIRECTORY_SUFFIXES) and not q.is_dir()), key=lambda q: q.relative_to(p).as_posix())
             if not files:
                 raise MinigptError(f"data.corpus: directory {p} contains no corpus files "
-                                   f"({_KINDS}); add some or point data.corpus at a file or glob")
+                                   "(.txt, .jsonl, .jsonl.gz, .json.gz, .parquet); add some or "
+                                   "point data.corpus at a file or a glob (dir/*.json)")
         else:
             files = [p]
     for q in files:

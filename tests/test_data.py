@@ -6,6 +6,8 @@ import gzip
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -588,6 +590,7 @@ def test_a_directory_mixes_formats_in_path_order(tmp_path):
     write_records(d / "c" / "d.parquet", ["three\n"])
     write_records(d / "e.json.gz", ["four\n", "five\n"])
     write(d / "notes.md", "not a corpus file")
+    write(d / "tokenizer.json", "{}")  # a plain .json is read when named, not from a directory
     assert [p.name for p in list_corpus(str(d))] == ["a.txt", "b.jsonl", "d.parquet",
                                                       "e.json.gz"]
     ds = prepare(cfg_for(d, block_size=4, val_fraction=0.2))
@@ -762,3 +765,43 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(MinigptError, match=re.escape("pip install 'minigpt-lab[parquet]'")):
         prepare(cfg_for(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Through the installed command: a run trains from records as it does from text files (the
+# quick tier checks the tokens: test_records_give_the_tokens_of_the_same_texts).
+
+MINIGPT = shutil.which("minigpt")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MINIGPT is None, reason="the minigpt console script is not installed")
+def test_a_run_trains_from_json_lines_and_parquet_as_from_text(tmp_path):
+    """The same one-line documents as .txt files, a .jsonl and a .parquet: `minigpt train`
+    reports the same token counts and logs the same losses, step for step."""
+    pytest.importorskip("pyarrow")
+    docs = [line + "\n" for line in SHAKESPEARE.splitlines()[:400] if line.strip()]
+    for i, doc in enumerate(docs):
+        write(tmp_path / "txt" / f"{i:05d}.txt", doc)
+    corpora = {"txt": tmp_path / "txt", "jsonl": write_records(tmp_path / "c.jsonl", docs),
+               "parquet": write_records(tmp_path / "c.parquet", docs, row_group=100)}
+    sets = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 16,
+            "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 4,
+            "train.warmup_steps": 1, "train.eval_interval": 2, "train.eval_batches": 1,
+            "train.log_interval": 1, "train.sample_tokens": 0, "train.head_scores_interval": "off"}
+    logs, data_lines = {}, {}
+    for name, corpus in corpora.items():
+        argv = [MINIGPT, "train", "--out", str(tmp_path / "runs" / name),
+                "--set", f"data.corpus={corpus}"]
+        argv += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+        r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           check=False,
+                           env={**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache" / name)})
+        assert r.returncode == 0, r.stderr
+        data_lines[name] = [x for x in r.stderr.splitlines() if " train / " in x]
+        metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        logs[name] = [(m["step"], m.get("loss"), m.get("val_loss"))
+                      for m in map(json.loads, metrics)]
+    assert len(logs["txt"]) >= 6 and data_lines["txt"]
+    assert logs["jsonl"] == logs["txt"] and logs["parquet"] == logs["txt"]
+    assert data_lines["jsonl"] == data_lines["txt"] == data_lines["parquet"]
