@@ -141,7 +141,7 @@ def _split_at(files: list[Path], val_fraction: float) -> int:
     (["lines", "empty", "lines2"], 0.5)])
 def test_byte_split_follows_its_definition(tmp_path, names, fraction):
     """Train = the corpus bytes before the split point, val = the rest, each file still after
-    one <|endoftext|>; the point is where the README's definition puts it (a line start, a file
+    one <|endoftext|>; the point is where docs/data.md's definition puts it (a line start, a file
     start, or in a last file without a line break after the target, a character start)."""
     bodies = {"one-line": "no line break in here at all " * 20, "empty": "",
               "lines": "".join(f"line {i} of a few\n" for i in range(40)),
@@ -805,3 +805,12 @@ def test_a_run_trains_from_json_lines_and_parquet_as_from_text(tmp_path):
     assert len(logs["txt"]) >= 6 and data_lines["txt"]
     assert logs["jsonl"] == logs["txt"] and logs["parquet"] == logs["txt"]
     assert data_lines["jsonl"] == data_lines["txt"] == data_lines["parquet"]
+
+
+@pytest.mark.parametrize("fraction, at", [(0.4, 65), (0.6, 40), (0.3, 65)])
+def test_the_worked_example_of_docs_data_md(tmp_path, fraction, at):
+    docs = ["a" * 39 + "\n", "b" * 24 + "\n", "c" * 34 + "\n"]  # 40, 25 and 35 bytes
+    path = write_records(tmp_path / "c.jsonl", docs)
+    split = split_corpus([path], fraction)
+    assert (split.total, split.at) == (100, at)
+    assert split_corpus([DATA_DIR / "tinyshakespeare.txt"], 0.1).at == 1_003_856
