@@ -20,10 +20,13 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from minigpt.errors import MinigptError, WriteError
 from minigpt.events import CorpusProgress, OnEvent, no_events
@@ -110,25 +113,30 @@ def _open(path: Path):
 
 @dataclass(frozen=True)
 class RecordScan:
-    n_docs: int       # records
-    n_bytes: int      # UTF-8 bytes of their texts
-    digest: str       # `records_digest` of all of them
+    n_docs: int                  # records
+    n_bytes: int                 # UTF-8 bytes of their texts
+    digest: str                  # `records_digest` of all of them
+    lengths: array               # each record's bytes ("Q": 8 bytes a record)
+    states: tuple = ()           # the digest's sha256 state before every SNAPSHOT-th record
+
+
+SNAPSHOT = 1024
 
 
 def scan_records(path: Path, text_field: str, invalid_utf8: str) -> RecordScan:
     """Read every record of a JSON Lines or Parquet file once (checking each: a bad one is a
-    one-line MinigptError naming the line or row); memoised per process."""
+    one-line MinigptError naming the line or row); memoised per process. What the split needs
+    later (each record's length, the digest of the first k records) comes from this pass."""
     def scan() -> RecordScan:
-        h, n_docs, n_bytes = _records_hash(), 0, 0
+        h, lengths, states = _records_hash(), array("Q"), []
         for text, n in iter_records(path, text_field, invalid_utf8):
+            if len(lengths) % SNAPSHOT == 0:
+                states.append(h.copy())
             _hash_record(h, text, n)
-            n_docs, n_bytes = n_docs + 1, n_bytes + n
-        return RecordScan(n_docs, n_bytes, h.hexdigest())
+            lengths.append(n)
+        return RecordScan(len(lengths), sum(lengths), h.hexdigest(), lengths, tuple(states))
 
-    scanned = _memo(("scan", _stat_key(path), text_field, invalid_utf8), scan)
-    _MEMO.setdefault(("digest", _stat_key(path), text_field, invalid_utf8, 0, scanned.n_docs),
-                     scanned.digest)
-    return scanned
+    return _memo(("scan", _stat_key(path), text_field, invalid_utf8), scan)
 
 
 def _records_hash():
@@ -143,10 +151,17 @@ def _hash_record(h, text: str, n: int) -> None:
 def records_digest(path: Path, text_field: str, invalid_utf8: str, start: int, end: int) -> str:
     """sha256 (hex) over the texts of records [start, end), each with its length: what a BPE
     trained on them or the tokens made from them depend on (not the other fields, not the
-    formatting). Memoised per process."""
+    formatting). Memoised per process; [0, k) resumes the scan's state before record k's
+    SNAPSHOT block and reads at most SNAPSHOT - 1 records."""
     def digest() -> str:
-        h = _records_hash()
-        for text, n in iter_records(path, text_field, invalid_utf8, start, end):
+        h, first = _records_hash(), start
+        if start == 0:
+            scan = scan_records(path, text_field, invalid_utf8)
+            if end == scan.n_docs:
+                return scan.digest
+            first = min(end // SNAPSHOT, len(scan.states) - 1) * SNAPSHOT
+            h = scan.states[first // SNAPSHOT].copy()
+        for text, n in iter_records(path, text_field, invalid_utf8, first, end):
             _hash_record(h, text, n)
         return h.hexdigest()
 
@@ -310,8 +325,7 @@ def _split(files: Sequence[Path], val_fraction: float, text_field: str, invalid_
                 local = _char_start(q, target - s0)
             at, cut = s0 + local, (i, local)
         else:
-            local, k = _record_cut(q, target - s0, n, s0 + n >= total, text_field,
-                                   invalid_utf8)
+            local, k = _record_cut(scans[i], target - s0, s0 + n >= total)
             at, cut = s0 + local, (i, k)
         break
     train, val = [], []
@@ -346,28 +360,19 @@ def _scan_all(files: Sequence[Path], text_field: str, invalid_utf8: str, emit: O
     return out
 
 
-def _record_cut(path: Path, target: int, size: int, last: bool, text_field: str,
-                invalid_utf8: str) -> tuple[int, int]:
-    """(byte offset, record number) in a record file of `size` document bytes of the first
-    record starting at or after byte `target` (not at the end of the corpus: `last` says the
-    file ends it); when there is none in the last file, the record holding the target byte.
-    Memoises the digest of the records before it (the BPE's key)."""
-    h, offset, k, holder = _records_hash(), 0, 0, (size, None)
-    for text, n in iter_records(path, text_field, invalid_utf8):
-        if offset >= target and not (last and offset >= size):
-            break
-        if offset <= target < offset + n:
-            holder = (offset, k)
-        _hash_record(h, text, n)
-        offset, k = offset + n, k + 1
-    else:
-        if last:
-            offset, k = holder[0], (k if holder[1] is None else holder[1])
-            h = None
-    if h is not None:
-        _MEMO.setdefault(("digest", _stat_key(path), text_field, invalid_utf8, 0, k),
-                         h.hexdigest())
-    return offset, k
+def _record_cut(scan: RecordScan, target: int, last: bool) -> tuple[int, int]:
+    """(byte offset, record number) in a record file of the first record starting at or after
+    byte `target` (not at the end of the corpus: `last` says the file ends it); when there is
+    none in the last file, the record holding the target byte. No reading: the scan's lengths."""
+    lengths = np.frombuffer(scan.lengths, dtype=np.uint64).astype(np.int64)
+    starts = np.cumsum(lengths) - lengths
+    k = int(np.searchsorted(starts, target, side="left"))
+    if k < scan.n_docs and not (last and starts[k] >= scan.n_bytes):
+        return int(starts[k]), k
+    j = int(np.searchsorted(starts, target, side="right")) - 1  # the last record starting <= it
+    if last and j >= 0 and starts[j] + lengths[j] > target:
+        return int(starts[j]), j
+    return scan.n_bytes, scan.n_docs
 
 
 def _find_newline(path: Path, pos: int) -> int | None:

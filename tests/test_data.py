@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from minigpt.config import Config, MinigptError, from_dict
-from minigpt.corpus import iter_pieces, list_corpus, split_corpus
+from minigpt.corpus import iter_pieces, list_corpus, records_digest, split_corpus
 from minigpt.data import Dataset, prepare_dataset
 from minigpt.events import DatasetReady, TokenizingFile
 from minigpt.paths import DATA_DIR
@@ -512,8 +512,9 @@ def write_records(path: Path, rows: list, field: str = "text", row_group: int = 
     if path.suffix == ".parquet":
         pa = pytest.importorskip("pyarrow")
         pq = pytest.importorskip("pyarrow.parquet")
-        pq.write_table(pa.table({"id": list(range(len(rows))), field: rows}), path,
-                       row_group_size=row_group)
+        schema = pa.schema([("id", pa.int64()), (field, pa.string())])
+        pq.write_table(pa.table({"id": list(range(len(rows))), field: rows}, schema=schema),
+                       path, row_group_size=row_group)
         return path
     body = "".join(json.dumps({"id": i, field: r}) + "\n" for i, r in enumerate(rows)).encode()
     path.write_bytes(gzip.compress(body) if path.suffix == ".gz" else body)
@@ -814,3 +815,15 @@ def test_the_worked_example_of_docs_data_md(tmp_path, fraction, at):
     split = split_corpus([path], fraction)
     assert (split.total, split.at) == (100, at)
     assert split_corpus([DATA_DIR / "tinyshakespeare.txt"], 0.1).at == 1_003_856
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_digest_of_the_first_records_equals_a_file_of_them(tmp_path, suffix):
+    """records_digest of records [0, k) (the BPE's key when the split falls in that file) is
+    the digest of a file holding only those records, across the scan's snapshot blocks."""
+    docs = [f"record {i} " * (i % 5) for i in range(2600)]
+    path = write_records(tmp_path / f"all{suffix}", docs, row_group=500)
+    for k in (0, 1, 1023, 1024, 1025, 2048, 2599, 2600):
+        part = write_records(tmp_path / f"first-{k}{suffix}", docs[:k], row_group=500)
+        assert records_digest(path, "text", "error", 0, k) == \
+            records_digest(part, "text", "error", 0, k), k
