@@ -55,7 +55,7 @@ from minigpt.errors import MinigptError
 from minigpt.events import CorpusProgress, DatasetReady, OnEvent, TokenizingFile, no_events
 from minigpt.files import atomic_file, atomic_write_bytes
 from minigpt.paths import cache_root
-from minigpt.tokenizer import Tokenizer
+from minigpt.tokenizer import EOT, Tokenizer
 
 CACHE_VERSION = 3  # 3: documents of record files; an empty corpus is never cached
 DATA_SPLIT = "bytes"  # the split every run uses; checkpoints record it as data_split
@@ -243,13 +243,33 @@ def _build(cut: CorpusSplit, dc: DataConfig, tokenizer: Tokenizer, bin_path: Pat
 
 def _write(batch: list[tuple[str, bool]], tokenizer: Tokenizer, dtype, fh) -> int:
     """Encode the texts on tiktoken's threads and append their ids, `<|endoftext|>` before
-    each one that starts a document; returns the number of ids written."""
-    if not batch:
-        return 0
+    each one that starts a document; returns the number of ids written.
+
+    Texts that start a document are joined into parts of about CHUNK_BYTES, `<|endoftext|>`
+    before each, and encoded with it as the one special token: the same ids as one text at a
+    time (tiktoken encodes the text between two specials on its own), without a thread
+    hand-off per small record. A text that spells `<|endoftext|>` itself is encoded alone."""
+    parts: list[list[str]] = []  # texts joined into one part
+    alone: dict[int, bool] = {}  # part number -> starts a document, for a text encoded alone
+    size = 0
+    for text, starts in batch:
+        if EOT in text:
+            alone[len(parts)] = starts
+            parts.append([text])
+        elif starts and parts and len(parts) - 1 not in alone and size < CHUNK_BYTES:
+            parts[-1].append(EOT + text)  # (characters; a bound on memory, not exact)
+            size += len(text)
+        else:
+            parts.append([EOT + text if starts else text])
+            size = len(text)
+    joined = [i for i in range(len(parts)) if i not in alone]
+    ids = dict(zip(joined, tokenizer.encode_batch(["".join(parts[i]) for i in joined],
+                                                  eot_between=True)))
+    ids.update(zip(alone, tokenizer.encode_batch([parts[i][0] for i in alone])))
     out: list[int] = []
-    for (_, starts), ids in zip(batch, tokenizer.encode_batch([t for t, _ in batch])):
-        if starts:
+    for i in range(len(parts)):
+        if alone.get(i):
             out.append(tokenizer.eot_id)
-        out += ids
+        out += ids[i]
     np.asarray(out, dtype=dtype).tofile(fh)
     return len(out)

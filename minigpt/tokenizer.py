@@ -126,9 +126,15 @@ class Tokenizer:
             return self.encoding.encode(text, allowed_special="all")
         return self.encoding.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Ordinary (special text = plain text) encoding of several texts on tiktoken's threads."""
-        return self.encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+    def encode_batch(self, texts: list[str], eot_between: bool = False) -> list[list[int]]:
+        """Ordinary (special text = plain text) encoding of several texts on tiktoken's threads.
+        `eot_between`: `<|endoftext|>` in the texts is the special token and separates them
+        (each part is encoded on its own, as if alone); any other special text stays text."""
+        threads = os.cpu_count() or 1
+        if eot_between:
+            return self.encoding.encode_batch(texts, num_threads=threads, allowed_special={EOT},
+                                              disallowed_special=())
+        return self.encoding.encode_ordinary_batch(texts, num_threads=threads)
 
     def _valid(self, i: int) -> bool:
         return 0 <= i < self.n_vocab and i not in self._gaps

@@ -827,3 +827,17 @@ def test_digest_of_the_first_records_equals_a_file_of_them(tmp_path, suffix):
         part = write_records(tmp_path / f"first-{k}{suffix}", docs[:k], row_group=500)
         assert records_digest(path, "text", "error", 0, k) == \
             records_digest(part, "text", "error", 0, k), k
+
+
+def test_special_token_text_in_a_record_stays_text(tmp_path):
+    """Small records are encoded together, `<|endoftext|>` between them; a record that spells
+    `<|endoftext|>` (or another tokenizer's special token) still gets its characters' ids."""
+    docs = ["plain one\n", f"spells {EOT} inside\n", "<|fim_prefix|> too\n", "last\n"] * 20
+    path = write_records(tmp_path / "c.jsonl", docs)
+    cfg = bpe_cfg(path, val_fraction=0.3)
+    tok = build_tokenizer(cfg)
+    ds = prepare_dataset(cfg, tok)
+    every = np.concatenate([ds.train, ds.val]).tolist()
+    assert every.count(tok.eot_id) == len(docs)
+    expected = [i for d in docs for i in [tok.eot_id, *tok.encode(d)]]
+    assert every == expected
