@@ -116,8 +116,8 @@ class RecordScan:
     n_docs: int                  # records
     n_bytes: int                 # UTF-8 bytes of their texts
     digest: str                  # `records_digest` of all of them
-    lengths: array               # each record's bytes ("Q": 8 bytes a record)
-    states: tuple = ()           # the digest's sha256 state before every SNAPSHOT-th record
+    lengths: array               # each record's bytes ("Q": 8 bytes a record in memory)
+    states: tuple                # the digest's sha256 state before every SNAPSHOT-th record
 
 
 SNAPSHOT = 1024
