@@ -20,7 +20,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import numpy as np
 from minigpt.errors import MinigptError, WriteError
 from minigpt.events import CorpusProgress, OnEvent, no_events
 from minigpt.paths import is_glob, resolve_path
-from minigpt.records import SUFFIXES, iter_records, record_format
+from minigpt.records import SUFFIXES, RecordScan, digest, iter_records, record_format, scan
 
 CHUNK_BYTES = 1 << 20  # read size; pieces are about this long
 PROGRESS_BYTES = 64 << 20  # a CorpusProgress event every this many bytes of a long pass
@@ -111,61 +110,18 @@ def _open(path: Path):
 # Record files: measured once per process (their document bytes are known only by reading).
 
 
-@dataclass(frozen=True)
-class RecordScan:
-    n_docs: int                  # records
-    n_bytes: int                 # UTF-8 bytes of their texts
-    digest: str                  # `records_digest` of all of them
-    lengths: array               # each record's bytes ("Q": 8 bytes a record in memory)
-    states: tuple                # the digest's sha256 state before every SNAPSHOT-th record
-
-
-SNAPSHOT = 1024
-
-
 def scan_records(path: Path, text_field: str, invalid_utf8: str) -> RecordScan:
-    """Read every record of a JSON Lines or Parquet file once (checking each: a bad one is a
-    one-line MinigptError naming the line or row); memoised per process. What the split needs
-    later (each record's length, the digest of the first k records) comes from this pass."""
-    def scan() -> RecordScan:
-        h, lengths, states = _records_hash(), array("Q"), []
-        for text, n in iter_records(path, text_field, invalid_utf8):
-            if len(lengths) % SNAPSHOT == 0:
-                states.append(h.copy())
-            _hash_record(h, text, n)
-            lengths.append(n)
-        return RecordScan(len(lengths), sum(lengths), h.hexdigest(), lengths, tuple(states))
-
-    return _memo(("scan", _stat_key(path), text_field, invalid_utf8), scan)
-
-
-def _records_hash():
-    return hashlib.sha256(b"minigpt-records-v1\0")
-
-
-def _hash_record(h, text: str, n: int) -> None:
-    h.update(str(n).encode() + b"\0")
-    h.update(text.encode("utf-8"))
+    """`records.scan` of one JSON Lines or Parquet file, memoised per process."""
+    return _memo(("scan", _stat_key(path), text_field, invalid_utf8),
+                 lambda: scan(path, text_field, invalid_utf8))
 
 
 def records_digest(path: Path, text_field: str, invalid_utf8: str, start: int, end: int) -> str:
-    """sha256 (hex) over the texts of records [start, end), each with its length: what a BPE
-    trained on them or the tokens made from them depend on (not the other fields, not the
-    formatting). Memoised per process; [0, k) resumes the scan's state before record k's
-    SNAPSHOT block and reads at most SNAPSHOT - 1 records."""
-    def digest() -> str:
-        h, first = _records_hash(), start
-        if start == 0:
-            scan = scan_records(path, text_field, invalid_utf8)
-            if end == scan.n_docs:
-                return scan.digest
-            first = min(end // SNAPSHOT, len(scan.states) - 1) * SNAPSHOT
-            h = scan.states[first // SNAPSHOT].copy()
-        for text, n in iter_records(path, text_field, invalid_utf8, first, end):
-            _hash_record(h, text, n)
-        return h.hexdigest()
-
-    return _memo(("digest", _stat_key(path), text_field, invalid_utf8, start, end), digest)
+    """`records.digest` of records [start, end), memoised per process; [0, k) starts from the
+    scan's saved state (records.py)."""
+    key = ("digest", _stat_key(path), text_field, invalid_utf8, start, end)
+    return _memo(key, lambda: digest(path, text_field, invalid_utf8, start, end,
+                                     scan_records(path, text_field, invalid_utf8)))
 
 
 def corpus_hash(files: list[Path], text_field: str = "text", invalid_utf8: str = "error") -> str:

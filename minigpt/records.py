@@ -2,7 +2,9 @@
 (`.parquet`), each record one document whose text is the string under `data.text_field`.
 
 `iter_records` streams the texts of a file's records in order, never the whole file: JSON Lines
-line by line, Parquet one row group at a time (in batches of rows). Bad input is a one-line
+line by line, Parquet one row group at a time (in batches of rows). `scan` reads them once to
+measure them (the split needs each record's length) and `digest` hashes their texts (what the
+caches key on). Bad input is a one-line
 MinigptError naming the file and the line (JSON Lines, counted from 1 as editors do) or the
 row (Parquet, counted from 0 as pyarrow and pandas do). Blank lines are not records.
 
@@ -13,10 +15,13 @@ the document rule: docs/data.md.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import zlib
+from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError
@@ -54,6 +59,57 @@ def iter_records(path: Path, text_field: str, invalid_utf8: str = "error", start
                     "data.invalid_utf8: replace") from None
             text = _SURROGATE.sub("\ufffd", text)
             yield text, len(text.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class RecordScan:
+    n_docs: int                  # records
+    n_bytes: int                 # UTF-8 bytes of their texts
+    digest: str                  # `digest` of all of them
+    lengths: array               # each record's bytes ("Q": 8 bytes a record in memory)
+    states: tuple                # the digest's sha256 state before every SNAPSHOT-th record
+
+
+SNAPSHOT = 1024
+
+
+def scan(path: Path, text_field: str, invalid_utf8: str) -> RecordScan:
+    """Read every record once, checking each (a bad one is a one-line MinigptError naming the
+    line or row). What the split needs later comes from this pass: each record's length, and
+    the digest's state every SNAPSHOT records (for the digest of the first k records)."""
+    h, lengths, states = _hash(), array("Q"), []
+    for text, n in iter_records(path, text_field, invalid_utf8):
+        if len(lengths) % SNAPSHOT == 0:
+            states.append(h.copy())
+        _add(h, text, n)
+        lengths.append(n)
+    return RecordScan(len(lengths), sum(lengths), h.hexdigest(), lengths, tuple(states))
+
+
+def digest(path: Path, text_field: str, invalid_utf8: str, start: int, end: int,
+           scanned: RecordScan | None = None) -> str:
+    """sha256 (hex) over the texts of records [start, end), each with its length: what a BPE
+    trained on them or the tokens made from them depend on (not the other fields, not the
+    formatting). With the file's scan, [0, k) resumes from the state before k's SNAPSHOT block
+    and reads at most SNAPSHOT - 1 records."""
+    h, first = _hash(), start
+    if scanned is not None and start == 0:
+        if end == scanned.n_docs:
+            return scanned.digest
+        first = min(end // SNAPSHOT, len(scanned.states) - 1) * SNAPSHOT
+        h = scanned.states[first // SNAPSHOT].copy()
+    for text, n in iter_records(path, text_field, invalid_utf8, first, end):
+        _add(h, text, n)
+    return h.hexdigest()
+
+
+def _hash():
+    return hashlib.sha256(b"minigpt-records-v1\0")
+
+
+def _add(h, text: str, n: int) -> None:
+    h.update(str(n).encode() + b"\0")
+    h.update(text.encode("utf-8"))
 
 
 # --------------------------------------------------------------------------------------------
