@@ -266,10 +266,11 @@ def _write(batch: list[tuple[str, bool]], tokenizer: Tokenizer, dtype, fh) -> in
     ids = dict(zip(joined, tokenizer.encode_batch(["".join(parts[i]) for i in joined],
                                                   eot_between=True)))
     ids.update(zip(alone, tokenizer.encode_batch([parts[i][0] for i in alone])))
-    out: list[int] = []
-    for i in range(len(parts)):
+    written = 0
+    for i in range(len(parts)):  # in order; one array per part, no copy of the whole batch
         if alone.get(i):
-            out.append(tokenizer.eot_id)
-        out += ids[i]
-    np.asarray(out, dtype=dtype).tofile(fh)
-    return len(out)
+            np.asarray([tokenizer.eot_id], dtype=dtype).tofile(fh)
+            written += 1
+        np.asarray(ids[i], dtype=dtype).tofile(fh)
+        written += len(ids[i])
+    return written
