@@ -4,9 +4,9 @@
 `iter_records` streams the texts of a file's records in order, never the whole file: JSON Lines
 line by line, Parquet one row group at a time (in batches of rows). `scan` reads them once to
 measure them (the split needs each record's length) and `digest` hashes their texts (what the
-caches key on). Bad input is a one-line
-MinigptError naming the file and the line (JSON Lines, counted from 1 as editors do) or the
-row (Parquet, counted from 0 as pyarrow and pandas do). Blank lines are not records.
+caches key on). Bad input is a one-line MinigptError naming the file and the line (JSON Lines,
+counted from 1 as editors do) or the row (Parquet, counted from 0 as pyarrow and pandas do).
+Blank lines are not records.
 
 pyarrow (the `parquet` extra) is imported only when a Parquet file is read. The formats and
 the document rule: docs/data.md.
