@@ -87,8 +87,9 @@ class TokenizerConfig:
 class DataConfig:
     source: str = f("text", "text = a corpus on disk; induction = random tokens repeated twice",
                     choices=("text", "induction"))
-    corpus: str = f("data/tinyshakespeare.txt", "a .txt file, a directory of .txt files, or a glob")
-    val_fraction: float = f(0.1, "last fraction of the corpus bytes held out for validation (cut at a line start; the BPE never sees it)", min_exclusive=0.0, max_exclusive=1.0)
+    corpus: str = f("data/tinyshakespeare.txt", "a .txt, .jsonl (.json, .jsonl.gz, .json.gz) or .parquet file, a directory of such files, or a glob (docs/data.md)")
+    text_field: str = f("text", "JSON Lines / Parquet corpora: the field (column) holding each record's text; every record is one document", nonempty=True)
+    val_fraction: float = f(0.1, "last fraction of the corpus bytes held out for validation (cut at a line or document start; the BPE never sees it)", min_exclusive=0.0, max_exclusive=1.0)
     invalid_utf8: str = f("error", "on bytes that are not UTF-8: error, or replace with U+FFFD",
                           choices=("error", "replace"))
     cache_dir: str = f("", "token cache directory; '' = $MINIGPT_CACHE, $XDG_CACHE_HOME/minigpt or ~/.cache/minigpt")

@@ -1,21 +1,12 @@
 """Token data: the corpus tokenized once into a memory-mapped cache, or synthetic induction data.
 
-Token cache (under `<cache dir>/tokens/`): `<key>.bin` holds every token of the corpus, each file
-preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32: the training tokens,
-then the validation tokens; `<key>.json` (written last, so it marks a complete cache) holds
-counts and bytes_per_token. The key hashes the corpus contents, the tokenizer hash and the split
-settings and rule: any change builds a new cache, nothing stale is read.
-
-The split (`split=`):
-- "bytes" (every new run): `corpus.split_corpus` cuts the corpus BYTES at a line start near
-  the last `val_fraction`; the training text and the validation text are tokenized separately,
-  so no token straddles the cut and the BPE (trained on the training text only) never saw a
-  validation byte.
-- "tokens" (runs made before the byte split; their checkpoints record no `data_split`): the
-  whole corpus tokenized in one stream and the last round(n_tokens * val_fraction) tokens are
-  validation. Kept so that such a run resumes on exactly the data it trained on.
-bytes_per_token = (UTF-8 bytes the validation tokens stand for) / (validation tokens), so
-val bits/byte = val loss (nats/token) / ln 2 / bytes_per_token under either split.
+Token cache (under `<cache dir>/tokens/`): `<key>.bin` holds every token of the corpus, each
+document preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32: the
+training tokens, then the validation tokens; `<key>.json` (written last, so it marks a
+complete cache) holds counts and bytes_per_token. The key hashes the documents, the tokenizer
+hash and the split settings and rule: any change builds a new cache, nothing stale is read.
+The split, the document rule and bits/byte: docs/data.md. The training and the validation
+documents are tokenized separately, so no token straddles the split point.
 
 Batches: `sample_offsets` draws start offsets from a caller-owned torch.Generator (the trainer
 saves its state for an exact resume); `get_batch` turns offsets into x, y = tokens[o : o+T],
@@ -42,33 +33,33 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from minigpt.config import Config
+from minigpt.config import Config, DataConfig
 from minigpt.corpus import (
     CHUNK_BYTES,
     SPLIT_RULE,
-    Span,
+    CorpusSplit,
     cache_writes,
     corpus_hash,
     empty_corpus_error,
-    iter_pieces,
+    iter_span,
     list_corpus,
     split_corpus,
 )
 from minigpt.errors import MinigptError
-from minigpt.events import DatasetReady, OnEvent, TokenizeProgress, TokenizingFile, no_events
+from minigpt.events import CorpusProgress, DatasetReady, OnEvent, TokenizingFile, no_events
 from minigpt.files import atomic_file, atomic_write_bytes
 from minigpt.paths import cache_root
-from minigpt.tokenizer import Tokenizer
+from minigpt.tokenizer import EOT, Tokenizer
 
-CACHE_VERSION = 2  # 2: the byte split (1: whole-corpus tokens; such caches are never read)
-SPLITS = ("bytes", "tokens")  # see the module docstring; "tokens" = runs made before "bytes"
-_BATCH_PIECES = 8  # pieces (~1 MB each) encoded together on tiktoken's threads
+CACHE_VERSION = 3  # 3: documents of record files; an empty corpus is never cached
+DATA_SPLIT = "bytes"  # the split every run uses; checkpoints record it as data_split
+_BATCH_BYTES = 8 * CHUNK_BYTES  # document bytes encoded together on tiktoken's threads
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,12 +75,6 @@ class Dataset:
     induction_min_period: int = 0  # > 0: pairs layout, segment lengths from [this, max_period]
     induction_max_period: int = 0  # 0: block_size // 2
     induction_distinct: bool = False  # new ids of a row drawn without replacement
-    split: str = "bytes"       # how train and val were cut (SPLITS); checkpoints record it
-    info: dict = field(default_factory=dict)  # corpus/cache facts for logs (JSON-safe)
-
-    @property
-    def source(self) -> str:
-        return "induction" if self.induction_vocab else "text"
 
     def _split(self, split: str) -> np.ndarray:
         if split not in ("train", "val"):
@@ -153,18 +138,14 @@ class Dataset:
         return rows
 
 
-def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
-                    on_event: OnEvent | None = None, split: str = "bytes") -> Dataset:
+def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None = None
+                    ) -> Dataset:
     """The Dataset for `cfg.data`: induction data, or the tokenized corpus (from the cache when
     corpus, tokenizer and split settings are unchanged, else built and cached atomically).
-    `split` is "bytes" for every new run, "tokens" to resume a run made before the byte split
-    (module docstring). Raises one-line MinigptErrors for unusable corpora and for splits
+    Raises one-line MinigptErrors for unusable corpora (nothing is cached then) and for splits
     shorter than model.block_size + 1 tokens."""
     on_event = on_event or no_events
     dc, T = cfg.data, cfg.model.block_size
-    if split not in SPLITS:
-        raise MinigptError(f"unknown data split '{split}' (known: {', '.join(SPLITS)}); the run "
-                           "was made by a newer minigpt: upgrade to resume it")
     if dc.source == "induction":
         if dc.induction_vocab > tokenizer.n_vocab:
             raise MinigptError(f"data.induction_vocab: {dc.induction_vocab} exceeds the "
@@ -174,14 +155,13 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
         return Dataset(empty, empty, 1.0, T, induction_vocab=dc.induction_vocab,
                        induction_min_period=dc.induction_min_period,
                        induction_max_period=dc.induction_max_period,
-                       induction_distinct=dc.induction_distinct, split=split,
-                       info={"source": "induction", "induction_vocab": dc.induction_vocab})
+                       induction_distinct=dc.induction_distinct)
 
     files = list_corpus(dc.corpus)
-    chash = corpus_hash(files)
-    key_src = {"v": CACHE_VERSION, "corpus": chash, "tokenizer": tokenizer.hash,
-               "val_fraction": dc.val_fraction, "invalid_utf8": dc.invalid_utf8,
-               "split": SPLIT_RULE if split == "bytes" else "tokens",
+    cut = split_corpus(files, dc.val_fraction, dc.text_field, dc.invalid_utf8, on_event)
+    key_src = {"v": CACHE_VERSION, "corpus": corpus_hash(files, dc.text_field, dc.invalid_utf8),
+               "tokenizer": tokenizer.hash, "val_fraction": dc.val_fraction,
+               "invalid_utf8": dc.invalid_utf8, "split": SPLIT_RULE,
                "chunk": CHUNK_BYTES}  # piece cuts can shift gpt2-pattern tokens: part of the key
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
     directory = cache_root(dc.cache_dir) / "tokens"
@@ -189,18 +169,10 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
     meta = _read_meta(meta_path, bin_path)
     cached = meta is not None
     if meta is None:
-        if split == "bytes":
-            cut = split_corpus(files, dc.val_fraction)
-            parts, split_at = [list(cut.train), list(cut.val)], cut.at
-        else:
-            parts, split_at = [[Span(i, q, 0, q.stat().st_size) for i, q in enumerate(files)]], None
         with cache_writes(directory):
-            meta = _build(parts, dc.val_fraction, dc.invalid_utf8, tokenizer, bin_path,
-                          on_event)
-            meta.update(key_src, split_at=split_at)
+            meta = _build(cut, dc, tokenizer, bin_path, on_event, files)
+            meta.update(key_src, split_at=cut.at)
             atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
-    if not meta["has_text"]:
-        raise empty_corpus_error(dc.corpus, files)
 
     tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
     n_train = meta["n_train"]
@@ -213,10 +185,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer,
                 f"data.corpus: {where} gives a {name} split of {len(arr)} tokens, but "
                 f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
     on_event(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
-    info = {"source": "text", "corpus": dc.corpus, "n_files": len(files), "corpus_hash": chash,
-            "cache": str(bin_path), "n_train": len(train), "n_val": len(val), "split": split,
-            "split_at_byte": meta.get("split_at"), "val_bytes": meta["val_bytes"]}
-    return Dataset(train, val, meta["bytes_per_token"], T, split=split, info=info)
+    return Dataset(train, val, meta["bytes_per_token"], T)
 
 
 def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
@@ -231,55 +200,77 @@ def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
         return None
 
 
-def _build(parts: list[list[Span]], val_fraction: float, invalid_utf8: str,
-           tokenizer: Tokenizer, bin_path: Path, emit: OnEvent) -> dict:
-    """Stream-tokenize the spans of each part, in order, into `bin_path` (atomically) and
-    return the cache metadata. Two parts: train then val (the byte split). One part: the whole
-    corpus, whose last round(n * val_fraction) tokens are val (the token split)."""
+def _build(cut: CorpusSplit, dc: DataConfig, tokenizer: Tokenizer, bin_path: Path,
+           emit: OnEvent, files: list[Path]) -> dict:
+    """Stream-tokenize the training documents, then the validation documents, into `bin_path`
+    (atomically) and return the cache metadata. A corpus without any text raises before the
+    file is committed."""
     dtype = np.uint16 if tokenizer.n_vocab <= 2**16 else np.uint32
-    n_files = len({s.index for part in parts for s in part})
-    total = sum(s.end - s.start for part in parts for s in part)
-    done, n_tokens, has_text, counts = 0, 0, False, []
-    eot = np.array([tokenizer.eot_id], dtype=dtype)
+    n_files = len(files)
+    done, has_text, counts = 0, False, []
     with atomic_file(bin_path) as fh:
-        for part in parts:
-            start_count = n_tokens
+        for part in (cut.train, cut.val):
+            n_part, batch, batch_bytes = 0, [], 0
             for span in part:
-                if span.start == 0:  # a file begins: <|endoftext|>, as every document
-                    emit(TokenizingFile(span.path, span.path.stat().st_size, span.index,
-                                        n_files))
-                    eot.tofile(fh)
-                    n_tokens += 1
-                batch: list[str] = []
-                pieces = iter_pieces(span.path, invalid_utf8, start=span.start, end=span.end)
-                while True:
-                    item = next(pieces, None)
-                    if item is not None:
-                        text, n = item
-                        batch.append(text)
-                        done += n
-                        has_text = has_text or (bool(text) and not text.isspace())
-                    if batch and (item is None or len(batch) >= _BATCH_PIECES):
-                        for ids in tokenizer.encode_batch(batch):
-                            np.asarray(ids, dtype=dtype).tofile(fh)
-                            n_tokens += len(ids)
-                        batch = []
-                        emit(TokenizeProgress(done, total))
-                    if item is None:
-                        break
-            counts.append(n_tokens - start_count)
-    if len(parts) == 2:
-        n_train, n_val = counts
-    else:
-        n_val = round(n_tokens * val_fraction)
-        n_train = n_tokens - n_val
+                if span.start == 0:
+                    emit(TokenizingFile(span.path, span.path.stat().st_size, span.index, n_files))
+                for text, n, starts in iter_span(span, dc.text_field, dc.invalid_utf8):
+                    batch.append((text, starts))
+                    batch_bytes += n
+                    done += n
+                    has_text = has_text or (bool(text) and not text.isspace())
+                    if batch_bytes >= _BATCH_BYTES:
+                        n_part += _write(batch, tokenizer, dtype, fh)
+                        batch, batch_bytes = [], 0
+                        emit(CorpusProgress("tokenize", done, cut.total))
+            n_part += _write(batch, tokenizer, dtype, fh)
+            emit(CorpusProgress("tokenize", done, cut.total))
+            counts.append(n_part)
+        if not has_text:
+            raise empty_corpus_error(dc.corpus, files, dc.text_field)
+    n_train, n_val = counts
     # bytes_per_token on the val split, in blocks so a huge split is never copied whole.
     tokens = np.memmap(bin_path, dtype=dtype, mode="r")
     lengths = tokenizer.token_byte_lengths()
     val_bytes = sum(int(lengths[tokens[i: i + (1 << 22)]].sum())
-                    for i in range(n_train, n_tokens, 1 << 22))
+                    for i in range(n_train, n_train + n_val, 1 << 22))
     del tokens
     bpt = val_bytes / n_val if n_val and val_bytes else 1.0
-    return {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_train": n_train,
+    return {"dtype": np.dtype(dtype).name, "n_tokens": n_train + n_val, "n_train": n_train,
             "n_val": n_val, "val_bytes": val_bytes, "bytes_per_token": bpt,
-            "has_text": has_text, "n_files": n_files, "corpus_bytes": total}
+            "n_files": n_files, "corpus_bytes": cut.total}
+
+
+def _write(batch: list[tuple[str, bool]], tokenizer: Tokenizer, dtype, fh) -> int:
+    """Encode the texts on tiktoken's threads and append their ids, `<|endoftext|>` before
+    each one that starts a document; returns the number of ids written.
+
+    Texts that start a document are joined into parts of about CHUNK_BYTES, `<|endoftext|>`
+    before each, and encoded with it as the one special token: the same ids as one text at a
+    time (tiktoken encodes the text between two specials on its own), without a thread
+    hand-off per small record. A text that spells `<|endoftext|>` itself is encoded alone."""
+    parts: list[list[str]] = []  # texts joined into one part
+    alone: dict[int, bool] = {}  # part number -> starts a document, for a text encoded alone
+    size = 0
+    for text, starts in batch:
+        if EOT in text:
+            alone[len(parts)] = starts
+            parts.append([text])
+        elif starts and parts and len(parts) - 1 not in alone and size < CHUNK_BYTES:
+            parts[-1].append(EOT + text)  # (characters; a bound on memory, not exact)
+            size += len(text)
+        else:
+            parts.append([EOT + text if starts else text])
+            size = len(text)
+    joined = [i for i in range(len(parts)) if i not in alone]
+    ids = dict(zip(joined, tokenizer.encode_batch(["".join(parts[i]) for i in joined],
+                                                  eot_between=True)))
+    ids.update(zip(alone, tokenizer.encode_batch([parts[i][0] for i in alone])))
+    written = 0
+    for i in range(len(parts)):  # in order; one array per part, no copy of the whole batch
+        if alone.get(i):
+            np.asarray([tokenizer.eot_id], dtype=dtype).tofile(fh)
+            written += 1
+        np.asarray(ids[i], dtype=dtype).tofile(fh)
+        written += len(ids[i])
+    return written

@@ -60,9 +60,13 @@ class TokenizingFile:
 
 
 @dataclass
-class TokenizeProgress:
-    bytes_done: int      # over the whole corpus
-    bytes_total: int
+class CorpusProgress:
+    """A long pass over the corpus, `done` of `total` bytes: stage "scan" (reading JSON Lines
+    and Parquet files to measure their records; file bytes), "bpe" (training the BPE on the
+    training documents) or "tokenize" (all documents); document bytes for the last two."""
+    stage: str
+    done: int
+    total: int
 
 
 @dataclass

@@ -2,9 +2,9 @@
 machinery that turns YAML or `section.key=value` text into checked values of the field's type.
 
 A field is declared on one line, `n_layer: int = f(4, "number of transformer blocks", min=1)`;
-`choices` / `min` / `max` / `min_exclusive` / `max_exclusive` metadata drive validation, so
-adding a setting never means adding a validation branch. Every failure is one ConfigError
-naming where the value came from. No torch, nothing heavy.
+`choices` / `min` / `max` / `min_exclusive` / `max_exclusive` / `nonempty` metadata drive
+validation, so adding a setting never means adding a validation branch. Every failure is one
+ConfigError naming where the value came from. No torch, nothing heavy.
 """
 
 from __future__ import annotations
@@ -96,6 +96,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def check_meta(value: Any, meta: dict, where: str) -> None:
+    if meta.get("nonempty") and not str(value).strip():
+        raise ConfigError(f"{where}: must not be empty")
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         hint = difflib.get_close_matches(str(value), choices, n=1)

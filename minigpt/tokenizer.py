@@ -27,18 +27,29 @@ import tiktoken
 from minigpt.config import Config
 from minigpt.corpus import (
     CHUNK_BYTES,
+    PROGRESS_BYTES,
     SPLIT_RULE,
+    CorpusSplit,
     cache_writes,
     empty_corpus_error,
-    iter_pieces,
+    iter_span,
     list_corpus,
+    scan_records,
     spans_hash,
     split_corpus,
 )
 from minigpt.errors import MinigptError
-from minigpt.events import BPETrained, OnEvent, TokenizerCacheHit, TrainingBPE, no_events
+from minigpt.events import (
+    BPETrained,
+    CorpusProgress,
+    OnEvent,
+    TokenizerCacheHit,
+    TrainingBPE,
+    no_events,
+)
 from minigpt.files import atomic_write_bytes
 from minigpt.paths import cache_root, resolve_path
+from minigpt.records import record_format
 
 EOT = "<|endoftext|>"
 RANKS_FILE = "tokenizer.tiktoken"
@@ -115,9 +126,15 @@ class Tokenizer:
             return self.encoding.encode(text, allowed_special="all")
         return self.encoding.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Ordinary (special text = plain text) encoding of several texts on tiktoken's threads."""
-        return self.encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+    def encode_batch(self, texts: list[str], eot_between: bool = False) -> list[list[int]]:
+        """Ordinary (special text = plain text) encoding of several texts on tiktoken's threads.
+        `eot_between`: `<|endoftext|>` in the texts is the special token and separates them
+        (each part is encoded on its own, as if alone); any other special text stays text."""
+        threads = os.cpu_count() or 1
+        if eot_between:
+            return self.encoding.encode_batch(texts, num_threads=threads, allowed_special={EOT},
+                                              disallowed_special=())
+        return self.encoding.encode_ordinary_batch(texts, num_threads=threads)
 
     def _valid(self, i: int) -> bool:
         return 0 <= i < self.n_vocab and i not in self._gaps
@@ -171,20 +188,40 @@ class Tokenizer:
             if not p.is_file():
                 raise MinigptError(f"tokenizer file missing: {p}; the directory must hold "
                                    f"{RANKS_FILE} and {SIDECAR_FILE} (saved by minigpt)")
-        try:
-            side = json.loads(side_path.read_text(encoding="utf-8"))
-            pattern, specials = side["pattern"], {str(k): int(v)
-                                                  for k, v in side["special_tokens"].items()}
-            name, expected = str(side["name"]), str(side["hash"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise MinigptError(f"{side_path}: corrupt tokenizer sidecar ({e.__class__.__name__})"
-                               "; re-save the tokenizer or retrain") from None
+        side = _read_sidecar(side_path)
         ranks = _read_ranks(rank_path)
-        tok = cls(ranks, pattern, specials, name)
+        tok = cls(ranks, side["pattern"], side["special_tokens"], side["name"])
+        expected = side["hash"]
         if tok.hash != expected:
             raise MinigptError(f"{rank_path}: does not match the hash in {side_path} "
                                f"({tok.hash} != {expected}); the tokenizer files are corrupt")
         return tok
+
+
+def _read_sidecar(path: Path) -> dict:
+    """tokenizer.json, checked: string name, pattern and hash, special tokens {str: int}."""
+    def corrupt(why: str) -> MinigptError:
+        return MinigptError(f"{path}: corrupt tokenizer sidecar ({why}); re-save the tokenizer "
+                            "or retrain")
+
+    try:
+        side = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise MinigptError(f"{path}: cannot read the tokenizer sidecar ({e.strerror})") from None
+    except ValueError as e:  # not UTF-8 (UnicodeDecodeError) or not JSON (JSONDecodeError)
+        raise corrupt(e.__class__.__name__) from None
+    except RecursionError:
+        raise corrupt("nested too deeply") from None
+    if not isinstance(side, dict):
+        raise corrupt(f"a JSON {type(side).__name__}, not an object")
+    for key in ("name", "pattern", "hash"):
+        if not isinstance(side.get(key), str):
+            raise corrupt(f'"{key}" is missing or not a string')
+    specials = side.get("special_tokens")
+    if not isinstance(specials, dict) or not all(
+            type(v) is int for v in specials.values()):  # (bool is not an id)
+        raise corrupt('"special_tokens" is not an object of integer ids')
+    return side
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:
@@ -225,10 +262,10 @@ def build_tokenizer(cfg: Config, on_event: OnEvent | None = None) -> Tokenizer:
     - `tokenizer.encoding` set: a named tiktoken encoding (from tiktoken's local cache only),
       a `.tiktoken` file, or a directory holding a saved minigpt tokenizer;
     - else `vocab_size: 256`: raw bytes;
-    - else a BPE trained with rustbpe on the TRAINING text of the corpus only (the bytes
-      before the split point, `corpus.split_corpus`: the validation text never shapes the
-      vocabulary), cached under the cache dir by the training text's hash + settings (a second
-      call with the same training text and settings loads it)."""
+    - else a BPE trained with rustbpe on the training documents of the corpus only (the
+      split of docs/data.md: the validation text never shapes the vocabulary), cached under
+      the cache dir by the training text's hash + settings (a second call with the same
+      training text and settings loads it)."""
     on_event = on_event or no_events
     tc = cfg.tokenizer
     if tc.encoding:
@@ -241,10 +278,11 @@ def build_tokenizer(cfg: Config, on_event: OnEvent | None = None) -> Tokenizer:
 def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:
     tc, dc = cfg.tokenizer, cfg.data
     files = list_corpus(dc.corpus)
-    spans = split_corpus(files, dc.val_fraction).train
+    cut = split_corpus(files, dc.val_fraction, dc.text_field, dc.invalid_utf8, emit)
     # Keyed by the training text itself: val_fraction matters only through where the split
     # falls, and editing the validation text reuses the cached tokenizer.
-    key_src = {"v": FORMAT_VERSION, "split": SPLIT_RULE, "train_text": spans_hash(spans),
+    key_src = {"v": FORMAT_VERSION, "split": SPLIT_RULE,
+               "train_text": spans_hash(cut.train, dc.text_field, dc.invalid_utf8),
                "vocab_size": tc.vocab_size, "pattern": tc.pattern,
                "train_max_bytes": tc.train_max_bytes, "invalid_utf8": dc.invalid_utf8,
                "chunk": CHUNK_BYTES}
@@ -259,13 +297,14 @@ def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:
             pass  # a corrupt cache entry is retrained and overwritten
 
     limit = tc.train_max_bytes or None
-    total = sum(sp.end - sp.start for sp in spans)
-    emit(TrainingBPE(dc.corpus, min(total, limit) if limit else total, tc.vocab_size))
+    total = min(cut.at, limit) if limit else cut.at  # the training text's bytes
+    emit(TrainingBPE(dc.corpus, total, tc.vocab_size))
     seen = {"bytes": 0, "text": False}
 
     def texts():
-        for sp in spans:
-            for text, n in iter_pieces(sp.path, dc.invalid_utf8, start=sp.start, end=sp.end):
+        report = PROGRESS_BYTES
+        for sp in cut.train:
+            for text, n, _ in iter_span(sp, dc.text_field, dc.invalid_utf8):
                 if limit is not None and seen["bytes"] >= limit:
                     return
                 if limit is not None and seen["bytes"] + n > limit:
@@ -273,16 +312,21 @@ def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:
                     text = text[: limit - seen["bytes"]]
                 seen["bytes"] += n
                 seen["text"] = seen["text"] or not text.isspace() and bool(text)
+                if seen["bytes"] >= report:
+                    emit(CorpusProgress("bpe", min(seen["bytes"], total), total))
+                    report += PROGRESS_BYTES
                 yield text
 
     import rustbpe  # heavy-ish native module: only needed when training
 
     t0 = time.perf_counter()
     bpe = rustbpe.Tokenizer()
-    # buffer_size = pieces (~1 MB each) held at once: bounds memory for huge corpora.
-    bpe.train_from_iterator(texts(), tc.vocab_size, buffer_size=16, pattern=PATTERNS[tc.pattern])
+    # buffer_size = texts held at once (pieces of ~1 MB, or records): ~16 MB, whatever the
+    # documents' size, bounds memory for huge corpora and keeps rustbpe's threads busy.
+    bpe.train_from_iterator(texts(), tc.vocab_size, buffer_size=_bpe_buffer(cut, dc),
+                            pattern=PATTERNS[tc.pattern])
     if not seen["text"]:
-        raise empty_corpus_error(dc.corpus, files)
+        raise empty_corpus_error(dc.corpus, files, dc.text_field)
     ranks = {bytes(tok): int(r) for tok, r in bpe.get_mergeable_ranks()}
     tok = Tokenizer(ranks, PATTERNS[tc.pattern], {EOT: len(ranks)},
                     f"bpe{len(ranks)}-{tc.pattern}")
@@ -290,6 +334,17 @@ def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:
         tok.save(directory)
     emit(BPETrained(len(ranks), time.perf_counter() - t0, directory))
     return tok
+
+
+def _bpe_buffer(cut: CorpusSplit, dc) -> int:
+    """rustbpe's buffer (texts held at once) for about 16 MB: 16 pieces of a text file, or
+    more records when the training text is all records, small on average."""
+    scans = [scan_records(sp.path, dc.text_field, dc.invalid_utf8) for sp in cut.train
+             if record_format(sp.path) is not None]
+    if len(scans) < len(cut.train) or not scans:  # text pieces (~1 MB each) among the texts
+        return 16
+    n_docs, n_bytes = sum(s.n_docs for s in scans), sum(s.n_bytes for s in scans)
+    return max(16, min(1 << 16, 16 * CHUNK_BYTES * n_docs // max(1, n_bytes)))
 
 
 def _from_encoding(spec: str, pattern_name: str) -> Tokenizer:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +17,11 @@ import pytest
 import torch
 
 from minigpt.config import Config, MinigptError, from_dict
-from minigpt.corpus import iter_pieces, list_corpus
+from minigpt.corpus import iter_pieces, list_corpus, records_digest, split_corpus
 from minigpt.data import Dataset, prepare_dataset
 from minigpt.events import DatasetReady, TokenizingFile
 from minigpt.paths import DATA_DIR
+from minigpt.records import iter_records
 from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 
 SHAKESPEARE = (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
@@ -95,7 +102,7 @@ def test_tokens_split_and_bytes_per_token(tmp_path):
     events: list = []
     ds = prepare(cfg_for(path, val_fraction=0.25), events=events)
     at = text.index("\n", 7_500 - 1) + 1  # the first line start at or after the last quarter
-    assert 7_500 < at < 7_600 and ds.info["split_at_byte"] == at and ds.split == "bytes"
+    assert 7_500 < at < 7_600 and split_corpus([path], 0.25).at == at
     assert ds.train.tolist() == [256] + list(text[:at].encode())
     assert ds.val.tolist() == list(text[at:].encode())
     assert ds.train.dtype == np.uint16 and isinstance(ds.train, np.memmap)
@@ -116,7 +123,8 @@ def test_bpe_bytes_per_token_is_measured_on_val(tmp_path):
 
 
 def _split_at(files: list[Path], val_fraction: float) -> int:
-    """The byte split written out from its definition (README, corpus.py), by brute force."""
+    """The byte split of text files written out from its definition (docs/data.md), by brute
+    force."""
     data = [f.read_bytes() for f in files]
     corpus = b"".join(data)
     starts = {sum(map(len, data[:i])) for i in range(len(data))}
@@ -133,7 +141,7 @@ def _split_at(files: list[Path], val_fraction: float) -> int:
     (["lines", "empty", "lines2"], 0.5)])
 def test_byte_split_follows_its_definition(tmp_path, names, fraction):
     """Train = the corpus bytes before the split point, val = the rest, each file still after
-    one <|endoftext|>; the point is where the README's definition puts it (a line start, a file
+    one <|endoftext|>; the point is where docs/data.md's definition puts it (a line start, a file
     start, or in a last file without a line break after the target, a character start)."""
     bodies = {"one-line": "no line break in here at all " * 20, "empty": "",
               "lines": "".join(f"line {i} of a few\n" for i in range(40)),
@@ -141,7 +149,7 @@ def test_byte_split_follows_its_definition(tmp_path, names, fraction):
     files = [write(tmp_path / "d" / f"{i}-{n}.txt", bodies[n]) for i, n in enumerate(names)]
     ds = prepare(cfg_for(tmp_path / "d", block_size=4, val_fraction=fraction))
     at = _split_at(files, fraction)
-    assert ds.info["split_at_byte"] == at
+    assert split_corpus(files, fraction).at == at
     corpus = b"".join(f.read_bytes() for f in files)
     sizes = [len(f.read_bytes()) for f in files]
     starts = [sum(sizes[:i]) for i in range(len(files))]
@@ -173,22 +181,6 @@ def test_bpe_split_tokenizes_each_side_separately(tmp_path):
     assert ds.bytes_per_token == pytest.approx(len(text[at:].encode()) / len(ds.val))
 
 
-def test_token_split_of_old_runs_is_kept(tmp_path):
-    """split="tokens" (runs made before the byte split): the whole corpus in one token stream,
-    the last round(n * val_fraction) tokens are val; it has its own cache entry."""
-    text = SHAKESPEARE[:10_000]
-    path = write(tmp_path / "c.txt", text)
-    old = prepare_dataset(cfg_for(path, val_fraction=0.25), bytes_tokenizer(), split="tokens")
-    full = [256] + list(text.encode())
-    assert old.split == "tokens" and old.info["split_at_byte"] is None
-    assert old.train.tolist() == full[:-round(len(full) * 0.25)]
-    assert old.val.tolist() == full[-round(len(full) * 0.25):]
-    new = prepare(cfg_for(path, val_fraction=0.25))
-    assert new.info["cache"] != old.info["cache"] and len(new.val) != len(old.val)
-    with pytest.raises(MinigptError, match="unknown data split 'lines'.*newer minigpt"):
-        prepare_dataset(cfg_for(path), bytes_tokenizer(), split="lines")
-
-
 def test_multiple_files_each_start_with_eot(tmp_path):
     write(tmp_path / "d" / "2.txt", "second file " * 10)
     write(tmp_path / "d" / "1.txt", f"first {EOT} file " * 10)
@@ -215,6 +207,7 @@ def test_cache_reused_and_invalidated(tmp_path):
     events: list = []
     first = prepare(cfg_for(path), events=events)
     assert events[-1].cached is False
+    first_cache = events[-1].cache_path
     events.clear()
     again = prepare(cfg_for(path), events=events)
     assert [type(e) for e in events] == [DatasetReady] and events[0].cached
@@ -223,7 +216,7 @@ def test_cache_reused_and_invalidated(tmp_path):
     def rebuilt(cfg, tok=None) -> Dataset:
         events.clear()
         ds = prepare(cfg, tok, events)
-        assert events[-1].cached is False and events[-1].cache_path != first.info["cache"]
+        assert events[-1].cached is False and events[-1].cache_path != first_cache
         return ds
 
     rebuilt(cfg_for(path, val_fraction=0.2))
@@ -238,21 +231,24 @@ def test_cache_reused_and_invalidated(tmp_path):
 
 def test_truncated_cache_is_rebuilt(tmp_path):
     path = write(tmp_path / "c.txt", SHAKESPEARE[:5000])
-    ds = prepare(cfg_for(path))
-    cache = Path(ds.info["cache"])
+    events: list = []
+    ds = prepare(cfg_for(path), events=events)
+    cache = events[-1].cache_path
     del ds
     with open(cache, "r+b") as fh:
         fh.truncate(100)
-    events: list = []
+    events.clear()
     ds = prepare(cfg_for(path), events=events)
     assert events[-1].cached is False and len(ds.train) + len(ds.val) == 5001
 
 
 def test_split_is_deterministic(tmp_path):
     path = write(tmp_path / "c.txt", SHAKESPEARE[:8000])
-    a = prepare(cfg_for(path, cache_dir=str(tmp_path / "one")))
-    b = prepare(cfg_for(path, cache_dir=str(tmp_path / "two")))
-    assert a.info["cache"] != b.info["cache"]
+    events: list = []
+    a = prepare(cfg_for(path, cache_dir=str(tmp_path / "one")), events=events)
+    b = prepare(cfg_for(path, cache_dir=str(tmp_path / "two")), events=events)
+    ready = [e.cache_path for e in events if isinstance(e, DatasetReady)]
+    assert len(ready) == 2 and ready[0] != ready[1]
     assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
 
 
@@ -284,7 +280,7 @@ def test_induction_batches_repeat(tmp_path):
                      "data": {"source": "induction", "induction_vocab": 20,
                               "corpus": str(tmp_path / "never-read.txt")}})
     ds = prepare_dataset(cfg, bytes_tokenizer())
-    assert ds.source == "induction" and ds.bytes_per_token == 1.0
+    assert ds.induction_vocab == 20 and len(ds.train) == 0 and ds.bytes_per_token == 1.0
     g = torch.Generator().manual_seed(0)
     offsets = ds.sample_offsets("train", 8, g)
     x, y = ds.get_batch("train", offsets)
@@ -441,7 +437,7 @@ def test_missing_path(tmp_path):
 
 def test_directory_without_txt(tmp_path):
     write(tmp_path / "d" / "a.md", "x")
-    assert "no .txt files" in _error(cfg_for(tmp_path / "d"))
+    assert "no corpus files" in _error(cfg_for(tmp_path / "d"))
 
 
 def test_glob_matching_nothing(tmp_path):
@@ -497,3 +493,351 @@ def test_binary_file_rejected(tmp_path):
     path = write(tmp_path / "model.bin", b"PK\x03\x04\x00\x00binary" * 10)
     msg = _error(cfg_for(path))
     assert "model.bin" in msg and "binary" in msg
+
+
+# --------------------------------------------------------------------------------------------
+# Record files: JSON Lines and Parquet, one document per record (docs/data.md).
+
+RECORD_SUFFIXES = [".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet"]
+
+
+def paragraphs(n: int, offset: int = 0) -> list[str]:
+    """n multi-line documents: Shakespeare's speeches, each ending with a line break."""
+    return [p + "\n" for p in SHAKESPEARE.split("\n\n")[offset: offset + n]]
+
+
+def write_records(path: Path, rows: list, field: str = "text", row_group: int = 7) -> Path:
+    """Records {"id": i, field: value} as JSON Lines (gzipped for .gz) or Parquet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        pa = pytest.importorskip("pyarrow")
+        pq = pytest.importorskip("pyarrow.parquet")
+        schema = pa.schema([("id", pa.int64()), (field, pa.string())])
+        pq.write_table(pa.table({"id": list(range(len(rows))), field: rows}, schema=schema),
+                       path, row_group_size=row_group)
+        return path
+    body = "".join(json.dumps({"id": i, field: r}) + "\n" for i, r in enumerate(rows)).encode()
+    path.write_bytes(gzip.compress(body) if path.suffix == ".gz" else body)
+    return path
+
+
+def bpe_cfg(corpus, **data) -> Config:
+    return from_dict({"model": {"block_size": 8}, "tokenizer": {"vocab_size": 300},
+                      "data": {"corpus": str(corpus), **data}})
+
+
+@pytest.mark.parametrize("suffix", RECORD_SUFFIXES)
+def test_records_give_the_tokens_of_the_same_texts(tmp_path, suffix):
+    """Each record is one document, as each .txt file is: one-line documents as JSON Lines or
+    Parquet give the same BPE and the same train and val tokens as one .txt file each."""
+    docs = [line + "\n" for line in SHAKESPEARE.splitlines()[:300] if line.strip()]
+    for i, doc in enumerate(docs):
+        write(tmp_path / "txt" / f"{i:04d}.txt", doc)
+    records = write_records(tmp_path / f"corpus{suffix}", docs)
+    (tok_t, ds_t), (tok_r, ds_r) = [(tok, prepare_dataset(cfg, tok)) for cfg in
+                                    (bpe_cfg(tmp_path / "txt"), bpe_cfg(records))
+                                    for tok in [build_tokenizer(cfg)]]
+    assert tok_r.hash == tok_t.hash
+    assert ds_r.train.tolist() == ds_t.train.tolist() and ds_r.val.tolist() == ds_t.val.tolist()
+    assert ds_r.bytes_per_token == ds_t.bytes_per_token
+    every = np.concatenate([ds_r.train, ds_r.val]).tolist()
+    assert every.count(tok_r.eot_id) == len(docs) and len(ds_r.val) > 0
+
+
+def _first_val_doc(docs: list[str], fraction: float) -> int:
+    """The document rule of docs/data.md by brute force: the first document starting at or
+    after the target (not at the very end), else the one holding the target byte."""
+    sizes = [len(d.encode()) for d in docs]
+    total = sum(sizes)
+    target = total - round(total * fraction)
+    starts = [sum(sizes[:i]) for i in range(len(docs))]
+    return next((i for i, s in enumerate(starts) if target <= s < total),
+                next(i for i, (s, n) in enumerate(zip(starts, sizes)) if s <= target < s + n))
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.1, 0.3, 0.5])
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_records_hold_out_whole_documents(tmp_path, suffix, fraction):
+    """The split point is a document start: train is the documents before it, val the rest,
+    each after one <|endoftext|>; non-ASCII and empty documents count by their UTF-8 bytes."""
+    docs = paragraphs(30) + ["", "日本語のテキスト\n" * 20] + paragraphs(10, 30)
+    path = write_records(tmp_path / f"c{suffix}", docs)
+    k = _first_val_doc(docs, fraction)
+    split = split_corpus([path], fraction)
+    assert split.at == sum(len(d.encode()) for d in docs[:k])
+    assert split.total == sum(len(d.encode()) for d in docs)
+    ds = prepare(cfg_for(path, block_size=4, val_fraction=fraction))
+    tok = bytes_tokenizer()
+    assert tok.decode(ds.train.tolist()) == "".join(EOT + d for d in docs[:k])
+    assert tok.decode(ds.val.tolist()) == "".join(EOT + d for d in docs[k:])
+    assert ds.bytes_per_token == pytest.approx((split.total - split.at) / len(ds.val))
+
+
+def test_a_last_document_over_the_fraction_is_validation_whole(tmp_path):
+    """No document starts after the target: the last document, which holds it, is held out
+    whole (more than val_fraction); a text file would be cut at a line start instead."""
+    docs = paragraphs(5) + ["".join(paragraphs(40, 5))]
+    path = write_records(tmp_path / "c.jsonl", docs)
+    ds = prepare(cfg_for(path, block_size=4, val_fraction=0.1))
+    assert bytes_tokenizer().decode(ds.val.tolist()) == EOT + docs[-1]
+    assert len(ds.val) > 0.5 * (len(ds.train) + len(ds.val))
+
+
+def test_a_directory_mixes_formats_in_path_order(tmp_path):
+    pytest.importorskip("pyarrow")
+    d = tmp_path / "d"
+    write(d / "a.txt", "a text file\nof two lines\n")
+    write_records(d / "b.jsonl", ["one\n", "two\n"])
+    write_records(d / "c" / "d.parquet", ["three\n"])
+    write_records(d / "e.json.gz", ["four\n", "five\n"])
+    write(d / "notes.md", "not a corpus file")
+    write(d / "tokenizer.json", "{}")  # a plain .json is read when named, not from a directory
+    assert [p.name for p in list_corpus(str(d))] == ["a.txt", "b.jsonl", "d.parquet",
+                                                      "e.json.gz"]
+    ds = prepare(cfg_for(d, block_size=4, val_fraction=0.2))
+    text = bytes_tokenizer().decode(np.concatenate([ds.train, ds.val]).tolist())
+    assert text == "".join(EOT + t for t in ["a text file\nof two lines\n", "one\n", "two\n",
+                                             "three\n", "four\n", "five\n"])
+    # 50 bytes, target 50 - 10: "four" starts at byte 40
+    assert bytes_tokenizer().decode(ds.val.tolist()) == EOT + "four\n" + EOT + "five\n"
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".parquet"])
+def test_iter_records_reads_a_range(tmp_path, suffix):
+    """Records [start, end): Parquet row groups outside the range are skipped, blank JSON
+    Lines lines are not records."""
+    docs = [f"doc {i}\n" for i in range(40)]
+    path = write_records(tmp_path / f"c{suffix}", docs, row_group=6)
+    if suffix == ".jsonl":  # blank lines (the end of a file, a stray one) are not records
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\n\n", 3) + b"\n  \n")
+    assert [t for t, _ in iter_records(path, "text")] == docs
+    assert [t for t, _ in iter_records(path, "text", start=5, end=13)] == docs[5:13]
+    assert [n for _, n in iter_records(path, "text", start=38)] == [7, 7]
+
+
+def test_json_lines_stream_in_bounded_memory(tmp_path):
+    """Reading a 24 MB JSON Lines corpus holds a few records at a time, never the file."""
+    doc = json.dumps({"text": SHAKESPEARE[:3000]}) + "\n"
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as fh:
+        fh.writelines(doc for _ in range(8000))
+    assert path.stat().st_size > 24e6
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in iter_records(path, "text"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n == 8000 and peak < 2e6
+
+
+def test_token_cache_keys_on_the_texts(tmp_path):
+    """Editing a record's text re-tokenizes; a change outside the text field (another field,
+    the JSON formatting) keeps the cache, since the tokens are the same."""
+    docs = paragraphs(20)
+    path = write_records(tmp_path / "c.jsonl", docs)
+    events: list = []
+    first = prepare(cfg_for(path), events=events)
+    path.write_text("".join(json.dumps({"text": d, "source": "x"}, indent=None,
+                                       separators=(", ", " : ")) + "\n" for d in docs))
+    events.clear()
+    again = prepare(cfg_for(path), events=events)
+    assert events[-1].cached and np.array_equal(again.train, first.train)
+    write_records(path, docs[:3] + [docs[3].upper()] + docs[4:])  # the same length
+    events.clear()
+    edited = prepare(cfg_for(path), events=events)
+    assert not events[-1].cached and not np.array_equal(edited.train, first.train)
+
+
+def test_text_field_names_the_field(tmp_path):
+    path = write_records(tmp_path / "c.jsonl", paragraphs(20), field="content")
+    ds = prepare(cfg_for(path, text_field="content"))
+    assert bytes_tokenizer().decode(ds.train.tolist()).startswith(EOT + paragraphs(1)[0])
+    with pytest.raises(MinigptError, match="data.text_field: must not be empty"):
+        cfg_for(path, text_field=" ")
+
+
+# --------------------------------------------------------------------------------------------
+# Record files: bad input is one line naming the file and the line or row, and nothing is
+# cached (neither tokens nor a BPE).
+
+
+def _parquet(path: Path, **columns) -> Path:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path, row_group_size=4)
+    return path
+
+
+def _bad_records(tmp: Path, case: str) -> Path:
+    good = [json.dumps({"id": i, "text": d}) for i, d in enumerate(paragraphs(3))]
+    lines = {
+        "not-json": good + ["this is plain text"],
+        "array": good[:1] + ['["a", "list"]'],
+        "no-field": good[:1] + ['{"id": 1, "body": "the text is here"}'],
+        "null": good[:1] + ['{"text": null}'],
+        "number": good[:1] + ['{"text": 42}'],
+        "surrogate": good[:1] + ['{"text": "half a pair \\ud800 here"}'],
+        "blank-only": ["", "   ", ""],
+        "whitespace-texts": ['{"text": ""}', '{"text": "  \\n "}'],
+    }
+    if case in lines:
+        return write(tmp / "c.jsonl", "\n".join(lines[case]) + "\n")
+    if case == "latin1":
+        return write(tmp / "c.jsonl", ("\n".join(good[:1]) + "\n").encode()
+                     + '{"text": "café"}\n'.encode("latin-1"))
+    if case == "plain-text-jsonl":
+        return write(tmp / "notes.jsonl", SHAKESPEARE[:2000])
+    if case == "truncated-gz":
+        body = gzip.compress(("\n".join(good * 50) + "\n").encode())
+        return write(tmp / "c.jsonl.gz", body[: len(body) // 2])
+    texts = paragraphs(10)
+    if case == "pq-no-column":
+        return _parquet(tmp / "c.parquet", id=list(range(10)), body=texts)
+    if case == "pq-not-strings":
+        return _parquet(tmp / "c.parquet", text=list(range(10)))
+    if case == "pq-null":
+        return _parquet(tmp / "c.parquet", text=texts[:9] + [None])
+    if case == "pq-garbage":
+        return write(tmp / "c.parquet", b"PAR1" + b"\x00not parquet at all" * 50)
+    if case == "pq-truncated":
+        path = _parquet(tmp / "c.parquet", text=texts)
+        return write(path, path.read_bytes()[:-30])
+    if case == "pq-damaged-page":  # the footer is fine, a page of row group 1 is not
+        path = _parquet(tmp / "c.parquet", text=texts)
+        import pyarrow.parquet as pq
+
+        at = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset + 2
+        data = bytearray(path.read_bytes())
+        data[at: at + 8] = bytes(b ^ 0xFF for b in data[at: at + 8])
+        return write(path, bytes(data))
+    raise AssertionError(case)
+
+
+BAD_RECORDS = [
+    ("not-json", ["c.jsonl: line 4 is not JSON", "one JSON object per line"]),
+    ("array", ["c.jsonl: line 2 is a JSON array, not an object"]),
+    ("no-field", ['c.jsonl: line 2 has no "text" field (its fields: "id", "body")',
+                  "data.text_field"]),
+    ("null", ['c.jsonl: line 2: "text" is null, not a string']),
+    ("number", ['c.jsonl: line 2: "text" is number, not a string']),
+    ("surrogate", ["c.jsonl: line 2", "lone surrogate", "data.invalid_utf8: replace"]),
+    ("latin1", ["c.jsonl: line 2 is not valid UTF-8", "data.invalid_utf8: replace"]),
+    ("plain-text-jsonl", ["notes.jsonl: line 1 is not JSON"]),
+    ("truncated-gz", ["c.jsonl.gz: cannot read it after line"]),
+    ("blank-only", ["c.jsonl holds no text"]),
+    ("whitespace-texts", ["c.jsonl holds no text", '"text"']),
+    ("pq-no-column", ['c.parquet: no column "text" (its columns: "id", "body")',
+                      "data.text_field"]),
+    ("pq-not-strings", ['c.parquet: column "text" holds int64, not strings']),
+    ("pq-null", ['c.parquet: row 9: "text" is null']),
+    ("pq-garbage", ["c.parquet: not a readable Parquet file"]),
+    ("pq-truncated", ["c.parquet: not a readable Parquet file"]),
+    ("pq-damaged-page", ["c.parquet: row group 1 (rows 4-7) cannot be read", "damaged"]),
+]
+
+
+@pytest.mark.parametrize("case, needles", BAD_RECORDS, ids=[c for c, _ in BAD_RECORDS])
+def test_bad_records_fail_in_one_line_and_cache_nothing(tmp_path, case, needles):
+    path = _bad_records(tmp_path / "in", case)
+    cache = tmp_path / "cache"
+    for call in (lambda: build_tokenizer(bpe_cfg(path, cache_dir=str(cache))),
+                 lambda: prepare(cfg_for(path, cache_dir=str(cache)))):
+        with pytest.raises(MinigptError) as err:
+            call()
+        msg = str(err.value)
+        assert "\n" not in msg and all(n in msg for n in needles), msg
+    assert not [p for p in cache.rglob("*") if p.is_file()]
+
+
+def test_replace_mends_bad_utf8_in_records(tmp_path):
+    path = _bad_records(tmp_path, "latin1")
+    ds = prepare(cfg_for(path, block_size=4, invalid_utf8="replace"))
+    assert bytes_tokenizer().decode(ds.val.tolist()) == EOT + "caf\ufffd"
+    path = _bad_records(tmp_path / "s", "surrogate")
+    ds = prepare(cfg_for(path, block_size=4, invalid_utf8="replace"))
+    assert bytes_tokenizer().decode(ds.val.tolist()) == EOT + "half a pair \ufffd here"
+
+
+def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
+    path = _parquet(tmp_path / "c.parquet", text=paragraphs(10))
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(MinigptError, match=re.escape("pip install 'minigpt-lab[parquet]'")):
+        prepare(cfg_for(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Through the installed command: a run trains from records as it does from text files (the
+# quick tier checks the tokens: test_records_give_the_tokens_of_the_same_texts).
+
+MINIGPT = shutil.which("minigpt")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MINIGPT is None, reason="the minigpt console script is not installed")
+def test_a_run_trains_from_json_lines_and_parquet_as_from_text(tmp_path):
+    """The same one-line documents as .txt files, a .jsonl and a .parquet: `minigpt train`
+    reports the same token counts and logs the same losses, step for step."""
+    pytest.importorskip("pyarrow")
+    docs = [line + "\n" for line in SHAKESPEARE.splitlines()[:400] if line.strip()]
+    for i, doc in enumerate(docs):
+        write(tmp_path / "txt" / f"{i:05d}.txt", doc)
+    corpora = {"txt": tmp_path / "txt", "jsonl": write_records(tmp_path / "c.jsonl", docs),
+               "parquet": write_records(tmp_path / "c.parquet", docs, row_group=100)}
+    sets = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 16,
+            "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 4,
+            "train.warmup_steps": 1, "train.eval_interval": 2, "train.eval_batches": 1,
+            "train.log_interval": 1, "train.sample_tokens": 0, "train.head_scores_interval": "off"}
+    logs, data_lines = {}, {}
+    for name, corpus in corpora.items():
+        argv = [MINIGPT, "train", "--out", str(tmp_path / "runs" / name),
+                "--set", f"data.corpus={corpus}"]
+        argv += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+        r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           check=False,
+                           env={**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache" / name)})
+        assert r.returncode == 0, r.stderr
+        data_lines[name] = [x for x in r.stderr.splitlines() if " train / " in x]
+        metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        logs[name] = [(m["step"], m.get("loss"), m.get("val_loss"))
+                      for m in map(json.loads, metrics)]
+    assert len(logs["txt"]) >= 6 and data_lines["txt"]
+    assert logs["jsonl"] == logs["txt"] and logs["parquet"] == logs["txt"]
+    assert data_lines["jsonl"] == data_lines["txt"] == data_lines["parquet"]
+
+
+@pytest.mark.parametrize("fraction, at", [(0.4, 65), (0.6, 40), (0.3, 65)])
+def test_the_worked_example_of_docs_data_md(tmp_path, fraction, at):
+    docs = ["a" * 39 + "\n", "b" * 24 + "\n", "c" * 34 + "\n"]  # 40, 25 and 35 bytes
+    path = write_records(tmp_path / "c.jsonl", docs)
+    split = split_corpus([path], fraction)
+    assert (split.total, split.at) == (100, at)
+    assert split_corpus([DATA_DIR / "tinyshakespeare.txt"], 0.1).at == 1_003_856
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_digest_of_the_first_records_equals_a_file_of_them(tmp_path, suffix):
+    """records_digest of records [0, k) (the BPE's key when the split falls in that file) is
+    the digest of a file holding only those records, across the scan's snapshot blocks."""
+    docs = [f"record {i} " * (i % 5) for i in range(2600)]
+    path = write_records(tmp_path / f"all{suffix}", docs, row_group=500)
+    for k in (0, 1, 1023, 1024, 1025, 2048, 2599, 2600):
+        part = write_records(tmp_path / f"first-{k}{suffix}", docs[:k], row_group=500)
+        assert records_digest(path, "text", "error", 0, k) == \
+            records_digest(part, "text", "error", 0, k), k
+
+
+def test_special_token_text_in_a_record_stays_text(tmp_path):
+    """Small records are encoded together, `<|endoftext|>` between them; a record that spells
+    `<|endoftext|>` (or another tokenizer's special token) still gets its characters' ids."""
+    docs = ["plain one\n", f"spells {EOT} inside\n", "<|fim_prefix|> too\n", "last\n"] * 20
+    path = write_records(tmp_path / "c.jsonl", docs)
+    cfg = bpe_cfg(path, val_fraction=0.3)
+    tok = build_tokenizer(cfg)
+    ds = prepare_dataset(cfg, tok)
+    every = np.concatenate([ds.train, ds.val]).tolist()
+    assert every.count(tok.eot_id) == len(docs)
+    expected = [i for d in docs for i in [tok.eot_id, *tok.encode(d)]]
+    assert every == expected

@@ -206,6 +206,7 @@ def build_world(root: Path) -> World:
     files["under-file"] = regular / "run"
     corpus = d / "good-corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 60)
+    build_records(d, files)
     runs["sinusoidal"] = make_run(root / "runs" / "sinusoidal", pos_encoding="sinusoidal")
     build_resumable(root, runs, corpus)
     nonempty = root / "runs" / "nonempty-out"
@@ -250,6 +251,41 @@ def build_resumable(root: Path, runs: dict[str, Path], corpus: Path) -> None:
     (unlinked / "latest").unlink()
     w = unlinked / "step-000002" / "model.safetensors"
     w.write_bytes(w.read_bytes()[:-5] + bytes([w.read_bytes()[-5] ^ 0x10]) + w.read_bytes()[-4:])
+
+
+def build_records(d: Path, files: dict[str, Path]) -> None:
+    """JSON Lines and Parquet corpora (one document per record), good and bad."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [f"record {i}: the quick brown fox jumps over the lazy dog\n" * 3 for i in range(40)]
+    good = [json.dumps({"id": i, "text": t}) for i, t in enumerate(docs)]
+
+    def jsonl(name: str, lines: list[str]) -> None:
+        files[name] = d / name
+        files[name].write_text("\n".join(lines) + "\n")
+
+    def parquet(name: str, **columns) -> Path:
+        files[name] = d / name
+        pq.write_table(pa.table(columns), files[name], row_group_size=4)
+        return files[name]
+
+    jsonl("good.jsonl", good)
+    jsonl("bad-line.jsonl", good[:2] + ["{not json"] + good[2:])
+    jsonl("no-field.jsonl", good[:1] + ['{"id": 1, "body": "the text"}'] + good[1:])
+    jsonl("not-string.jsonl", good[:1] + ['{"text": 42}'] + good[1:])
+    jsonl("blank.jsonl", ['{"text": ""}', "", '{"text": "   "}'])
+    files["prose.jsonl"] = d / "prose.jsonl"
+    files["prose.jsonl"].write_text("the quick brown fox jumps over the lazy dog\n" * 60)
+    parquet("no-column.parquet", id=list(range(40)), body=docs)
+    parquet("null.parquet", text=docs[:5] + [None] + docs[6:])
+    files["corrupt.parquet"] = d / "corrupt.parquet"
+    files["corrupt.parquet"].write_bytes(b"PAR1" + bytes(range(256)) * 8)
+    damaged = parquet("damaged.parquet", text=docs)
+    at = pq.ParquetFile(damaged).metadata.row_group(1).column(0).data_page_offset + 2
+    data = bytearray(damaged.read_bytes())
+    data[at: at + 8] = bytes(b ^ 0xFF for b in data[at: at + 8])
+    damaged.write_bytes(bytes(data))
 
 
 def build_models(root: Path) -> dict[str, Path]:
@@ -353,6 +389,14 @@ def corpus(name: str) -> Callable[[World, Path], list[str]]:
                                                                     str(w.files[name])})]
 
 
+def records(name: str, **over) -> Callable[[World, Path], list[str]]:
+    """train on a record corpus, with a BPE and the cache under the case's own directory (the
+    test checks that nothing was cached)."""
+    return lambda w, t: ["train", "--out", _fresh(w, t), *w.tiny(**{
+        "data.corpus": str(w.files[name]), "data.cache_dir": str(t / "cache"),
+        "tokenizer.vocab_size": 260, **over})]
+
+
 def sample(run: str | None, *extra: str) -> Callable[[World, Path], list[str]]:
     return lambda w, t: ["sample", *(["--run", str(w.runs[run])] if run else []), "-n", "2",
                          *[_sub(w, x) for x in extra]]
@@ -443,7 +487,7 @@ CASES = [
     Case("corpus-binary", corpus("binary.txt"), ("binary.txt", "binary file", "UTF-8 text")),
     Case("corpus-latin1", corpus("latin1.txt"), ("latin1.txt", "offset", "data.invalid_utf8")),
     Case("corpus-too-short", corpus("short.txt"), ("block_size",)),
-    Case("corpus-dir-without-txt", corpus("no-txt"), ("data.corpus", "no .txt files")),
+    Case("corpus-dir-without-txt", corpus("no-txt"), ("data.corpus", "no corpus files", ".txt")),
     Case("corpus-dangling-symlink", corpus("dangling"), ("data.corpus", "dangling symlink")),
     Case("corpus-device", lambda w, t: ["train", "--out", _fresh(w, t), *w.tiny(
         **{"data.corpus": "/dev/zero"})], ("data.corpus", "/dev/zero", "not a regular file")),
@@ -451,6 +495,26 @@ CASES = [
         **{"data.corpus": str(t / "missing.txt")})], ("data.corpus", "missing.txt", "not found")),
     Case("corpus-glob-matches-nothing", lambda w, t: ["train", "--out", _fresh(w, t), *w.tiny(
         **{"data.corpus": str(t / "nothing-*.txt")})], ("data.corpus", "matches no files")),
+    # ---- record corpora: JSON Lines and Parquet (the file and the line or row)
+    Case("records-line-not-json", records("bad-line.jsonl"),
+         ("bad-line.jsonl: line 3 is not JSON",)),
+    Case("records-jsonl-holding-prose", records("prose.jsonl"), ("prose.jsonl: line 1 is not JSON",)),
+    Case("records-no-text-field", records("no-field.jsonl"),
+         ('no-field.jsonl: line 2 has no "text" field', "data.text_field")),
+    Case("records-text-not-a-string", records("not-string.jsonl"),
+         ('not-string.jsonl: line 2: "text" is number, not a string',)),
+    Case("records-text-field-elsewhere", records("good.jsonl", **{"data.text_field": "body"}),
+         ('good.jsonl: line 1 has no "body" field', "data.text_field")),
+    Case("records-no-text", records("blank.jsonl"), ("data.corpus", "blank.jsonl holds no text")),
+    Case("records-parquet-no-column", records("no-column.parquet"),
+         ('no-column.parquet: no column "text"', "data.text_field")),
+    Case("records-parquet-null", records("null.parquet"), ('null.parquet: row 5: "text" is null',)),
+    Case("records-parquet-corrupt", records("corrupt.parquet"),
+         ("corrupt.parquet: not a readable Parquet file",)),
+    Case("records-parquet-damaged-page", records("damaged.parquet"),
+         ("damaged.parquet: row group 1 (rows 4-7) cannot be read",)),
+    Case("set-text-field-empty", print_config("data.text_field="),
+         ("data.text_field", "must not be empty")),
     # ---- run directories
     Case("train-existing-run-no-resume", lambda w, t: ["train", "--out", str(w.good),
                                                        *w.tiny()],
@@ -682,6 +746,9 @@ def test_bad_input(case: Case, world: World, tmp_path: Path):
     fresh = tmp_path / "new-run"
     assert not fresh.exists(), f"a failed command left {sorted(tree_hash(fresh))}"
     assert not (tmp_path / "runs").exists()
+    if case.id.startswith("records-"):  # a bad corpus: neither tokens nor a BPE are cached
+        cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+        assert not cached, f"a failed command cached {cached}"
 
 
 def test_table_is_big_enough_and_covers_every_command(world, tmp_path):
@@ -719,6 +786,30 @@ def test_real_process_exit_code_and_stderr(world, tmp_path, name, args, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert tree_hash(world.good) == before
+
+
+MINIGPT = shutil.which("minigpt")
+QUICK_RECORD_CASES = {"records-line-not-json", "records-parquet-corrupt"}
+
+
+@pytest.mark.skipif(MINIGPT is None, reason="the minigpt console script is not installed")
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=c.id, marks=[] if c.id in QUICK_RECORD_CASES else [pytest.mark.slow])
+    for c in CASES if c.id.startswith("records-")])
+def test_record_corpora_through_the_installed_command(case, world, tmp_path):
+    """The record-corpus cases as a user types them: the installed `minigpt` console script,
+    exit 2, the error as the last stderr line (after data progress lines), no traceback, no
+    run directory, nothing cached."""
+    r = subprocess.run([MINIGPT, *case.args(world, tmp_path)], check=False, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines and lines[-1].startswith("error: "), r.stderr
+    assert all(x.startswith(("data: ", "training the BPE")) for x in lines[:-1]), r.stderr
+    assert all(n in lines[-1] for n in case.needles), lines[-1]
+    assert not (tmp_path / "new-run").exists()
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
 
 
 # --------------------------------------------------------------------------------------------

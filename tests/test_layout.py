@@ -19,7 +19,7 @@ from minigpt.paths import PACKAGE_DIR
 FLOORS = [
     ("ground", {"minigpt", "minigpt.errors", "minigpt.paths", "minigpt.files", "minigpt.events"}),
     ("config", {"minigpt.fields", "minigpt.config"}),
-    ("data", {"minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),
+    ("data", {"minigpt.records", "minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),
     ("model", {"minigpt.attention", "minigpt.device", "minigpt.model"}),
     ("sample, run", {"minigpt.sample", "minigpt.run"}),
     ("hf, inputs", {"minigpt.hf", "minigpt.llamacpp", "minigpt.inputs"}),

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 
 import pytest
@@ -148,6 +149,31 @@ def test_load_rejects_missing_and_corrupt_files(bpe, tmp_path):
         Tokenizer.load(tmp_path)
 
 
+@pytest.mark.parametrize("edit, why", [
+    (lambda side: [side], "a JSON list, not an object"),
+    (lambda side: {k: v for k, v in side.items() if k != "pattern"}, '"pattern" is missing'),
+    (lambda side: {**side, "hash": 7}, '"hash" is missing or not a string'),
+    (lambda side: {**side, "special_tokens": {EOT: "256"}}, '"special_tokens" is not'),
+    (lambda side: {**side, "special_tokens": [EOT]}, '"special_tokens" is not'),
+])
+def test_a_damaged_sidecar_is_named_and_a_bug_is_not(bpe, tmp_path, monkeypatch, edit, why):
+    """A sidecar of the wrong shape is one line naming the file and the field; an error inside
+    minigpt while loading is not relabelled as a damaged file (it keeps its traceback)."""
+    bpe.save(tmp_path)
+    side = json.loads((tmp_path / SIDECAR_FILE).read_text())
+    (tmp_path / SIDECAR_FILE).write_text(json.dumps(edit(side)))
+    with pytest.raises(MinigptError, match=re.escape(f"corrupt tokenizer sidecar ({why}")):
+        Tokenizer.load(tmp_path)
+    bpe.save(tmp_path)
+
+    def broken(*args, **kwargs):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(json, "loads", broken)  # (the old broad except called this corrupt)
+    with pytest.raises(TypeError, match="a bug"):
+        Tokenizer.load(tmp_path)
+
+
 def test_trained_tokenizer_cache_reused_and_invalidated(small_corpus, tmp_path):
     events = []
     cfg = bpe_config(small_corpus, tmp_path / "c", vocab_size=300)
@@ -214,6 +240,38 @@ def test_validation_text_never_shapes_the_tokenizer(small_corpus, tmp_path):
     assert files["new-train"] != files["original"]
     learned = lambda r: any(b"qxjv" in t for t in r)
     assert learned(ranks["val-as-train"]) and not learned(ranks["new-val"])
+
+
+def test_validation_records_never_shape_the_tokenizer(small_corpus, tmp_path):
+    """JSON Lines: the BPE trains on the records before the split point only. Rewriting the
+    validation records (same lengths: the point stays) serves the cached tokenizer and equals
+    a fresh one; rewriting a training record trains anew."""
+    docs = [p + "\n" for p in small_corpus.read_text().split("\n\n")]
+    split = None
+
+    def tokenizer(texts: list[str], name: str, events: list | None = None) -> Tokenizer:
+        nonlocal split
+        path = tmp_path / name / "c.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        split = split_corpus([path], 0.1)
+        return build_tokenizer(bpe_config(path, tmp_path / "cache", vocab_size=350),
+                               (events if events is not None else []).append)
+
+    first = tokenizer(docs, "original")
+    k = split.train[0].end  # records [0, k) are the training text
+    assert 0 < k < len(docs) and split.val[0].start == k
+    made_up = ["".join(ch if ch in " \n" else "q" for ch in d) for d in docs[k:]]
+    events: list = []
+    again = tokenizer(docs[:k] + made_up, "new-val", events)
+    assert [type(e) for e in events] == [TokenizerCacheHit] and again.hash == first.hash
+    assert split_corpus([tmp_path / "new-val" / "c.jsonl"], 0.1).at == split.at
+    fresh = build_tokenizer(bpe_config(tmp_path / "new-val" / "c.jsonl", tmp_path / "other",
+                                       vocab_size=350))
+    assert fresh.hash == first.hash and not any(b"qqq" in t for t in fresh.ranks)
+    events.clear()
+    other = tokenizer([docs[0].upper()] + docs[1:], "new-train", events)
+    assert isinstance(events[0], TrainingBPE) and other.hash != first.hash
 
 
 def test_train_max_bytes_limits_training_text(small_corpus, tmp_path):

@@ -7,6 +7,7 @@ import math
 import os
 import shlex
 import sys
+import time
 from typing import Annotated, ClassVar
 
 import typer
@@ -75,6 +76,7 @@ class _TrainView:
         self.tty = err_console.is_terminal and not quiet
         self.progress = None
         self.task = None
+        self.corpus_pass: dict[str, float] = {}  # stage -> when its progress was last shown
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -150,6 +152,17 @@ class _TrainView:
         self.line("training the BPE tokenizer on the corpus's training split (cached for next "
                   "time) ...")
 
+    def _corpus_progress(self, e: events.CorpusProgress) -> None:
+        """A long pass over the corpus: a line at most every 10 s."""
+        now = time.monotonic()
+        last = self.corpus_pass.setdefault(e.stage, now)
+        if now - last >= 10 and e.total:
+            self.corpus_pass[e.stage] = now
+            what = {"scan": "reading records", "bpe": "training the BPE",
+                    "tokenize": "tokenizing"}.get(e.stage, e.stage)
+            self.line(f"data: {what} {100 * e.done / e.total:.0f}% ({e.done / 1e6:,.0f} of "
+                      f"{e.total / 1e6:,.0f} MB)")
+
     def _dataset_ready(self, e: events.DatasetReady) -> None:
         self.line(f"data: {e.n_train:,} train / {e.n_val:,} val tokens"
                   + (" (cached)" if e.cached else ""))
@@ -161,7 +174,7 @@ class _TrainView:
         events.StartEvent: _start, events.StepEvent: _step, events.EvalEvent: _eval,
         events.HeadFormedEvent: _head_formed, events.NothingSavedEvent: _nothing_saved,
         events.CheckpointEvent: _checkpoint, events.TrainingBPE: _training_bpe,
-        events.DatasetReady: _dataset_ready}
+        events.DatasetReady: _dataset_ready, events.CorpusProgress: _corpus_progress}
 
     def close(self) -> None:
         if self.progress is not None:

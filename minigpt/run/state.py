@@ -21,11 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from minigpt.data import DATA_SPLIT  # recorded in every trainer_state.json (docs/data.md)
 from minigpt.errors import MinigptError
-
-# How train and val were cut from the corpus (data.py's byte split). Recorded in every
-# trainer_state.json; a run without it predates the byte split, which no release wrote.
-DATA_SPLIT = "bytes"
 
 
 def finite(x: Any) -> int | float | None:
