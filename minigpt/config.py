@@ -130,7 +130,7 @@ class TrainConfig:
     muon_momentum: float = f(0.95, "Muon's Nesterov momentum", min=0.0, max_exclusive=1.0)
     muon_weight_decay: float = f(0.0, "Muon's decoupled weight decay on the block matrices",
                                  min=0.0)
-    ema: float = f(0.0, "0 = off; else evaluate, sample and save (model.safetensors) an exponential moving average of the weights with this decay per step, warmed up as min(ema, (1+u)/(10+u)) at update u", min=0.0, max_exclusive=1.0)
+    ema: float = f(0.0, "0 = off; else evaluate, sample and save (model.safetensors) an exponential moving average of the weights with this decay per step (the plain mean of all steps so far until its horizon 1/(1-ema) is reached)", min=0.0, max_exclusive=1.0)
     grad_clip: float = f(1.0, "clip the global gradient norm to this; 0 = off", min=0.0)
     eval_interval: int = f(250, "evaluate every this many steps", min=1)
     eval_batches: int = f(20, "validation batches per evaluation", min=1)

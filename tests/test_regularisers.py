@@ -30,22 +30,30 @@ MINIGPT = shutil.which("minigpt")
 
 
 def test_weight_average_follows_its_recurrence_and_keeps_the_tie():
-    """a <- a + (1 - d_u)(w - a), d_u = min(ema, (1+u)/(10+u)); the average's LM head stays
-    its own token embedding; it never trains (eval mode, no gradients)."""
-    assert ema_decay(0.999, 1) == 2 / 11 and ema_decay(0.9, 1000) == 0.9
+    """a <- a + (1 - d_u)(w - a), d_u = min(ema, 1 - 1/u): the mean of the weights of every
+    update until the horizon 1/(1 - ema), then the exponential average; the average's LM head
+    stays its own token embedding; it never trains (eval mode, no gradients)."""
+    assert ema_decay(0.999, 1) == 0 and ema_decay(0.999, 4) == 0.75
+    assert ema_decay(0.9, 10) == 0.9 and ema_decay(0.9, 1000) == 0.9
     model = GPT.from_config(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8,
                                         vocab_size=20), seed=0)
     avg = WeightAverage(model, 0.9)
     expected = {n: p.detach().clone() for n, p in model.named_parameters()}
     gen = torch.Generator().manual_seed(0)
+    history = []
     for u in range(1, 30):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen))
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
         avg.update(u)
-        d = min(0.9, (1 + u) / (10 + u))
+        d = min(0.9, 1 - 1 / u)
         for n, p in model.named_parameters():
             expected[n] = d * expected[n] + (1 - d) * p.detach()
+        if u == 5:  # the plain mean of the weights after updates 1..5
+            mean = torch.stack([h["wte.weight"] for h in history[-5:]]).mean(0)
+            assert torch.allclose(dict(avg.model.named_parameters())["wte.weight"], mean,
+                                  atol=1e-5)
     got = dict(avg.model.named_parameters())
     assert got.keys() == expected.keys()
     for n, want in expected.items():

@@ -3,11 +3,13 @@
 After optimizer update u (u = 1, 2, ...: the run's step count once the update is done), every
 averaged weight a moves towards its live weight w:
 
-    a <- a + (1 - d_u) (w - a),   d_u = min(train.ema, (1 + u) / (10 + u))
+    a <- a + (1 - d_u) (w - a),   d_u = min(train.ema, 1 - 1/u)
 
-The warm-up `(1 + u) / (10 + u)` keeps the first averages close to the live weights (d_1 = 0.18)
-instead of dragging the random initialisation along for ~1 / (1 - ema) steps. d_u depends on u
-alone, so a resumed run continues the same average bit for bit.
+Until 1 / (1 - ema) updates have been made (the average's horizon: 200 steps at 0.995), d_u =
+1 - 1/u makes `a` the plain mean of every update's weights so far (d_1 = 0: the first average is
+the first update's weights, never the random initialisation); from then on it is the
+exponential average with decay train.ema. d_u depends on u alone, so a resumed run continues
+the same average bit for bit.
 
 What the average is used for (checkpoint semantics): evaluations (val loss, bits/byte), the
 samples and head scores during training, and the checkpoint's `model.safetensors`, so
@@ -31,7 +33,7 @@ from minigpt.run.load import load_model_weights
 
 def ema_decay(ema: float, update: int) -> float:
     """d_u: the weight the average keeps after update `update` (1-based), see the module."""
-    return min(ema, (1 + update) / (10 + update))
+    return min(ema, 1.0 - 1.0 / update)
 
 
 class WeightAverage:
