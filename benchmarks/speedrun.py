@@ -15,6 +15,31 @@ median over seeds.
 --jobs N runs N seeds at once (use --threads 1 with --jobs 2 on 2 cores: the comparisons stay
 fair between runs made the same way, not with runs made alone with 2 threads). Timings on a
 shared machine are noisy: the load average is printed with them.
+
+Screening by steps on a busy machine (bits/byte at a step does not depend on the load):
+
+    python benchmarks/speedrun.py --screen --threads 1 --set model.dropout=0.1 \
+        --set train.max_steps=2200 --emas 0.99,0.995 --eval-every 100 --seeds 1
+
+trains the config in this process with the real trainer (`set_up`, `Trainer.step`) and, every
+--eval-every steps and at the end, evaluates the trained weights and a weight average for each
+--emas decay (`minigpt.train.ema`, updated after every step) with the trainer's own
+evaluation: the bits/byte `minigpt train` reports at that step with train.ema 0 and with each
+decay (the average never changes the training, so one run serves them all). Lines go to
+stderr, `--json` prints the curves.
+
+Step time on a busy machine (relative, not absolute):
+
+    python benchmarks/speedrun.py --step-time --threads 2 \
+        --candidate "model.dropout=0.1" --candidate "model.n_embd=192,model.n_head=6"
+
+builds the trainer of `--config` (+ --set) and of each candidate (its comma-separated
+settings on top) in one process, then times their real training steps (`Trainer.step`: forward,
+backward, clipping, optimizer, weight average) in alternation, `--blocks` blocks of `--steps`
+steps each, and prints each one's median and fastest block (ms/step) and their ratios to the
+base's.
+Alternating makes a load spike hit every candidate alike; a ratio times the quiet-machine
+ms/step of the base converts a candidate to the quiet budget.
 """
 
 from __future__ import annotations
@@ -73,6 +98,96 @@ def one(config: str, sets: list[str], seed: int, threads: int, cache: str | None
             "load": os.getloadavg()[0]}
 
 
+def step_times(config: str, sets: list[str], candidates: list[str], threads: int, steps: int,
+               blocks: int, cache: str | None) -> None:
+    """Median ms/step of the base config and each candidate, timed in alternation (above)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    tmp = Path(tempfile.mkdtemp(prefix="minigpt-steptime-"))
+    names = ["base", *candidates]
+    trainers = [_trainer(config, [*sets, *[x for x in extra.split(",") if x.strip()]], tmp,
+                         cache, f"run{i}") for i, extra in enumerate([""] + candidates)]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for name, tr in zip(names, trainers):  # warm-up
+        for _ in range(3):
+            tr.step(_NoSignal)
+    for _ in range(blocks):
+        for name, tr in zip(names, trainers):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                tr.step(_NoSignal)
+            times[name].append(1000 * (time.perf_counter() - t0) / steps)
+    base, base_min = statistics.median(times["base"]), min(times["base"])
+    print(f"{threads} threads, {blocks} blocks of {steps} steps, load average "
+          f"{os.getloadavg()[0]:.1f}; median and fastest block, each against the base's",
+          file=sys.stderr)
+    for name in names:
+        med, fast = statistics.median(times[name]), min(times[name])
+        print(f"{med:8.1f} ms/step x{med / base:.3f}  fastest {fast:6.1f} x{fast / base_min:.3f}"
+              f"  {name}  (blocks: {', '.join(f'{t:.0f}' for t in times[name])})",
+              file=sys.stderr)
+
+
+def _trainer(config: str, sets: list[str], tmp: Path, cache: str | None, name: str):
+    """The real training session of `config` + `sets` in a fresh run directory under `tmp`."""
+    import torch
+
+    from minigpt.config import load_config
+    from minigpt.events import no_events
+    from minigpt.run.lock import RunLock
+    from minigpt.train.distributed import DistInfo
+    from minigpt.train.loop import set_up
+
+    cfg = load_config(config, [*sets, f"data.cache_dir={cache or tmp / 'cache'}"])
+    run = tmp / name
+    trainer = set_up(cfg, run, None, torch.device("cpu"), DistInfo(), no_events,
+                     claim=RunLock(run))
+    trainer.model.train()
+    return trainer
+
+
+class _NoSignal:
+    signum = None
+
+
+def screen(config: str, sets: list[str], seed: int, emas: list[float], every: int,
+           threads: int, cache: str | None) -> dict:
+    """bits/byte of the trained weights and of each weight average at every `every` steps."""
+    import math
+
+    import torch
+
+    from minigpt.train.ema import WeightAverage
+
+    torch.set_num_threads(threads)
+    tmp = Path(tempfile.mkdtemp(prefix="minigpt-screen-"))
+    tr = _trainer(config, [*sets, f"run.seed={seed}", "train.ema=0"], tmp, cache, "run")
+    own = tr.average  # the trainer's evaluate() reads the weights it evaluates from here
+    averages = {d: WeightAverage(tr.model, d) for d in emas}
+    bpb = lambda loss: loss / math.log(2) / tr.data.bytes_per_token
+    curves: dict[str, list] = {"live": [], **{str(d): [] for d in emas}}
+    t0 = time.perf_counter()
+    while tr.state.step < tr.cfg.train.max_steps:
+        tr.step(_NoSignal)
+        step = tr.state.step
+        for avg in averages.values():
+            avg.update(step)
+        if step % every and step != tr.cfg.train.max_steps:
+            continue
+        row = {"live": bpb(tr.evaluate())}
+        for d, avg in averages.items():
+            tr.average = avg
+            row[str(d)] = bpb(tr.evaluate())
+        tr.average = own
+        for k, v in row.items():
+            curves[k].append((step, v))
+        print(f"seed {seed} step {step} ({time.perf_counter() - t0:.0f} s): "
+              + " ".join(f"{k} {v:.4f}" for k, v in row.items()), file=sys.stderr, flush=True)
+    tr.close()
+    return {"seed": seed, "sets": sets, "curves": curves}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="speedrun")
@@ -84,7 +199,30 @@ def main() -> int:
     ap.add_argument("--cache", help="reuse this token cache (start-up then excludes BPE training)")
     ap.add_argument("--keep", type=Path, help="keep the run directories under this directory")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--screen", action="store_true",
+                    help="train in-process; bits/byte of the weights and their averages by step")
+    ap.add_argument("--emas", default="", help="weight-average decays to screen (--screen)")
+    ap.add_argument("--eval-every", type=int, default=100, help="steps between evaluations "
+                    "(--screen)")
+    ap.add_argument("--step-time", action="store_true",
+                    help="time training steps of the config and each --candidate in alternation")
+    ap.add_argument("--candidate", action="append", default=[],
+                    help="comma-separated settings on top of the config (--step-time)")
+    ap.add_argument("--steps", type=int, default=10, help="steps per block (--step-time)")
+    ap.add_argument("--blocks", type=int, default=5, help="blocks per candidate (--step-time)")
     args = ap.parse_args()
+    if args.screen:
+        out = [screen(args.config, args.set, int(seed), [float(d) for d in args.emas.split(",")
+                                                          if d.strip()],
+                      args.eval_every, args.threads, args.cache)
+               for seed in args.seeds.split(",")]
+        if args.json:
+            print(json.dumps(out))
+        return 0
+    if args.step_time:
+        step_times(args.config, args.set, args.candidate, args.threads, args.steps,
+                   args.blocks, args.cache)
+        return 0
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     budgets = [float(b) for b in args.at.split(",")]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:

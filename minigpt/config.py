@@ -54,7 +54,8 @@ class ModelConfig:
                         "approximation, gelu_new) or relu2 (ReLU squared)",
                         choices=("gelu", "gelu_tanh", "relu2"))
     mlp: bool = f(True, "include the MLP in each block; false = attention-only model")
-    dropout: float = f(0.0, "dropout probability in [0, 1)", min=0.0, max_exclusive=1.0)
+    dropout: float = f(0.0, "training dropout on the residual stream: the embeddings, each attention output and each MLP output (the fused attention kernel is untouched)", min=0.0, max_exclusive=1.0)
+    attn_dropout: float = f(0.0, "training dropout on the attention probabilities, inside the kernel (on CPU, SDPA then falls back to its slower math kernel)", min=0.0, max_exclusive=1.0)
     bias: bool = f(False, "bias terms in linear layers and LayerNorm")
     tie_weights: bool = f(True, "share the token embedding and the LM head weight")
     attn_impl: str = f(
@@ -130,6 +131,7 @@ class TrainConfig:
     muon_momentum: float = f(0.95, "Muon's Nesterov momentum", min=0.0, max_exclusive=1.0)
     muon_weight_decay: float = f(0.0, "Muon's decoupled weight decay on the block matrices",
                                  min=0.0)
+    ema: float = f(0.0, "0 = off; else evaluate, sample and save (model.safetensors) an exponential moving average of the weights with this decay per step (the plain mean of all steps so far until its horizon 1/(1-ema) is reached)", min=0.0, max_exclusive=1.0)
     grad_clip: float = f(1.0, "clip the global gradient norm to this; 0 = off", min=0.0)
     eval_interval: int = f(250, "evaluate every this many steps", min=1)
     eval_batches: int = f(20, "validation batches per evaluation", min=1)
@@ -307,7 +309,8 @@ def to_yaml(cfg: Config) -> str:
 
 # Model fields added after 0.1 enter the hash only when set away from their default: weights
 # saved before a field existed carry a hash without it, and must still load.
-_HASHED_IF_CHANGED = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap")
+_HASHED_IF_CHANGED = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap",
+                      "attn_dropout")
 
 
 def model_hash(model_cfg: ModelConfig) -> str:

@@ -1,10 +1,14 @@
 """Devices and precision, shared by every command: `auto` picks cuda, then mps, then cpu;
-mixed precision is bf16 autocast where the hardware has it; how much memory a run may use."""
+mixed precision is bf16 autocast where the hardware has it; how much memory a run may use;
+how many CPU threads decoding uses (`decode_threads`, the one policy, and `decoding_threads`,
+the block `minigpt sample` and `minigpt bench --suite sample` both decode in, so the bench
+times what sample runs)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -74,3 +78,49 @@ def available_bytes(device: torch.device) -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# --------------------------------------------------------------------------------------------
+# Threads for decoding on CPU.
+
+# Decoding one sequence is a chain of small ops: per token, one matrix-vector product per
+# weight matrix and a few dozen elementwise ops on n_embd numbers. A second intra-op thread
+# only splits the products, and adds a fork/join to each; on a busy machine every join also
+# waits for a time slice. It pays once the products are big enough: each thread gets at least
+# this many weights of a block's largest matrix (the MLP's n_embd x 4 n_embd), so the default
+# 4 x 128 model (65 K) decodes on one thread and 6 x 384 (590 K) on two.
+# `python benchmarks/sample_bench.py --crossover` measures 1 against 2 threads at widths 128
+# to 768 (benchmarks/README.md, "Decoding threads"): the width where two start to win is
+# where this constant belongs.
+DECODE_WEIGHTS_PER_THREAD = 256 * 1024
+
+
+def decode_threads(model: torch.nn.Module, available: int | None = None) -> int:
+    """Intra-op threads for decoding `model` (a GPT) one sequence at a time on CPU: one per
+    DECODE_WEIGHTS_PER_THREAD weights of its MLP matrix (4 n_embd^2), at least 1 and at most
+    `available` (default: torch's current setting, OMP_NUM_THREADS or the cores). The default
+    4 x 128 model decodes on 1 thread, 6 x 384 on 2, GPT-2 small (768 wide) on up to 9.
+
+    It depends on the model and the thread setting only, never on the machine's load: the
+    thread count changes how a decode step's sums are split (logits differ by ~1e-6), which
+    can flip a sampled token, and the same seed must give the same text. On a machine busy
+    with other work, OMP_NUM_THREADS=1 caps it at one."""
+    available = torch.get_num_threads() if available is None else available
+    n_embd = model.cfg.n_embd
+    return max(1, min(available, 4 * n_embd * n_embd // DECODE_WEIGHTS_PER_THREAD))
+
+
+@contextlib.contextmanager
+def decoding_threads(model: torch.nn.Module) -> Iterator[int]:
+    """Decode with `decode_threads(model)` intra-op threads when the model is on CPU (other
+    devices: unchanged); yields the count in use. The caller's setting is restored afterwards,
+    so in-process callers (tests, notebooks) keep theirs. `minigpt sample` and
+    `minigpt bench --suite sample` both decode inside this."""
+    before = torch.get_num_threads()
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    threads = decode_threads(model, before) if on_cpu else before
+    try:
+        torch.set_num_threads(threads)
+        yield threads
+    finally:
+        torch.set_num_threads(before)

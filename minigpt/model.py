@@ -58,7 +58,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # W_Q | W_K | W_V
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # W_O
         self.c_proj.residual_proj = True  # scaled init, see GPT._init_weights
-        self.dropout = cfg.dropout
+        self.attn_dropout, self.resid_dropout = cfg.attn_dropout, cfg.dropout
         self.qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
@@ -85,14 +85,17 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.append(layer, k, v)  # (B, H, past + T, D)
             if k.dtype != q.dtype:  # the cache is in the weights' dtype; q is autocast's
                 k, v = k.to(q.dtype), v.to(q.dtype)
-        drop = self.dropout if self.training else 0.0
+        # Dropout inside the kernel (attn_dropout) sends CPU SDPA to its math fallback; the
+        # residual dropout below (model.dropout) leaves the fused kernel alone.
+        drop = self.attn_dropout if self.training else 0.0
         z, probs = attention(q, k, v, scale=spec.scale, causal=spec.causal, past_length=past,
                              impl=spec.impl, return_probs=spec.return_probs,
                              dropout_p=drop)  # z: every head's output, (B, H, T, D)
         if spec.head_hook is not None:  # the one place to read or change a single head
             z = spec.head_hook(layer, z)
         y = self.c_proj(z.transpose(1, 2).reshape(B, T, C))  # merge heads: (B, T, H*D) -> (B, T, C)
-        return (F.dropout(y, drop) if drop else y), probs
+        return (F.dropout(y, self.resid_dropout) if self.training and self.resid_dropout
+                else y), probs
 
 
 def relu2(x: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ ATTN_ROW_KEYS = {"seq_len", "impl", "pass", "status", "reason", "ms", "timing", 
 TRAIN_ROW_KEYS = {"shape", "mode", "params", "ms_per_step", "timing", "tokens_per_s",
                   "flops_per_token", "achieved_tflops", "mfu", "first_step_s"}
 SAMPLE_ROW_KEYS = {"kv_cache", "prompt_len", "new_tokens", "ttft_ms", "ttft", "decode",
-                   "prefill_tokens_per_s", "decode_tokens_per_s"}
+                   "prefill_tokens_per_s", "decode_tokens_per_s", "threads"}
 
 
 def _tiny_plan() -> bench.Plan:
@@ -76,6 +76,7 @@ def _check_document(doc: dict) -> None:
         assert SAMPLE_ROW_KEYS <= set(r)
         for k in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"):
             assert _positive(r[k]), k
+        assert isinstance(r["threads"], int) and r["threads"] >= 1
     s = doc["summary"]
     assert s["suites"] == ["attention", "train", "sample"]
     assert _positive(s["attention"]["sdpa_speedup_fwd"])

@@ -376,6 +376,49 @@ def test_dropout_only_in_training():
     assert torch.equal(m(idx)[0], m(idx)[0])
 
 
+def _sdpa_kernels(model: GPT) -> set[str]:
+    """The SDPA implementations a training forward + backward of `model` ran (CPU profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    idx = tokens(2, 16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _, loss = model.train()(idx, idx)
+        loss.backward()
+    return {e.key for e in prof.key_averages() if "scaled_dot_product" in e.key}
+
+
+def test_residual_dropout_keeps_the_fused_cpu_kernel_and_attention_dropout_does_not():
+    """model.dropout (embeddings, attention and MLP outputs) leaves SDPA on its fused CPU
+    kernel (flash attention for CPU, forward and backward); model.attn_dropout drops inside
+    the kernel, which on CPU makes SDPA fall back to its math implementation."""
+    fused = {"aten::_scaled_dot_product_flash_attention_for_cpu",
+             "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+    math_kernel = "aten::_scaled_dot_product_attention_math"
+    resid = _sdpa_kernels(build(dropout=0.2))
+    assert fused <= resid and math_kernel not in resid
+    attn = _sdpa_kernels(build(attn_dropout=0.2))
+    assert math_kernel in attn and not fused & attn
+
+
+def test_dropouts_act_only_in_training_and_off_draws_nothing():
+    """Either dropout changes the training forward and nothing in eval mode; with both off a
+    training forward draws no random numbers and equals the eval forward (runs that set
+    neither train as before the split)."""
+    idx = tokens(2, 12)
+    m = build(dropout=0.3)
+    assert not torch.equal(m.train()(idx)[0], m.eval()(idx)[0])
+    plain = build()
+    state = torch.get_rng_state()
+    train_logits = plain.train()(idx)[0]
+    assert torch.equal(torch.get_rng_state(), state)  # no random numbers drawn
+    assert torch.equal(train_logits, plain.eval()(idx)[0])
+    a = build(attn_dropout=0.3)
+    assert not torch.equal(a.train()(idx)[0], a.eval()(idx)[0])
+    for model in (m, a):
+        model.eval()
+        assert torch.equal(model(idx)[0], model(idx)[0])
+
+
 def test_activation_and_norm_eps_options():
     """gelu_tanh is GPT-2's gelu_new formula; norm_eps reaches every norm; the default model is
     unchanged by the options (exact GELU, eps 1e-5)."""

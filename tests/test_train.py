@@ -51,6 +51,9 @@ def tiny_sets(tmp: Path, **over) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+LATEST = Path("checkpoints/latest")
+
+
 def losses(run: Path) -> list[tuple]:
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r.get("loss"), r.get("val_loss")) for r in recs]
@@ -146,10 +149,15 @@ def test_optimizer_groups_decay_only_matrices():
     assert "lm_head.weight" not in names
 
 
-@pytest.mark.parametrize("options", [{}, MUON], ids=["adamw", "muon"])
+# The regularisers of issue 25 on top of the speedrun's options (tiny_sets has model.dropout).
+REGULARISED = {**MUON, "model.attn_dropout": 0.1, "train.ema": 0.9}
+
+
+@pytest.mark.parametrize("options", [{}, MUON, REGULARISED], ids=["adamw", "muon", "regularised"])
 def test_exact_resume_is_bit_identical(tmp_path, options):
     """6 steps straight == 4 steps (stop) + resume to 6: same weights, same optimizer state
-    (AdamW moments; Muon momentum buffers too), same logged losses."""
+    (AdamW moments; Muon momentum buffers too), same logged losses; with train.ema the
+    average (model.safetensors) and the live weights (train_weights.safetensors) both."""
     sets = tiny_sets(tmp_path, **options)
     straight, split = tmp_path / "straight", tmp_path / "split"
     events = []
@@ -158,8 +166,11 @@ def test_exact_resume_is_bit_identical(tmp_path, options):
     assert first.reason == "stopped" and first.step == 4
     done = train(resume_config(split, []), split, resume=True)
     assert done.step == 6 and done.reason == "finished"
-    a, b = load_file(straight / "model.safetensors"), load_file(split / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ema = "train.ema" in options
+    assert (split / LATEST / "train_weights.safetensors").exists() == ema
+    for name in ("model.safetensors", "train_weights.safetensors")[:1 + ema]:
+        a, b = load_file(straight / LATEST / name), load_file(split / LATEST / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     oa = load_file(straight / "optimizer.safetensors")
     ob = load_file(split / "optimizer.safetensors")
     assert oa.keys() == ob.keys() and all(torch.equal(oa[k], ob[k]) for k in oa)

@@ -15,7 +15,8 @@ JSON (`--json PATH`, `BenchResult.as_dict()`), schema "minigpt-bench/1":
   n_layer, n_embd, n_head, block_size, batch_size, vocab_size}, mode, params, ms_per_step,
   timing, tokens_per_s, flops_per_token, achieved_tflops, mfu, first_step_s}.
 - `suites.sample`: config {...SampleSettings}, same_tokens, verdicts, rows[] {kv_cache,
-  prompt_len, new_tokens, ttft_ms, ttft, decode, prefill_tokens_per_s, decode_tokens_per_s}.
+  prompt_len, new_tokens, ttft_ms, ttft, decode, prefill_tokens_per_s, decode_tokens_per_s,
+  threads} (threads: the intra-op threads it decoded on, `minigpt.device.decode_threads`).
 - every `timing`: {median_ms, q1_ms, q3_ms, min_ms, max_ms, repeats, inner}.
 - `summary`: the compact line the CLI prints last (see `BenchResult.summary`).
 Units: times in ms (`*_ms`, `ms`, `ms_per_step`), `first_step_s` in s, memory in MiB above the

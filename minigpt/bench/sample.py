@@ -1,7 +1,8 @@
 """The sample suite of `minigpt bench`: greedy decoding of one sequence (batch 1) with and
 without the KV cache, through the same generation loop as `minigpt sample`
-(`minigpt.sample.generate`): time to first token, prefill and decode tokens/s, and whether
-both paths produced the same tokens."""
+(`minigpt.sample.generate`) on the same threads (`minigpt.device.decoding_threads`, the one
+thread policy): time to first token, prefill and decode tokens/s, and whether both paths
+produced the same tokens."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from minigpt.bench.timing import Timing, synchronize
 from minigpt.config import ModelConfig
-from minigpt.device import autocast
+from minigpt.device import autocast, decoding_threads
 from minigpt.events import BenchEvent, OnEvent
 from minigpt.model import GPT
 from minigpt.sample import generate
@@ -43,6 +44,7 @@ class SampleRow:
     decode: Timing  # ms per generated token after the first
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
+    threads: int  # intra-op threads it decoded on (minigpt.device.decode_threads on CPU)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -96,14 +98,15 @@ def run_sample_suite(device: torch.device, dtype: torch.dtype, s: SampleSettings
     for use_cache in (False, True):
         say(BenchEvent("sample", f"greedy decode, kv_cache={use_cache}"))
         ttft, per_tok = [], []
-        for i in range(s.warmup + s.repeats):
-            first, rest, tokens[use_cache] = _generate(model, prompt, s.new_tokens, use_cache,
-                                                       device, dtype)
-            if i >= s.warmup:
-                ttft.append(first * 1e3)
-                per_tok.append(rest * 1e3 / (s.new_tokens - 1))
+        with decoding_threads(model) as threads:  # as `minigpt sample` decodes
+            for i in range(s.warmup + s.repeats):
+                first, rest, tokens[use_cache] = _generate(model, prompt, s.new_tokens,
+                                                           use_cache, device, dtype)
+                if i >= s.warmup:
+                    ttft.append(first * 1e3)
+                    per_tok.append(rest * 1e3 / (s.new_tokens - 1))
         t_ttft, t_dec = Timing.from_samples(ttft), Timing.from_samples(per_tok)
         rows.append(SampleRow(use_cache, s.prompt_len, s.new_tokens, t_ttft, t_dec,
                               s.prompt_len / (t_ttft.median_ms * 1e-3),
-                              1e3 / t_dec.median_ms))
+                              1e3 / t_dec.median_ms, threads))
     return rows, tokens[False] == tokens[True]

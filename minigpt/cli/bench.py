@@ -148,8 +148,10 @@ def _sample_table(sm) -> tuple[object, list[str]]:
         return None, []
     s = sm.settings
     what = f"{s.model}, " if s.model else ""
+    threads = ", ".join(sorted({str(r.threads) for r in sm.rows}))
     t = _table(f"greedy decoding, batch 1: {what}{s.n_layer}L {s.n_embd}d, prompt "
-               f"{s.prompt_len} + {s.new_tokens} new tokens",
+               f"{s.prompt_len} + {s.new_tokens} new tokens, {threads} thread(s) (as "
+               "`minigpt sample`)",
                ["KV cache", "TTFT ms", "prefill tok/s", "decode ms/tok", "IQR", "decode tok/s"])
     for r in sm.rows:
         t.add_row("yes" if r.kv_cache else "no", _g(r.ttft.median_ms),

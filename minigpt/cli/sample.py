@@ -60,6 +60,7 @@ def sample_command(
     stderr)."""
     t_start = time.perf_counter()  # before torch is imported: "first token N s after start"
     from minigpt import sample as smp
+    from minigpt.device import decoding_threads
     from minigpt.inputs import load_run_or_model, read_prompt
 
     how = smp.Sampling(temperature, top_k, top_p, max_new_tokens, num_samples)  # validated
@@ -78,7 +79,7 @@ def sample_command(
     say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}")
     streaming = (sys.stdout.isatty() if stream is None else stream) and not json_out
     view = _SampleView(p, seed, num_samples, json_out, streaming, t_start)
-    with _stdout_to_the_end(), _decode_threads(dev):
+    with _stdout_to_the_end(), decoding_threads(loaded.model):
         smp.sample(loaded.model, p.ids, tok.decode, how, seed=seed,
                    stops=[unescape_stop(s) for s in stop or []], stop_ids=[tok.eot_id],
                    use_kv_cache=not no_kv_cache, on_text=view.on_text, on_done=view.on_done)
@@ -132,23 +133,6 @@ def _stdout_to_the_end():
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-
-
-@contextlib.contextmanager
-def _decode_threads(dev):
-    """One intra-op thread while decoding on CPU: batch-1 decoding is a chain of tiny ops, a
-    second thread adds a fork/join per matmul, and when other processes share the cores each
-    join waits for a time slice (measured: ~10x slower with 2 threads on a busy 2-core
-    machine). In-process callers (tests, notebooks) keep their setting afterwards."""
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        if dev.type == "cpu":
-            torch.set_num_threads(1)
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

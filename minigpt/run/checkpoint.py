@@ -43,6 +43,7 @@ from minigpt.run.layout import (
     OPTIM_FILE,
     STATE_FILE,
     TOP_LINKS,
+    TRAIN_WEIGHTS_FILE,
     step_dir_name,
 )
 from minigpt.run.safetensors_io import read_header, tensors_to_bytes
@@ -122,9 +123,13 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module, cfg: Co
                     tokenizer: Tokenizer, trainer_state: dict,
                     optimizer: torch.optim.Optimizer | None = None,
                     param_names: list[str] | None = None, keep: int = 1,
-                    before_commit: Callable[[], None] | None = None) -> Path:
+                    before_commit: Callable[[], None] | None = None,
+                    train_weights: torch.nn.Module | None = None) -> Path:
     """Write a complete checkpoint for `step` and commit it (see the module docstring), then
     delete all but the newest `keep` committed checkpoints. Returns the committed directory.
+    `model` is what model.safetensors holds (the weights every reader uses); `train_weights`,
+    if given (train.ema: the live weights beside their average), goes to
+    train_weights.safetensors for --resume.
 
     `before_commit()` runs once the checkpoint is complete on disk, just before the commit
     (the trainer makes its metrics log durable up to `step` there). A failure before the commit
@@ -143,7 +148,7 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module, cfg: Co
         tmp.mkdir()
         made.append(tmp)
         _write_checkpoint(tmp, step, model, cfg, tokenizer, trainer_state, optimizer,
-                          param_names)
+                          param_names, train_weights)
         if final.exists():  # a leftover of a save that never committed: not referenced
             if prev is not None and step <= _step_of(prev.name):
                 raise RuntimeError(f"{final} is a committed checkpoint: never overwritten")
@@ -182,15 +187,19 @@ def _remove(path: Path) -> None:
 
 def _write_checkpoint(directory: Path, step: int, model: torch.nn.Module, cfg: Config,
                       tokenizer: Tokenizer, trainer_state: dict,
-                      optimizer: torch.optim.Optimizer | None, param_names: list[str] | None
-                      ) -> None:
+                      optimizer: torch.optim.Optimizer | None, param_names: list[str] | None,
+                      train_weights: torch.nn.Module | None = None) -> None:
     """Every file of a checkpoint into `directory`, each fsynced, manifest.json last."""
     raw = raw_module(model)
     meta = {"format": FORMAT, "step": str(step), "config_hash": model_hash(cfg.model),
             "minigpt_version": __version__, "tied": json.dumps(tied_aliases(raw)),
             "tokenizer_hash": str(getattr(tokenizer, "hash", ""))}
     files: dict[str, bytes] = {MODEL_FILE: tensors_to_bytes(model_tensors(raw), meta)}
-    write_file_synced(directory / MODEL_FILE, files[MODEL_FILE])
+    if train_weights is not None:
+        files[TRAIN_WEIGHTS_FILE] = tensors_to_bytes(model_tensors(train_weights), meta)
+    for name in (MODEL_FILE, TRAIN_WEIGHTS_FILE):
+        if name in files:
+            write_file_synced(directory / name, files[name])
     if optimizer is not None:
         files[OPTIM_FILE] = tensors_to_bytes(optimizer_tensors(optimizer, param_names or []),
                                              {"format": FORMAT, "step": str(step)})

@@ -7,6 +7,7 @@ trainer) names files through these constants; nothing else hard-codes a run-dir 
     <run>/checkpoints/step-000500/                            one complete, self-contained checkpoint:
         model.safetensors  optimizer.safetensors  trainer_state.json  config.yaml
         tokenizer.tiktoken  tokenizer.json  manifest.json   (sha256 of every other file)
+        [train_weights.safetensors]                       with train.ema: the live weights
     <run>/checkpoints/latest -> step-000500                   symlink: THE commit pointer
     <run>/model.safetensors, optimizer.safetensors, trainer_state.json, manifest.json
                                                               symlinks into checkpoints/latest/
@@ -22,6 +23,7 @@ CKPT_DIR = "checkpoints"
 LATEST = "latest"
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.safetensors"
+TRAIN_WEIGHTS_FILE = "train_weights.safetensors"  # with train.ema: the live weights (train/ema.py)
 STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.yaml"
 MANIFEST_FILE = "manifest.json"

@@ -49,11 +49,15 @@ class LoadedRun:
         return self.source if self.run_dir is None else f"{self.source} (step {self.step})"
 
 
-def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint) -> None:
-    """Validate model.safetensors against `model` (names, dtypes, shapes, config hash) before
-    reading any tensor data, then load it and re-tie aliased weights."""
+def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint, name: str = MODEL_FILE) -> None:
+    """Validate the checkpoint's weights file `name` (model.safetensors; with train.ema,
+    train_weights.safetensors holds the live weights) against `model` (names, dtypes, shapes,
+    config hash) before reading any tensor data, then load it and re-tie aliased weights."""
     raw = raw_module(model)
-    path = ckpt.path / MODEL_FILE
+    path = ckpt.path / name
+    if not path.is_file():
+        raise MinigptError(f"{path} is missing from the checkpoint; the run directory is "
+                           "incomplete")
     header, meta = read_header(path, "weights")
     hint = "the weights do not belong to this config (different model shape?)"
     if meta.get("config_hash") and meta["config_hash"] != model_hash(ckpt.cfg.model):

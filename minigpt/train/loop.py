@@ -13,10 +13,11 @@ slice and splits it into micro-batches of `micro_batch_size`. Each micro-loss is
 the number of micro-batches per rank and DDP averages over ranks, so the gradient is the mean
 over the global batch: a DDP run equals a single-process run up to float summation order.
 
-Resume (`resume=True`, config from resume.resume_config): weights, optimizer state (AdamW
-moments; with train.optimizer muon also Muon's momentum buffers), RNG states, the data
-generator, counters and the metrics log are restored from the committed checkpoint, so on CPU
-the rest of the run is bit-identical to an uninterrupted one.
+Resume (`resume=True`, config from resume.resume_config): weights (with train.ema also their
+average, ema.py), optimizer state (AdamW moments; with train.optimizer muon also Muon's
+momentum buffers), RNG states, the data generator, counters and the metrics log are restored
+from the committed checkpoint, so on CPU the rest of the run is bit-identical to an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import copy
 import dataclasses
 import math
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,12 +48,14 @@ from minigpt.events import (
 from minigpt.heads.timeline import HeadWatch
 from minigpt.model import GPT
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.run.load import load_model_weights, load_optimizer_state
+from minigpt.run.load import load_optimizer_state
 from minigpt.run.lock import RunLock
 from minigpt.run.resume import Resumed, claim_fresh, open_run_dir
 from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import Tokenizer, build_tokenizer
+from minigpt.train.clock import Clock
 from minigpt.train.distributed import DistInfo, agree, all_reduce_sum, main_first, setup, teardown
+from minigpt.train.ema import WeightAverage
 from minigpt.train.optim import build_optimizer, lr_at, set_lr
 from minigpt.train.outputs import RunOutputs
 from minigpt.train.safety import StopFlag, check_memory
@@ -117,18 +119,19 @@ def set_up(cfg: Config, run_dir: Path, start: Resumed | None, device: torch.devi
     data = main_first(lambda: prepare_dataset(cfg, tokenizer, report), info)
     if claim is not None:
         main_first(lambda: claim_fresh(run_dir, claim, main), info)
-    model, optimizer, names = build_model(cfg, device, start)
+    model, optimizer, names, average = build_model(cfg, device, start)
     state, data_gen = restore_progress(cfg, info, start)
     # Rank 0's run files consume every event first, then the caller's on_event.
     head_every = head_scores_every(cfg.train) if main else 0
     outputs = RunOutputs(run_dir, cfg, tokenizer, resumed_at=None if claim else state.step,
                          heads_png=head_every > 0) if main else None
-    heads = HeadWatch(model, cfg, tokenizer, outputs.heads) if head_every else None
+    heads = HeadWatch(average.model, cfg, tokenizer, outputs.heads) if head_every else None
     t = cfg.train
     return Trainer(
         cfg=cfg, run_dir=run_dir, device=device, info=info, tokenizer=tokenizer, data=data,
         model=model, fwd=forward_module(model, t, device, info), optimizer=optimizer,
-        names=names, micro=micro, n_micro=n_micro, amp=amp_dtype(t.precision, device),
+        names=names, average=average, micro=micro, n_micro=n_micro,
+        amp=amp_dtype(t.precision, device),
         data_gen=data_gen, eval_offsets=validation_sample(data, t, cfg.run.seed), state=state,
         heads=heads, head_every=head_every, outputs=outputs,
         emit=_fan_out([c for c in (outputs, board, on_event) if c is not None]),
@@ -157,14 +160,15 @@ def fit_vocab(cfg: Config, tokenizer: Tokenizer) -> None:
 
 
 def build_model(cfg: Config, device: torch.device, start: Resumed | None):
-    """The model (initialised from run.seed) and its optimizer with the parameter names in
-    optimizer order; on resume both restored from the checkpoint."""
+    """The model (initialised from run.seed), its optimizer with the parameter names in
+    optimizer order, and its WeightAverage; on resume all restored from the checkpoint."""
     model = GPT.from_config(cfg, seed=cfg.run.seed).to(device)
     optimizer, names = build_optimizer(model, cfg.train, device)
+    average = WeightAverage(model, cfg.train.ema)
     if start is not None:
-        load_model_weights(model, start.checkpoint)
+        average.load(start.checkpoint)
         load_optimizer_state(optimizer, names, start.checkpoint)
-    return model, optimizer, names
+    return model, optimizer, names, average
 
 
 def restore_progress(cfg: Config, info: DistInfo, start: Resumed | None
@@ -213,23 +217,6 @@ def _fan_out(consumers: list[Callable[[object], object]]) -> Callable[[object], 
 # The session.
 
 
-class _Clock:
-    """Training seconds over all sessions of the run, and tokens/s since the last report."""
-
-    def __init__(self, base: float, step: int) -> None:
-        self.start, self.base = time.perf_counter(), base
-        self.mark, self.mark_step = self.start, step
-
-    def elapsed(self) -> float:
-        return self.base + time.perf_counter() - self.start
-
-    def tokens_per_s(self, step: int, tokens_per_step: int) -> float:
-        now = time.perf_counter()
-        rate = (step - self.mark_step) * tokens_per_step / max(now - self.mark, 1e-9)
-        self.mark, self.mark_step = now, step
-        return rate
-
-
 @dataclasses.dataclass
 class Trainer:
     """One training session, as `set_up` builds it; `run` trains it."""
@@ -243,6 +230,7 @@ class Trainer:
     fwd: torch.nn.Module            # what `step` calls (forward_module)
     optimizer: object               # torch.optim.AdamW or train.optim.OptimizerChain
     names: list[str]                # parameter names in optimizer order (checkpoints)
+    average: WeightAverage          # .model: what evaluations, samples and checkpoints use
     micro: int                      # sequences per forward pass
     n_micro: int                    # forward passes per step on this rank
     amp: torch.dtype | None         # autocast dtype (None: fp32)
@@ -262,7 +250,7 @@ class Trainer:
         self.emit(StartEvent(self.run_dir, state.step, t.max_steps, self._params(),
                              str(self.device), self.info.world_size, tokens_per_step,
                              self.tokenizer.n_vocab, self.data.bytes_per_token))
-        clock = _Clock(state.elapsed, state.step)
+        clock = Clock(state.elapsed, state.step)
         reason, signame = "finished", ""
         self.model.train()
         with StopFlag() as flag:
@@ -333,6 +321,7 @@ class Trainer:
             raise self._diverged(step + 1, "the gradient norm")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.average.update(step + 1)
         self.state.step = step + 1
         self.state.tokens_seen += t.batch_size * self.cfg.model.block_size
         return loss_val, lr, grad_norm, stats[1].item() > 0
@@ -350,14 +339,15 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean val loss over the fixed eval offsets (split across ranks, summed back)."""
-        self.model.eval()
+        model = self.average.model
+        model.eval()
         mine = self.eval_offsets[self.info.rank::self.info.world_size]
         total = torch.zeros(2, dtype=torch.float64)  # (sum of loss x rows, rows)
         for i in range(0, len(mine), self.micro):
             chunk = mine[i:i + self.micro]
             x, y = self.data.get_batch("val", chunk, self.device)
             with autocast(self.device, self.amp):
-                _, loss = self.model(x, y)
+                _, loss = model(x, y)
             total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
         all_reduce_sum(total, self.info)
         self.model.train()
@@ -377,12 +367,12 @@ class Trainer:
             gen = torch.Generator(device=self.device).manual_seed(self.cfg.run.seed + 2)
             for prompt in t.sample_prompts:
                 ids = self.tokenizer.encode(prompt) or [self.tokenizer.eot_id]
-                new = list(generate(self.model, ids, t.sample_tokens, temperature=0.8,
+                new = list(generate(self.average.model, ids, t.sample_tokens, temperature=0.8,
                                     generator=gen))
                 out.append((prompt, self.tokenizer.decode(new)))
         return out
 
-    def _evaluate_and_sample(self, step: int, clock: _Clock) -> None:
+    def _evaluate_and_sample(self, step: int, clock: Clock) -> None:
         val = self.evaluate()
         if not math.isfinite(val):
             raise self._diverged(step, "the validation loss")
@@ -401,10 +391,11 @@ class Trainer:
         if self.info.is_main and step != self.saved_step:
             self.state.elapsed = elapsed
             self.last_ckpt = save_checkpoint(
-                self.run_dir, step=step, model=self.model, cfg=self.cfg,
+                self.run_dir, step=step, model=self.average.model, cfg=self.cfg,
                 tokenizer=self.tokenizer, optimizer=self.optimizer, param_names=self.names,
                 trainer_state=self.state.as_json(rng_state(self.data_gen)),
-                keep=self.cfg.train.keep_checkpoints, before_commit=self.outputs.before_commit)
+                keep=self.cfg.train.keep_checkpoints, before_commit=self.outputs.before_commit,
+                train_weights=self.average.train_weights)
             self.emit(CheckpointEvent(step, self.last_ckpt))
         self.saved_step = step
 
