@@ -88,6 +88,11 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def check_meta(value: Any, meta: dict, where: str) -> None:
+    """The field's bounds and choices; for a list, the choices of each item."""
+    if isinstance(value, list):
+        for item in value:
+            check_meta(item, meta, where)
+        return
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         hint = difflib.get_close_matches(str(value), choices, n=1)

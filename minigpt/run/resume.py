@@ -46,7 +46,8 @@ RESUME_SAFE = {("run", "device")} | {
                            "log_interval", "checkpoint_interval", "sample_tokens",
                            "sample_prompts", "precision", "compile", "micro_batch_size",
                            "keep_checkpoints", "head_scores_interval", "schedule",
-                           "decay_fraction", "muon_lr", "muon_momentum", "muon_weight_decay")}
+                           "decay_fraction", "muon_lr", "muon_momentum", "muon_weight_decay",
+                           "stop_when_formed")}
 
 
 def run_dir_for(cfg: Config, out: str | Path | None) -> Path:
