@@ -11,11 +11,19 @@ repeated), a layer-1 head has induction score >= --threshold and a layer-0 head 
 previous-token score >= --threshold. The same layer-1 head must also score >= --threshold on a
 probe with another period (5/16 of block_size, e.g. 10 for block_size 32): a head that attends
 at a fixed offset scores high at one period only, an induction head at every period.
+The ablation check: on the same induction probe, the loss of the predictions inside the second
+copy (the copy loss; positions n..2n-2, whose targets are copies) and what it gains when the
+chosen layer-1 induction head, the chosen layer-0 previous-token head, or any other head is
+zero-ablated (`minigpt.heads.ablation.ablate_heads`): if pattern and role agree, the two chosen
+heads cost the most.
 With several seeds the runs go --jobs at a time (default 2), each with one thread
-(OMP_NUM_THREADS=1): two runs on a 2-core machine. The per-seed table gives the scores, the
-training time and the step at which the built-in probe first saw the induction head (from the
-run's `heads` records in metrics.jsonl), then the pass count. Exit 0 when every run passes, 1
-otherwise. Timings on a shared machine are noisy: note the load average printed with them.
+(OMP_NUM_THREADS=1): two runs on a 2-core machine; --jobs 1 runs them one after another, each
+alone, as a new user runs `minigpt train --config induction`. The per-seed table gives the
+scores, the training seconds and steps (a run with train.stop_when_formed ends early: `ended`
+says formed or finished), the step at which the built-in probe first saw the induction head
+(from the run's `heads` records in metrics.jsonl), the ablation check, then the pass count.
+Exit 0 when every run passes, 1 otherwise. Timings on a shared machine are noisy: note the load
+average printed with them.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from pathlib import Path
 
 import yaml
 
+from minigpt.heads.ablation import ablate_heads
+from minigpt.run import load_run
 from minigpt.run.state import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +84,34 @@ def formed_at(run: Path, threshold: float) -> tuple[int | None, int | None]:
         if prev is None and max(v or 0 for v in sc["previous"][0]) >= threshold:
             prev = rec["step"]
     return ind, prev
+
+
+def copy_loss_check(run: Path, tokens: list[int], ind_head: int, prev_head: int) -> dict:
+    """Zero-ablation on the induction probe `tokens` (r r), scored on the second copy only: the
+    predictions from positions n..2n-2 (n = len(r)), whose targets are copies. What the copy
+    loss gains (nats/token) when the chosen layer-1 induction head or layer-0 previous-token
+    head is ablated, and the largest gain from ablating any other head."""
+    n = len(tokens) // 2
+    model = load_run(run, "cpu").model
+    ab = ablate_heads(model, tokens, "zero", positions=range(n, 2 * n - 1),
+                      scored="the second copy")
+    effect = ab.effect.tolist()  # [layer][head]
+    others = [(effect[la][h], la, h) for la in range(len(effect)) for h in range(len(effect[la]))
+              if (la, h) not in ((1, ind_head), (0, prev_head))]
+    top = max(others, default=(float("nan"), -1, -1))
+    return {"base_loss": ab.base_loss, "induction_head": effect[1][ind_head],
+            "previous_head": effect[0][prev_head], "other_max": top[0],
+            "other_head": f"L{top[1]}H{top[2]}", "n_scored": len(ab.positions)}
+
+
+def done_reason(run: Path) -> str | None:
+    """How training ended (summary.md's status row: finished / formed / ...)."""
+    try:
+        text = (run / "summary.md").read_text()
+    except OSError:
+        return None
+    row = next((x for x in text.splitlines() if x.startswith("| status |")), None)
+    return row.split("|")[2].strip().split()[0] if row else None
 
 
 def probe(run: Path, *extra: str) -> dict | None:
@@ -124,6 +162,8 @@ def demo(run: Path | None, config: str, sets: list[str], budget: float,
         "parity_max_abs_diff": doc["parity_max_abs_diff"],
         "types": [f"L{h['layer']}H{h['head']}:{h['dominant']}" for h in doc["heads"]],
         "formed_at": dict(zip(("induction", "previous"), formed_at(run, threshold))),
+        "ended": done_reason(run),
+        "ablation": copy_loss_check(run, doc["tokens"], ind["head"], prev["head"]),
     }
     result["ok_induction"] = min(ind["induction"] or 0,
                                  ind_other["induction"] or 0) >= threshold
@@ -145,31 +185,45 @@ def report(res: dict, budget: float, threshold: float) -> None:
           f"both) [{mark[res['ok_induction']]}]", file=sys.stderr)
     print(f"layer 0 head {prev['head']}: previous-token {prev['score']:.3f} (>= {threshold}) "
           f"[{mark[res['ok_previous']]}]", file=sys.stderr)
+    ab = res["ablation"]
+    print(f"copy loss on the second copy ({ab['n_scored']} predictions): "
+          f"{ab['base_loss']:.3f} nats/token; zero-ablating layer 1 head {ind['head']} adds "
+          f"{ab['induction_head']:.3f}, layer 0 head {prev['head']} adds {ab['previous_head']:.3f}, "
+          f"any other head at most {ab['other_max']:.3f} ({ab['other_head']})", file=sys.stderr)
     print("head types: " + " ".join(res["types"]), file=sys.stderr)
     print(f"run kept at {res['run']}", file=sys.stderr)
 
 
 def table(results: list[dict], threshold: float) -> None:
-    """One line per seed, then the pass count."""
-    print(f"{'seed':>6} {'train s':>8} {'L1 head':>7} {'ind@P':>6} {'ind@P2':>6} {'L0 head':>7} "
-          f"{'prev':>6} {'ind. formed':>11} {'result':>8}", file=sys.stderr)
+    """One line per seed, then the pass count and what the columns mean."""
+    print(f"{'seed':>6} {'train s':>8} {'steps':>6} {'ended':>8} {'L1 head':>7} {'ind@P':>6} "
+          f"{'ind@P2':>6} {'L0 head':>7} {'prev':>6} {'ind. formed':>11} {'copy':>6} "
+          f"{'-L1':>6} {'-L0':>6} {'-other':>13} {'result':>8}", file=sys.stderr)
     for r in results:
         if r.get("failed"):
             print(f"{r['seed']:>6} {'-':>8} {'training or inspection failed':>45}",
                   file=sys.stderr)
             continue
-        ind, prev = r["layer1_induction"], r["layer0_previous"]
+        ind, prev, ab = r["layer1_induction"], r["layer0_previous"], r["ablation"]
         why = "pass" if r["passed"] else "FAIL:" + "".join(
             c for c, ok in (("i", r["ok_induction"]), ("p", r["ok_previous"]),
                             ("t", r["ok_time"])) if not ok)
         at = r["formed_at"]["induction"]
-        print(f"{r['seed']:>6} {r['train_seconds']:>8.1f} {ind['head']:>7} {ind['score']:>6.3f} "
-              f"{ind['score_other_period']:>6.3f} {prev['head']:>7} {prev['score']:>6.3f} "
-              f"{at if at is not None else '-':>11} {why:>8}", file=sys.stderr)
+        secs = f"{r['train_seconds']:.1f}" if r["train_seconds"] is not None else "-"
+        other = f"{ab['other_max']:.3f} {ab['other_head']}"
+        print(f"{r['seed']:>6} {secs:>8} {r['step']:>6} {r['ended'] or '?':>8} {ind['head']:>7} "
+              f"{ind['score']:>6.3f} {ind['score_other_period']:>6.3f} {prev['head']:>7} "
+              f"{prev['score']:>6.3f} {at if at is not None else '-':>11} "
+              f"{ab['base_loss']:>6.3f} {ab['induction_head']:>6.3f} {ab['previous_head']:>6.3f} "
+              f"{other:>13} {why:>8}", file=sys.stderr)
     passed = sum(bool(r.get("passed")) for r in results)
     print(f"{passed} of {len(results)} seeds passed (P = period {results[0].get('period', '?')}"
           f", P2 = {results[0].get('other_period', '?')}; threshold {threshold}; FAIL:i/p/t = "
           "induction / previous-token / time)", file=sys.stderr)
+    print("copy = loss on the second copy of the induction probe (nats/token); -L1, -L0, "
+          "-other = what it gains when the L1 head, the L0 head, or (the largest of) any other "
+          "head is zero-ablated; steps = steps trained; ended = finished (max_steps) or formed "
+          "(train.stop_when_formed)", file=sys.stderr)
 
 
 def main() -> int:
@@ -186,7 +240,7 @@ def main() -> int:
     args = ap.parse_args()
 
     seeds = parse_seeds(args.seeds) if args.run is None else []
-    if len(seeds) > 1:
+    if len(seeds) > 1 and args.jobs > 1:
         THREADS.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
     def one(seed: int | None) -> dict:

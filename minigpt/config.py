@@ -31,6 +31,11 @@ __all__ = ["Config", "ConfigError", "DataConfig", "MinigptError", "ModelConfig",
            "to_dict", "to_yaml"]
 
 
+# The head kinds the training-time head scores measure (heads/timeline.py), as settings name
+# them: train.stop_when_formed.
+HEAD_KINDS = ("induction", "previous", "duplicate", "first")
+
+
 # --------------------------------------------------------------------------------------------
 # The sections. Keep each field's help to one line: docs/config.md is generated from these
 # declarations (`python tools/docs_gen.py`, through `describe_fields`).
@@ -146,6 +151,7 @@ class TrainConfig:
     compile: str = f("auto", "torch.compile: auto = on for CUDA only", choices=("auto", "true", "false"))
     keep_checkpoints: int = f(1, "committed checkpoints kept, newest first; older ones are deleted after each save", min=1)
     head_scores_interval: str = f("eval", "score every head on the built-in probes every N steps (metrics.jsonl, heads.png); eval = at each evaluation, off = never")
+    stop_when_formed: list[str] = f([], "end training at the first head-score measurement that finds, for each of these kinds (induction, previous, duplicate, first), a head scoring >= 0.9; [] = train to max_steps", choices=HEAD_KINDS)  # noqa: RUF009 - f() returns a field(default_factory=...)
 
 
 @dataclass
@@ -220,6 +226,10 @@ def _check_train(t: TrainConfig, m: ModelConfig) -> None:
         raise ConfigError(
             f"train.head_scores_interval: the head-score probes need model.block_size >= "
             f"{MIN_PROBE_TOKENS}, got {m.block_size}; set train.head_scores_interval: off")
+    if t.stop_when_formed and head_scores_every(t) == 0:
+        raise ConfigError(
+            f"train.stop_when_formed: {', '.join(t.stop_when_formed)} needs head scores during "
+            "training, but train.head_scores_interval is off; set it to a number of steps")
 
 
 def _check_induction(cfg: Config) -> None:

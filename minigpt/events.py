@@ -156,7 +156,7 @@ class DoneEvent:
     run_dir: Path
     step: int
     max_steps: int
-    reason: str              # finished | interrupted | stopped
+    reason: str              # finished | interrupted | stopped | formed (stop_when_formed)
     signal: str              # SIGINT / SIGTERM when interrupted, else ""
     params: int
     tokens_seen: int

@@ -96,6 +96,11 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def check_meta(value: Any, meta: dict, where: str) -> None:
+    """The field's bounds and choices; for a list, the choices of each item."""
+    if isinstance(value, list):
+        for item in value:
+            check_meta(item, meta, where)
+        return
     if meta.get("nonempty") and not str(value).strip():
         raise ConfigError(f"{where}: must not be empty")
     choices = meta.get("choices")

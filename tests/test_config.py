@@ -188,13 +188,13 @@ def test_model_hash_changes_with_shape_only():
     assert len(hashes) == len(later) and model_hash(a) not in hashes
 
 
-LATER_FIELDS = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap")
+LATER_FIELDS = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap", "attn_dropout")
 
 
 @pytest.mark.parametrize("shape", [{}, {"n_layer": 6, "pos_encoding": "learned", "bias": True}])
 def test_model_hash_of_runs_saved_before_the_later_fields_is_unchanged(shape):
     """Weights saved before model.norm_eps / activation (0.1) and qk_norm / head_init /
-    logit_softcap (issue 18) existed carry a hash of the other fields; a config at the new
+    logit_softcap (issue 18) and attn_dropout (issue 25) existed carry a hash of the other fields; a config at the new
     fields' defaults must reproduce it, so those runs still load and resume."""
     import hashlib
     import json

@@ -193,6 +193,9 @@ class _TrainView:
         if done.reason == "stopped":
             self.line(f"stopped after step {done.step} as asked (--stop-after); resume with: "
                       f"{resume}")
+        if done.reason == "formed":
+            self.line(f"stopped after step {done.step}: the heads named in "
+                      "train.stop_when_formed have formed")
         from rich.table import Table
 
         table = Table(title="training summary", show_header=False)

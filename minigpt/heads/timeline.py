@@ -63,6 +63,12 @@ def formed_heads(scores: dict[str, list]) -> set[tuple[int, int, str]]:
             for h, v in enumerate(row) if v is not None and v >= FORMED}
 
 
+def all_formed(scores: dict[str, list], kinds: Sequence[str]) -> bool:
+    """Whether `scores` (one measurement) has, for every kind in `kinds`, a head >= FORMED."""
+    found = {kind for _, _, kind in formed_heads(scores)}
+    return all(kind in found for kind in kinds)
+
+
 class HeadWatch:
     """Measures a model's heads during training and reports each head that forms, once.
     `already` holds what formed before a resume (from the run's earlier records)."""

@@ -45,7 +45,7 @@ from minigpt.events import (
     StepEvent,
     no_events,
 )
-from minigpt.heads.timeline import HeadWatch
+from minigpt.heads.timeline import HeadWatch, all_formed
 from minigpt.model import GPT
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.load import load_optimizer_state
@@ -70,7 +70,9 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
     """Train `cfg` into `run_dir` (fresh: the directory must be missing or empty; resume:
     continue from its committed checkpoint, or from step 0 if none was committed).
 
-    `stop_after` stops cleanly (checkpoint, reason "stopped") after that step. SIGINT/SIGTERM
+    `stop_after` stops cleanly (checkpoint, reason "stopped") after that step; so does the
+    first head-score measurement that finds every kind in train.stop_when_formed (reason
+    "formed"; the run may be resumed, with the option changed, to train on). SIGINT/SIGTERM
     save a checkpoint and return reason "interrupted". Raises MinigptError (TrainingDiverged
     on a non-finite loss) for anything the user can fix; nothing already saved is lost."""
     on_event = on_event or no_events
@@ -121,11 +123,12 @@ def set_up(cfg: Config, run_dir: Path, start: Resumed | None, device: torch.devi
         main_first(lambda: claim_fresh(run_dir, claim, main), info)
     model, optimizer, names, average = build_model(cfg, device, start)
     state, data_gen = restore_progress(cfg, info, start)
-    # Rank 0's run files consume every event first, then the caller's on_event.
-    head_every = head_scores_every(cfg.train) if main else 0
+    # Rank 0's run files consume every event first, then the caller's on_event. Rank 0
+    # measures the heads; every rank knows when, to agree on train.stop_when_formed.
+    head_every = head_scores_every(cfg.train)
     outputs = RunOutputs(run_dir, cfg, tokenizer, resumed_at=None if claim else state.step,
                          heads_png=head_every > 0) if main else None
-    heads = HeadWatch(average.model, cfg, tokenizer, outputs.heads) if head_every else None
+    heads = HeadWatch(average.model, cfg, tokenizer, outputs.heads) if head_every and main else None
     t = cfg.train
     return Trainer(
         cfg=cfg, run_dir=run_dir, device=device, info=info, tokenizer=tokenizer, data=data,
@@ -261,17 +264,20 @@ class Trainer:
                     self.emit(StepEvent(step, t.max_steps, loss, lr, grad_norm,
                                         clock.tokens_per_s(step, tokens_per_step),
                                         clock.elapsed(), state.tokens_seen))
-                if self.heads is not None and (step % self.head_every == 0 or last):
-                    scores, formed = self.heads.measure(step)
-                    for event in (scores, *formed):
-                        self.emit(event)
-                if step % t.eval_interval == 0 or last:
+                formed = False  # train.stop_when_formed: every kind it names has formed
+                if self.head_every and (step % self.head_every == 0 or last):
+                    formed = self.measure_heads(step) and not last
+                end = last or formed
+                if step % t.eval_interval == 0 or end:
                     self._evaluate_and_sample(step, clock)
-                if step % t.checkpoint_interval == 0 or last or stop or step == stop_after:
+                if step % t.checkpoint_interval == 0 or end or stop or step == stop_after:
                     self.save(clock.elapsed())
                 if stop:
                     reason = "interrupted"
                     signame = signal.Signals(flag.signum or signal.SIGINT).name
+                    break
+                if formed:
+                    reason = "formed"
                     break
                 if step == stop_after:
                     reason = "stopped"
@@ -281,6 +287,19 @@ class Trainer:
         done = self._done(reason, signame, clock.elapsed())
         self.emit(done)
         return done
+
+    def measure_heads(self, step: int) -> bool:
+        """Score the heads (rank 0) and report them; True when train.stop_when_formed names
+        kinds and this measurement found a head of each at the formed threshold (every rank
+        gets rank 0's answer)."""
+        kinds = self.cfg.train.stop_when_formed
+        done = False
+        if self.heads is not None:
+            scores, formed = self.heads.measure(step)
+            for event in (scores, *formed):
+                self.emit(event)
+            done = bool(kinds) and all_formed(scores.scores, kinds)
+        return bool(kinds) and not agree(not done, self.info)
 
     def close(self) -> None:
         if self.outputs is not None:

@@ -1,0 +1,153 @@
+"""train.stop_when_formed: training ends at the first head-score measurement that finds a
+head of every named kind at the formed threshold (0.9), with a checkpoint of that step; runs
+that do not set it train exactly as before, and a resumed run stops where an uninterrupted one
+does, with the same weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from test_train import tiny_sets
+
+from minigpt.config import HEAD_KINDS, ConfigError, load_config
+from minigpt.events import DoneEvent, StepEvent
+from minigpt.heads import timeline
+from minigpt.run.checkpoint import kept_steps
+from minigpt.run.resume import resume_config
+from minigpt.train import train
+
+MINIGPT = shutil.which("minigpt")
+
+
+def records(run, kind=None) -> list[dict]:
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if kind is None or r["kind"] == kind]
+
+
+def trained(run) -> list[tuple]:
+    """(step, loss, val loss) of every train and eval record: what the training did."""
+    return [(r["step"], r.get("loss"), r.get("val_loss")) for r in records(run)
+            if r["kind"] in ("train", "eval")]
+
+
+class Scripted:
+    """Stands in for the head-score probes: every head scores 0.1 until the step (read from
+    the StepEvents, logged every step) reaches `induction_at` / `previous_at`, where layer 1
+    head 0 becomes an induction head / layer 0 head 1 a previous-token head."""
+
+    def __init__(self, induction_at: int = 10**9, previous_at: int = 10**9) -> None:
+        self.step, self.induction_at, self.previous_at = 0, induction_at, previous_at
+
+    def on_event(self, event) -> None:
+        if isinstance(event, StepEvent):
+            self.step = event.step
+
+    def probe_scores(self, model, cfg, tokenizer, seed=0) -> dict[str, list]:
+        L, H = cfg.model.n_layer, cfg.model.n_head
+        scores = {kind: [[0.1] * H for _ in range(L)] for kind in HEAD_KINDS}
+        if self.step >= self.induction_at:
+            scores["induction"][L - 1][0] = 0.93
+        if self.step >= self.previous_at:
+            scores["previous"][0][H - 1] = 0.97
+        return scores
+
+
+def sets(tmp_path, **over) -> list[str]:
+    """The tiny byte model (2 layers here), head scores every 2 steps, 12 steps."""
+    return tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 12,
+                                  "train.head_scores_interval": 2, "train.eval_interval": 4,
+                                  "train.checkpoint_interval": 4, **over})
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+
+def test_kinds_are_checked_one_by_one_and_need_head_scores():
+    t = load_config(None, ["train.stop_when_formed=induction,previous"]).train
+    assert t.stop_when_formed == ["induction", "previous"]
+    assert load_config(None).train.stop_when_formed == []
+    with pytest.raises(ConfigError, match=r"^--set train.stop_when_formed: 'inductoin' is not "
+                       r"one of induction, previous, duplicate, first \(did you mean "
+                       r"'induction'\?\)$"):
+        load_config(None, ["train.stop_when_formed=previous,inductoin"])
+    with pytest.raises(ConfigError, match=r"train.stop_when_formed: induction needs head scores "
+                       r"during training, but train.head_scores_interval is off; set it to a "
+                       r"number of steps$"):
+        load_config(None, ["train.stop_when_formed=induction", "train.head_scores_interval=off"])
+
+
+def test_the_kinds_are_the_ones_the_training_scores_measure():
+    assert set(HEAD_KINDS) == set(timeline.TIMELINE_SCORES) == set(timeline.KIND_NAMES)
+
+
+# ---- training -------------------------------------------------------------------------------
+
+
+def test_training_ends_at_the_first_measurement_with_every_kind_formed(tmp_path, monkeypatch):
+    script = Scripted(induction_at=4, previous_at=7)
+    monkeypatch.setattr(timeline, "probe_scores", script.probe_scores)
+    run, full = tmp_path / "run", tmp_path / "full"
+    done = train(load_config(None, sets(tmp_path, **{
+        "train.stop_when_formed": "induction,previous"})), run, on_event=script.on_event)
+    # induction alone at steps 4 and 6 is not enough; both at step 8, the measurement after 7
+    assert isinstance(done, DoneEvent) and (done.reason, done.step) == ("formed", 8)
+    assert [r["step"] for r in records(run, "heads")] == [2, 4, 6, 8]
+    assert kept_steps(run) == [8] and records(run, "eval")[-1]["step"] == 8
+    assert "| status | formed at step 8/12 |" in (run / "summary.md").read_text()
+
+    # the same run without the option: the same steps, then on to max_steps
+    script.step = 0
+    done = train(load_config(None, sets(tmp_path)), full, on_event=script.on_event)
+    assert (done.reason, done.step) == ("finished", 12)
+    assert trained(full)[:len(trained(run))] == trained(run)
+
+
+def test_a_run_whose_heads_never_form_trains_exactly_as_without_the_option(tmp_path,
+                                                                             monkeypatch):
+    script = Scripted(induction_at=2)  # an induction head, never a previous-token head
+    monkeypatch.setattr(timeline, "probe_scores", script.probe_scores)
+    on, off = tmp_path / "on", tmp_path / "off"
+    done = train(load_config(None, sets(tmp_path, **{
+        "train.stop_when_formed": "induction,previous"})), on, on_event=script.on_event)
+    assert (done.reason, done.step) == ("finished", 12)
+    train(load_config(None, sets(tmp_path)), off, on_event=script.on_event)
+    assert trained(on) == trained(off) and len(trained(on)) == 15  # 12 train + 3 eval
+    assert (on / "checkpoints" / "latest" / "model.safetensors").read_bytes() == \
+        (off / "checkpoints" / "latest" / "model.safetensors").read_bytes()
+
+
+def test_a_resumed_run_stops_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
+    script = Scripted(induction_at=6, previous_at=6)
+    monkeypatch.setattr(timeline, "probe_scores", script.probe_scores)
+    opt = {"train.stop_when_formed": "induction,previous"}
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert train(load_config(None, sets(tmp_path, **opt)), whole,
+                 on_event=script.on_event).step == 6
+    script.step = 0
+    assert train(load_config(None, sets(tmp_path, **opt)), parts, stop_after=3,
+                 on_event=script.on_event).reason == "stopped"
+    done = train(resume_config(parts, []), parts, resume=True, on_event=script.on_event)
+    assert (done.reason, done.step) == ("formed", 6)
+    assert trained(parts) == trained(whole)
+    assert (parts / "checkpoints" / "latest" / "model.safetensors").read_bytes() == \
+        (whole / "checkpoints" / "latest" / "model.safetensors").read_bytes()
+    # resumed with the option off, the run trains on to max_steps
+    done = train(resume_config(parts, ["train.stop_when_formed="]), parts, resume=True,
+                 on_event=script.on_event)
+    assert (done.reason, done.step) == ("finished", 12)
+
+
+# ---- through the installed command ----------------------------------------------------------
+
+
+def test_a_bad_kind_is_one_line_through_the_command(tmp_path):
+    r = subprocess.run([MINIGPT, "train", "--config", "induction", "--out", str(tmp_path / "r"),
+                        "--set", "train.stop_when_formed=induction,prev"],
+                       capture_output=True, text=True, check=False, timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and not (tmp_path / "r").exists()
+    assert r.stderr.strip().splitlines() == [(
+        "error: --set train.stop_when_formed: 'prev' is not one of induction, previous, "
+        "duplicate, first (did you mean 'previous'?)")]
