@@ -84,22 +84,25 @@ def available_bytes(device: torch.device) -> int | None:
 # Threads for decoding on CPU.
 
 # Decoding one sequence is a chain of small ops: per token, one matrix-vector product per
-# weight matrix and a few dozen elementwise ops on n_embd numbers. A second intra-op thread
-# only splits the products, and adds a fork/join to each; on a busy machine every join also
-# waits for a time slice. It pays once the products are big enough: each thread gets at least
-# this many weights of a block's largest matrix (the MLP's n_embd x 4 n_embd), so the default
-# 4 x 128 model (65 K) decodes on one thread and 6 x 384 (590 K) on two.
-# `python benchmarks/sample_bench.py --crossover` measures 1 against 2 threads at widths 128
-# to 768 (benchmarks/README.md, "Decoding threads"): the width where two start to win is
-# where this constant belongs.
-DECODE_WEIGHTS_PER_THREAD = 256 * 1024
+# weight matrix and a few dozen elementwise ops on n_embd numbers. Each product reads its whole
+# matrix for a few flops per weight, so it is bound by memory bandwidth, which a second core
+# shares; a second intra-op thread adds a fork/join to each op, and on a busy machine every
+# join also waits for a time slice. Measured on 2 cores (benchmarks/README.md, "Decoding
+# threads"): two threads never beat one by more than 1% at any width from 128 to 768, and with
+# a second process busy they ran 3-4x slower (4 x 128: 564 against 2417 tokens/s; 6 x 384: 82
+# against 261). So a thread is given per this many weights of a block's largest matrix (the
+# MLP's n_embd x 4 n_embd): every model up to GPT-2 small's width (768: 2.4 M) decodes on one
+# thread, and width 1024 and beyond (GPT-2 medium and larger, not measured here) on more.
+# `python benchmarks/sample_bench.py --crossover` re-measures it on another machine.
+DECODE_WEIGHTS_PER_THREAD = 2 * 1024 * 1024
 
 
 def decode_threads(model: torch.nn.Module, available: int | None = None) -> int:
     """Intra-op threads for decoding `model` (a GPT) one sequence at a time on CPU: one per
     DECODE_WEIGHTS_PER_THREAD weights of its MLP matrix (4 n_embd^2), at least 1 and at most
     `available` (default: torch's current setting, OMP_NUM_THREADS or the cores). The default
-    4 x 128 model decodes on 1 thread, 6 x 384 on 2, GPT-2 small (768 wide) on up to 9.
+    4 x 128 model, 6 x 384 and GPT-2 small (768 wide) decode on 1 thread, 1024 wide on up
+    to 2, 1600 wide (GPT-2 XL) on up to 4.
 
     It depends on the model and the thread setting only, never on the machine's load: the
     thread count changes how a decode step's sums are split (logits differ by ~1e-6), which

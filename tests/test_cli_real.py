@@ -136,6 +136,11 @@ def place(program, env, tmp_path_factory) -> Path:
     minigpt(program, ["train", "--out", "runs/default", *tiny()], cwd, env)
     for name in ("bytes", "induction"):
         shutil.copytree(cwd / "runs" / "default", cwd / "runs" / name, symlinks=True)
+    # the README's own-text example trains on stories.jsonl: the bundled corpus as records
+    text = (PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
+    with open(cwd / "stories.jsonl", "w", encoding="utf-8") as fh:
+        for i in range(0, len(text), 2000):
+            fh.write(json.dumps({"text": text[i:i + 2000]}) + "\n")
     return cwd
 
 

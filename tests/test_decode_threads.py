@@ -34,14 +34,18 @@ def model_of(n_embd: int, n_layer: int = 1, block_size: int = 16, vocab: int = 6
 
 def test_small_models_decode_on_one_thread_and_wide_ones_use_the_cores():
     """One thread per DECODE_WEIGHTS_PER_THREAD weights of the MLP matrix (4 n_embd^2): the
-    default 4 x 128 model on 1, 6 x 384 on both of 2 cores; never more than available."""
+    default 4 x 128 model, 6 x 384 and 768 wide on 1, 1024 wide on both of 2 cores; never
+    more than available."""
     assert decode_threads(model_of(128, 4), available=2) == 1
-    assert decode_threads(model_of(384, 6), available=2) == 2
-    assert decode_threads(model_of(384), available=1) == 1
-    assert decode_threads(model_of(768), available=16) == 4 * 768 * 768 // DECODE_WEIGHTS_PER_THREAD
+    assert decode_threads(model_of(384, 6), available=2) == 1
+    assert decode_threads(model_of(768, 1), available=2) == 1
+    assert decode_threads(model_of(1024, 1), available=2) == 2
+    assert decode_threads(model_of(1024, 1), available=1) == 1
+    assert decode_threads(model_of(1600, 1), available=16) == \
+        4 * 1600 * 1600 // DECODE_WEIGHTS_PER_THREAD
     assert decode_threads(model_of(32), available=16) == 1
     torch.set_num_threads(1)
-    assert decode_threads(model_of(384)) == 1  # `available` defaults to torch's setting
+    assert decode_threads(model_of(1024, 1)) == 1  # `available` defaults to torch's setting
 
 
 def test_decoding_threads_sets_the_policy_and_restores_the_callers_setting():
@@ -67,7 +71,7 @@ def forward_threads(monkeypatch) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("n_embd", [32, 384])
+@pytest.mark.parametrize("n_embd", [32, 1024])
 def test_sample_and_the_sample_bench_decode_on_the_same_threads(tmp_path: Path, monkeypatch,
                                                                 n_embd: int):
     """The same model decodes on decode_threads(model) threads in `minigpt sample` and in
@@ -81,7 +85,7 @@ def test_sample_and_the_sample_bench_decode_on_the_same_threads(tmp_path: Path, 
     save_checkpoint(tmp_path / "run", step=1, model=model, cfg=cfg, tokenizer=tok,
                     trainer_state={"step": 1})
     want = decode_threads(model, 2)
-    assert want == (1 if n_embd == 32 else 2)
+    assert want == (1 if n_embd == 32 else 2)  # 1024 wide: two threads
     seen = forward_threads(monkeypatch)
     r = CliRunner().invoke(app, ["sample", "--run", str(tmp_path / "run"), "-n", "5",
                                  "--seed", "0", "--device", "cpu"], catch_exceptions=False)

@@ -69,6 +69,10 @@ def test_kinds_are_checked_one_by_one_and_need_head_scores():
     t = load_config(None, ["train.stop_when_formed=induction,previous"]).train
     assert t.stop_when_formed == ["induction", "previous"]
     assert load_config(None).train.stop_when_formed == []
+    # YAML's flow list, as a user copies it from a config file, means the same
+    assert load_config(None, ["train.stop_when_formed=[induction, previous]"]).train \
+        .stop_when_formed == ["induction", "previous"]
+    assert load_config(None, ["train.stop_when_formed=[]"]).train.stop_when_formed == []
     with pytest.raises(ConfigError, match=r"^--set train.stop_when_formed: 'inductoin' is not "
                        r"one of induction, previous, duplicate, first \(did you mean "
                        r"'induction'\?\)$"):
