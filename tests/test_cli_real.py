@@ -138,9 +138,9 @@ def place(program, env, tmp_path_factory) -> Path:
         shutil.copytree(cwd / "runs" / "default", cwd / "runs" / name, symlinks=True)
     # the README's own-text example trains on stories.jsonl: the bundled corpus as records
     text = (PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
-    with open(cwd / "stories.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(0, len(text), 2000):
-            fh.write(json.dumps({"text": text[i:i + 2000]}) + "\n")
+    (cwd / "stories.jsonl").write_text("".join(
+        json.dumps({"text": text[i:i + 2000]}) + "\n" for i in range(0, len(text), 2000)),
+        encoding="utf-8")
     return cwd
 
 
