@@ -136,11 +136,6 @@ def place(program, env, tmp_path_factory) -> Path:
     minigpt(program, ["train", "--out", "runs/default", *tiny()], cwd, env)
     for name in ("bytes", "induction"):
         shutil.copytree(cwd / "runs" / "default", cwd / "runs" / name, symlinks=True)
-    # the README's own-text example trains on stories.jsonl: the bundled corpus as records
-    text = (PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
-    (cwd / "stories.jsonl").write_text("".join(
-        json.dumps({"text": text[i:i + 2000]}) + "\n" for i in range(0, len(text), 2000)),
-        encoding="utf-8")
     return cwd
 
 
@@ -342,7 +337,8 @@ def test_the_docs_in_order_from_an_empty_directory(program, env, tmp_path):
     """Every documented command once, in document order (README, cli.md, heads.md, hf.md), in
     a fresh directory: trainings (tiny),
     the resume of runs/default with the same overrides (finding 4), a corpus under ~/texts/
-    (HOME points into tmp; matplotlib keeps its own cache), bench --quick."""
+    (HOME points into tmp; matplotlib keeps its own cache), stories.jsonl (records) in the
+    working directory, bench --quick."""
     import matplotlib
 
     home = tmp_path / "home"
@@ -351,6 +347,11 @@ def test_the_docs_in_order_from_an_empty_directory(program, env, tmp_path):
     env = {**env, "HOME": str(home), "MPLCONFIGDIR": matplotlib.get_cachedir()}
     cwd = tmp_path / "work"
     cwd.mkdir()
+    # the README's own-text example trains on stories.jsonl: the bundled corpus as records
+    text = (PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
+    (cwd / "stories.jsonl").write_text("".join(
+        json.dumps({"text": text[i:i + 2000]}) + "\n" for i in range(0, len(text), 2000)),
+        encoding="utf-8")
     for argv in (c for c in COMMANDS if not downloads(c)):  # hf: is the quick tier's (offline)
         args = for_test(argv)
         r = minigpt(program, args, cwd, env, timeout=600)
