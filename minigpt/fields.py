@@ -146,15 +146,16 @@ def build_section(cls: type, section: str, body: dict, source: str) -> Any:
 
 def parse_value(cls: type, key: str, raw: str, where: str) -> Any:
     """The text after `=` in `--set section.key=value`, typed and checked like the field
-    `cls.key`: strings verbatim, lists comma-separated (or in YAML's brackets), everything else read as YAML (with
-    yes/no/on/off accepted for booleans, as people type them in a shell)."""
+    `cls.key`: strings verbatim, lists comma-separated (`a,b`, or YAML's `[a, b]`), everything
+    else read as YAML (with yes/no/on/off accepted for booleans, as people type them)."""
     tp = field_type(cls, key)
     if tp is str:
         value: Any = raw
-    elif typing.get_origin(tp) is list:  # a,b or YAML's [a, b]
-        inner = raw.strip().removeprefix("[").removesuffix("]") if raw.strip().startswith("[") \
-            and raw.strip().endswith("]") else raw
-        value = [] if inner.strip() == "" else [v.strip() for v in inner.split(",")]
+    elif typing.get_origin(tp) is list:
+        items = raw.strip()
+        if items.startswith("[") and items.endswith("]"):
+            items = items[1:-1]
+        value = [v.strip() for v in items.split(",")] if items.strip() else []
     else:
         value = parse_yaml(raw, where) if raw.strip() else None
         if tp is bool and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):

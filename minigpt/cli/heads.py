@@ -93,7 +93,7 @@ def inspect_heads_command(
     if insp.ablation is not None:
         ab = insp.ablation
         say(f"ablation ({ab.mode}): loss {ab.base_loss:.4f} nats/token over {ab.scored}; "
-            "each head's effect = the loss with it alone ablated minus that")
+            "each head's effect = the loss with it alone ablated minus this one")
     if out_dir is not None:
         for path in output.write_files(insp, out_dir, fmts, layers, heads):
             say(f"wrote {path}")
