@@ -264,13 +264,6 @@ def test_select_heads_and_formats():
         output.parse_formats(["gif"])
 
 
-def test_visible_token():
-    assert ins.visible_token(" a\n\tb\r") == "·a↵→b␍"
-    assert ins.visible_token("\x01\x7f") == "\\x01\\x7f"
-    assert ins.visible_token("") == "∅"
-    assert ins.visible_token("abcdefghij", 5) == "abcd…"
-
-
 # --------------------------------------------------------------------------------------------
 # Files
 

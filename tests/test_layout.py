@@ -17,7 +17,8 @@ from minigpt.paths import PACKAGE_DIR
 
 # Floors, lowest first. A module may import modules of its own floor or below, never above.
 FLOORS = [
-    ("ground", {"minigpt", "minigpt.errors", "minigpt.paths", "minigpt.files", "minigpt.events"}),
+    ("ground", {"minigpt", "minigpt.errors", "minigpt.paths", "minigpt.files", "minigpt.events",
+                "minigpt.display"}),
     ("config", {"minigpt.fields", "minigpt.config"}),
     ("core", {"minigpt.core"}),
     ("data", {"minigpt.records", "minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),

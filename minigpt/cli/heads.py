@@ -16,9 +16,9 @@ from minigpt.cli.main import (
     RunOpt,
     app,
     out_console,
-    printable,
     say,
 )
+from minigpt.display import printable
 
 TextOpt = Annotated[str | None, typer.Option(
     "--text", help="Text to run through the model. Default: a built-in passage.")]
@@ -182,7 +182,7 @@ def _attention_table(insp, la: int, h: int, width: int):
     from rich.table import Table
     from rich.text import Text
 
-    from minigpt.heads.inspection import visible_token
+    from minigpt.display import visible_token
 
     T = len(insp.tokens)
     n = min(T, max(8, (width - 14) // 4))

@@ -10,7 +10,7 @@ line on stderr and exit code 2, with library parameter names shown as the flags 
 did-you-mean, on stderr, exit 2. Never a traceback for any of these.
 
 Names that come from elsewhere (run directories, file paths, error messages quoting them) reach
-the terminal through `printable`: a run named with an escape sequence cannot move the cursor,
+the terminal through `minigpt.display.printable`: a run named with an escape sequence cannot move the cursor,
 recolour the terminal or forge a line.
 """
 
@@ -26,6 +26,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from minigpt import __version__
+from minigpt.display import printable
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
 
 # Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
@@ -43,18 +44,6 @@ def user_message(e: MinigptError) -> str:
     if isinstance(e, ConflictError):
         return e.render(flag_for)
     return e.render(flag_for(e.param)) if isinstance(e, ArgumentError) else str(e)
-
-
-# C0 and C1 controls, DEL, line/paragraph separators and the bidirectional overrides (which
-# reorder what a terminal shows): each is shown as \xNN or \uNNNN instead.
-_CONTROLS = {c: (f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}") for c in
-             [*range(0x20), *range(0x7F, 0xA0), 0x200E, 0x200F, 0x2028, 0x2029,
-              *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
-
-
-def printable(text: object) -> str:
-    """`text` safe to show on a terminal: every control character escaped (see _CONTROLS)."""
-    return str(text).translate(_CONTROLS)
 
 
 def say(text: str) -> None:

@@ -29,30 +29,6 @@ from minigpt.core.heads import (
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 
-
-def visible_token(s: str, max_len: int = 0) -> str:
-    """A token's text for labels: whitespace made visible (space ·, newline ↵, tab →), other
-    control characters as \\xNN, shortened to `max_len` characters with … (0 = no limit)."""
-    out = []
-    for ch in s:
-        if ch == " ":
-            out.append("·")
-        elif ch == "\n":
-            out.append("↵")
-        elif ch == "\t":
-            out.append("→")
-        elif ch == "\r":
-            out.append("␍")
-        elif ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029":
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    text = "".join(out) or "∅"
-    if max_len and len(text) > max_len:
-        text = text[: max_len - 1] + "…"
-    return text
-
-
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
 
