@@ -96,31 +96,29 @@ class Inspection:
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
-def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
-            device: torch.device | str | None = None, source: str = "text", run: str = "",
-            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None
-            ) -> Inspection:
-    """Attention maps and head scores of `model` on `tokens` (already within block_size), on
-    `device` (None: where the model's weights are). MinigptError if the attention or the
-    logits are not finite. `ablate` (a mode of heads.ablation) also measures what each head
-    carries, scored where `inp` (the `prepare_input` this came from) defines the loss."""
+def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
+            run: str = "", step: int = 0, ablate: str | None = None) -> Inspection:
+    """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
+    on `device` (None: where the model's weights are). MinigptError if the attention or the
+    logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
+    head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
+    The delimiter score reads the token strings only when they are text (`inp.is_text`)."""
+    tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
-    # probes are random ids: their "whitespace/punctuation" tokens are no sentence structure
-    strs_for_scores = None if source.startswith("probe:") else token_strs
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
     ablation = None
     if ablate is not None:
-        inp = inp or ProbeInput(list(tokens), list(token_strs), source)
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
                                 scored=inp.scored, minimum=inp.min_tokens)
-    return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
-                      scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
-                      parity_tol=tol, source=source, run=run, step=step, ablation=ablation)
+    scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
+    return Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
+                      scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
+                      run=run, step=step, ablation=ablation)
 
 
 def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:
