@@ -57,6 +57,17 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else None
 
 
+def batch_to(x: torch.Tensor, y: torch.Tensor, device: torch.device | str
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch (x, y) of CPU token ids on `device`: through pinned memory, without waiting, to
+    CUDA; contiguous copies elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return (x.pin_memory().to(device, non_blocking=True),
+                y.pin_memory().to(device, non_blocking=True))
+    return x.contiguous().to(device), y.contiguous().to(device)
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """Mixed precision in `dtype` (weights stay fp32); None or fp32 = no autocast."""
     if dtype is None or dtype == torch.float32:

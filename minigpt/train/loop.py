@@ -48,6 +48,7 @@ from minigpt.events import (
     no_events,
 )
 from minigpt.heads.timeline import HeadWatch, all_formed
+from minigpt.induction import InductionData
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.lock import RunLock
@@ -192,7 +193,7 @@ def restore_progress(cfg: Config, info: DistInfo, start: Resumed | None
     return state, data_gen
 
 
-def validation_sample(data: Dataset, t: TrainConfig, seed: int) -> torch.Tensor:
+def validation_sample(data: Dataset | InductionData, t: TrainConfig, seed: int) -> torch.Tensor:
     """The offsets every evaluation uses, drawn once: evaluations compare like with like."""
     return data.sample_offsets("val", t.eval_batches * t.batch_size,
                                torch.Generator().manual_seed(seed + 1))
@@ -229,7 +230,7 @@ class Trainer:
     device: torch.device
     info: DistInfo
     tokenizer: Tokenizer
-    data: Dataset
+    data: Dataset | InductionData
     model: GPT
     fwd: torch.nn.Module            # what `step` calls (forward_module)
     optimizer: object               # torch.optim.AdamW or train.optim.OptimizerChain
