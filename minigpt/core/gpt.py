@@ -140,7 +140,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor | None = None) -
     x (..., D); cos/sin broadcast against (..., D/2), e.g. x (2, B, H, T, D) with (T, D/2).
     Eager mode treats pair (x_2i, x_2i+1) as the complex number x_2i + i x_2i+1 and multiplies
     it by cos + i sin: one fused op, ~3x faster on CPU (fwd+bwd) than the real arithmetic of
-    `apply_rope_real`, which torch.compile gets (inductor handles complex poorly). Half/bf16
+    `apply_rope_real`, which torch.compile gets (inductor handles complex poorly). Two paths
+    side by side, one result: tests/test_attention.py checks they agree, values and gradients,
+    alone and in a whole model. Half/bf16
     inputs are rotated in float32 (there is no complex bf16) and cast back. `rot`, if given, is
     the precomputed `cos + i sin` (Rotary keeps it, so decoding builds no complex per layer)."""
     if torch.compiler.is_compiling():
