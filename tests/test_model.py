@@ -219,7 +219,7 @@ def test_head_hook_applies_through_the_kv_cache():
 
 
 def test_learned_positions_beyond_block_size_is_a_clear_error():
-    """Callers crop (sample.py, inspect-heads), so this is a broken invariant: ValueError."""
+    """Callers crop (core/generate.py, inspect-heads), so this is a broken invariant: ValueError."""
     model = build(pos_encoding="learned", block_size=8)
     with pytest.raises(ValueError, match="block_size=8"):
         model(tokens(1, 9))
