@@ -27,6 +27,7 @@ from typer.core import TyperGroup
 
 from minigpt import __version__
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
+from minigpt.files import shown
 
 # Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
 err_console = Console(stderr=True, highlight=False)
@@ -77,7 +78,7 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except MinigptError as e:
-            say(f"error: {user_message(e)}")
+            say(f"error: {shown(user_message(e), 1000)}")  # a huge value never floods
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             say("interrupted (Ctrl-C); anything already saved is kept")
