@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from minigpt.errors import MinigptError, WriteError
-from minigpt.files import open_regular, read_problem
 from minigpt.events import CorpusProgress, OnEvent, no_events
+from minigpt.files import open_regular, read_problem
 from minigpt.paths import is_glob, resolve_path
 from minigpt.records import SUFFIXES, RecordScan, digest, iter_records, record_format, scan
 
@@ -331,8 +331,8 @@ def _scan_all(files: Sequence[Path], text_field: str, invalid_utf8: str, emit: O
         if q not in sizes:
             out.append(None)
             continue
-        out.append(scan_records(q, text_field, invalid_utf8, lambda n, at=done: emit(
-            CorpusProgress("scan", at + min(n, sizes[q]), total))))
+        out.append(scan_records(q, text_field, invalid_utf8, lambda n, at=done, size=sizes[q]:
+                                emit(CorpusProgress("scan", at + min(n, size), total))))
         done += sizes[q]
         emit(CorpusProgress("scan", done, total))
     return out

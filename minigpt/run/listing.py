@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError
-from minigpt.files import open_regular, parse_yaml, read_problem, read_regular
+from minigpt.files import ReadError, open_regular, parse_yaml, read_problem, read_regular
 from minigpt.run.checkpoint import latest_checkpoint_dir
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -126,8 +126,9 @@ def read_run_metrics(run_dir: Path) -> tuple[list[dict], int]:
         raise Unreadable(path, f"larger than {MAX_METRICS_BYTES >> 20} MiB; not a metrics log")
     try:
         return read_metrics(path)
-    except OSError as e:  # replaced between the check and the read
-        raise Unreadable(path, read_problem(e)) from None
+    except ReadError as e:  # replaced between the check and the read
+        raise Unreadable(path, e.problem.removeprefix("cannot read it (").removesuffix(")")
+                         ) from None
 
 
 def read_row(run_dir: Path) -> RunRow:
@@ -185,6 +186,9 @@ def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None,
             problems: list[str]) -> str:
     if _lock_held(run_dir / LOCK_NAME, problems):
         return "training"
+    latest = run_dir / CKPT_DIR / LATEST
+    if latest.exists() and not latest.is_symlink() and not latest.is_dir():
+        return "damaged"  # a regular file where the commit pointer goes: not a step directory
     if ckpt_step is None:
         return "no checkpoint"
     if max_steps is not None and ckpt_step >= max_steps:

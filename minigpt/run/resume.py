@@ -222,8 +222,10 @@ def open_run_dir(run_dir: Path, resume: bool, lock: RunLock,
     link = run_dir / CKPT_DIR / LATEST
     if link.exists() and not link.is_symlink():  # its next commit could not replace it
         target = ckpt_dir.name if ckpt_dir is not None else "its step-NNNNNN directory"
+        kind = "a directory" if link.is_dir() else "a regular file" if link.is_file() else \
+            "not a link"
         raise MinigptError(
-            f"{link} is a directory, not the symbolic link to the committed checkpoint (was the "
+            f"{link} is {kind}, not the symbolic link to the committed checkpoint (was the "
             f"run copied without its links, e.g. by zip?); make it a link to {target} again "
             f"(e.g. mv {link} {link}.copy && ln -s {target} {link}), then resume")
     if ckpt_dir is None:

@@ -58,6 +58,13 @@ def check_memory(cfg: Config, micro: int, device: torch.device) -> None:
             f"for weights, gradients and AdamW state, {gb(avail)} available; shrink "
             f"model.vocab_size ({m.vocab_size:,}), model.n_embd ({m.n_embd:,}) or "
             f"model.n_layer ({m.n_layer})")
+    t = cfg.train
+    offsets = 8 * t.eval_batches * t.batch_size  # every evaluation's offsets, drawn at once
+    if weights + offsets > avail:
+        raise MinigptError(
+            f"train.eval_batches: {t.eval_batches:,} batches of {t.batch_size:,} sequences "
+            f"need ~{gb(offsets)} for their offsets alone, {gb(avail - weights)} available; "
+            "lower train.eval_batches (20 is the default)")
     if weights + acts > avail:
         raise MinigptError(
             f"train.batch_size: a micro-batch of {micro:,} sequences x {m.block_size} tokens "
