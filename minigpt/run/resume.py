@@ -23,7 +23,7 @@ from minigpt.config import (
 )
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.fields import parse_value
-from minigpt.files import parse_yaml
+from minigpt.files import load_yaml
 from minigpt.run.checkpoint import Checkpoint, latest_checkpoint_dir, verify_checkpoint
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -159,7 +159,7 @@ def _stored_config(run_dir: Path) -> Path | None:
 
 def _checked(path: Path, command: _Command) -> Config:
     """The stored config with the command's RESUME_SAFE changes (see resume_config)."""
-    raw = parse_yaml(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    raw = load_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: not a config mapping; the run directory is damaged")
     stored = from_dict(raw, str(path))
