@@ -66,8 +66,10 @@ def inspect_heads_command(
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
     from minigpt.inputs import load_run_or_model
+    from minigpt.sample import check_seed
 
     fmts = output.parse_formats(formats or [])
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
     if ablate is not None:
         check_mode(ablate)  # before loading anything
     loaded = load_run_or_model(run, model, device, checkpoint)
@@ -85,7 +87,7 @@ def inspect_heads_command(
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
     insp = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source,
-                   run=loaded.source, step=loaded.step, ablate=ablate, inp=inp)
+                   run=loaded.source, step=loaded.step, ablate=ablate, inp=inp, seed=seed)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "

@@ -134,12 +134,13 @@ def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "c
 
 def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
             device: torch.device | str | None = None, source: str = "text", run: str = "",
-            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None
-            ) -> Inspection:
+            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None,
+            seed: int = 0) -> Inspection:
     """Attention maps and head scores of `model` on `tokens` (already within block_size), on
     `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of heads.ablation) also measures what each head
-    carries, scored where `inp` (the `prepare_input` this came from) defines the loss."""
+    carries, scored where `inp` (the `prepare_input` this came from) defines the loss; `seed`
+    orders the resample ablation's reference."""
     if not tokens:
         raise ValueError("inspect: no tokens")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
@@ -153,7 +154,7 @@ def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
     if ablate is not None:
         inp = inp or ProbeInput(list(tokens), list(token_strs), source)
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
-                                scored=inp.scored, minimum=inp.min_tokens)
+                                scored=inp.scored, minimum=inp.min_tokens, seed=seed)
     return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
                       scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
                       parity_tol=tol, source=source, run=run, step=step, ablation=ablation)
