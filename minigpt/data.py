@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from minigpt.files import (
     SMALL_CAP,
     atomic_file,
     atomic_write_bytes,
+    open_regular,
     parse_json,
     read_regular,
     shown,
@@ -213,8 +215,9 @@ def _read_meta(meta_path: Path, bin_path: Path, n_vocab: int) -> dict | None:
     try:
         meta = parse_json(read_regular(meta_path, SMALL_CAP))
         itemsize = np.dtype(meta["dtype"]).itemsize
-        if bin_path.stat().st_size != meta["n_tokens"] * itemsize:
-            return None
+        with open_regular(bin_path) as fh:  # memory-mapped below: a regular file only
+            if os.fstat(fh.fileno()).st_size != meta["n_tokens"] * itemsize:
+                return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     bpt, n_train = meta.get("bytes_per_token"), meta.get("n_train")

@@ -244,6 +244,7 @@ def _pyarrow():
 def _parquet(path: Path, field: str, invalid_utf8: str, start: int, end: int | None
              ) -> Iterator[tuple[str, str]]:
     pa, pq = _pyarrow()
+    open_file(path).close()  # the file door's check: a regular file (pyarrow opens it then)
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
