@@ -68,19 +68,28 @@ def disk_error(e: OSError, path: Path) -> WriteError:
     return WriteError(msg, path, e.errno)
 
 
-def check_replaceable(path: Path) -> Path:
-    """`path`, if a write may replace what is there: nothing, or a regular file (a symlink to
-    one included). A FIFO, a device, a socket or a directory is never replaced (a write to
-    `--out /dev/null` would otherwise put a regular file where the device was): WriteError."""
+def not_replaceable(path: str | Path) -> str | None:
+    """Why a write must not replace what is at `path` ("it is a FIFO, not a regular file"), or
+    None: nothing is there, or a regular file (a symlink to one included)."""
     import stat
 
     try:
         st = os.stat(path)
     except OSError:
-        return path  # nothing there (or a dangling link): the write itself says what fails
-    if not stat.S_ISREG(st.st_mode):
-        raise WriteError(f"will not write {_shorten(Path(path))}: it is {_kind(st.st_mode)}, "
-                         "not a regular file; give the path of a new or regular file", path,
+        return None  # nothing there (or a dangling link): the write itself says what fails
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return (f"it is {_kind(st.st_mode)}, not a regular file, and is never replaced; give the "
+            "path of a new or regular file")
+
+
+def check_replaceable(path: Path) -> Path:
+    """`path`, if a write may replace what is there (`not_replaceable`); else WriteError. A
+    FIFO, a device, a socket or a directory is never replaced: a write to `--out /dev/null`
+    would otherwise put a regular file where the device was."""
+    why = not_replaceable(path)
+    if why is not None:
+        raise WriteError(f"will not write {_shorten(Path(path))}: {why}", path,
                          errno_mod.EINVAL)
     return path
 
