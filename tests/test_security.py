@@ -688,3 +688,84 @@ def test_a_tokenizer_with_too_many_special_tokens_is_refused_before_tiktoken_bui
     del added["<|t0|>"]
     ranks, specials = ranks_from_hf(vocab, [], added, "tokenizer.json", vocab_size=10**6)
     assert len(ranks) == 256 and len(specials) == MAX_SPECIAL_TOKENS
+
+
+# --------------------------------------------------------------------------------------------
+# 7. The file door (issue 32; minigpt/files.py): the rules every read and write goes through,
+# checked in-process. The same causes through the installed command:
+# tests/test_hardening.py::test_one_door_for_files.
+
+
+def test_the_reader_refuses_what_is_not_a_regular_file_with_one_line(tmp_path):
+    from minigpt.files import ReadError, load_json, load_yaml, read_file
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    os.symlink("/dev/urandom", tmp_path / "random.yaml")
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device"),
+                       (tmp_path / "random.yaml", "a character device"),
+                       (tmp_path, "a directory"), (tmp_path / "missing", "no such file")):
+        for reader in (read_file, load_json, load_yaml):
+            with pytest.raises(ReadError, match=kind) as e:
+                reader(path)
+            assert str(path) in str(e.value) and "\n" not in str(e.value)
+    big = tmp_path / "big.json"
+    big.write_bytes(b"[" + b"1," * 1000 + b"1]")
+    with pytest.raises(ReadError, match="larger than 1000 bytes"):
+        load_json(big, cap=1000)
+
+
+def test_json_and_yaml_limits_are_one_line_errors():
+    from minigpt.errors import ConfigError
+    from minigpt.files import MAX_YAML_VALUES, parse_json, parse_yaml
+
+    with pytest.raises(ValueError, match="5,000 digits"):
+        parse_json(b'{"n": ' + b"9" * 5000 + b"}")
+    assert parse_json(b'{"n": ' + b"9" * 400 + b"}")["n"] == int("9" * 400)
+    laughs = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    cases = {"\n".join(laughs): "aliases", "? [a, b]\n: 1\n": "plain names",
+             "n: " + "9" * 5000: "5,000 digits", "[" * 100 + "]" * 100: "nested more than 64",
+             "t: 2001-13-45\n": "invalid YAML"}
+    for text, needle in cases.items():
+        with pytest.raises(ConfigError, match=needle) as e:
+            parse_yaml(text, "c.yaml")
+        assert str(e.value).startswith("c.yaml: ") and len(str(e.value)) < 300
+    # Aliases that stay small are fine: a config may reuse a value.
+    ok = parse_yaml("p: &p [a, b]\nq: [*p, *p]\n")
+    assert ok["q"] == [["a", "b"], ["a", "b"]]
+    assert MAX_YAML_VALUES >= 10_000
+
+
+def test_a_huge_value_is_never_echoed_whole():
+    from minigpt.config import load_config
+    from minigpt.errors import ConfigError
+    from minigpt.files import shown
+
+    assert shown("x" * 10_000, 80) == "x" * 37 + " ... " + "x" * 37
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.n_layer=[" + "1, " * 50_000 + "1]"])
+    assert len(str(e.value)) < 400
+
+
+def test_writes_never_replace_a_fifo_or_a_device(tmp_path):
+    import stat
+
+    from minigpt.errors import WriteError
+    from minigpt.files import atomic_write_bytes, not_replaceable
+
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    os.symlink("/dev/null", tmp_path / "null.png")
+    for path, kind in ((fifo, "a FIFO"), (tmp_path / "null.png", "a character device")):
+        with pytest.raises(WriteError, match=kind):
+            atomic_write_bytes(path, b"data")
+        assert kind in not_replaceable(path)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and (tmp_path / "null.png").is_symlink()
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    regular = tmp_path / "ok.json"
+    regular.write_text("old")
+    assert not_replaceable(regular) is None and not_replaceable(tmp_path / "new") is None
+    atomic_write_bytes(regular, b"new")
+    assert regular.read_bytes() == b"new"
