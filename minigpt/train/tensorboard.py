@@ -15,8 +15,11 @@ head's score stays in metrics.jsonl.
 Sessions and resume. Each session writes its own event file, records written and flushed as
 they come. A fresh session opens it at its StartEvent (its run directory exists by then). A
 resumed session, like metrics.jsonl, writes nothing before its first checkpoint is committed:
-its records wait in memory with the time each arrived. At its first CheckpointEvent the run's
-earlier event files are cut to the events of the steps up to the resumed step k (each file
+its records wait in memory with the time each arrived. At its StartEvent (before any commit)
+the directory and every event file in it are read and checked, and the cuts below planned in
+memory: a `tensorboard` that is a file or cannot be written, or a record that is no event, is
+one line with nothing changed. At its first CheckpointEvent the run's earlier event files are
+cut to the events of the steps up to the resumed step k (each file
 rewritten atomically; one left without data is removed), so records a killed session wrote
 past its last checkpoint are gone; then the session's own file opens with TensorBoard's
 "restarted at step k+1" marker (SessionLog START, which makes TensorBoard's readers drop
