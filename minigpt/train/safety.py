@@ -58,6 +58,12 @@ def check_memory(cfg: Config, micro: int, device: torch.device) -> None:
             f"for weights, gradients and AdamW state, {gb(avail)} available; shrink "
             f"model.vocab_size ({m.vocab_size:,}), model.n_embd ({m.n_embd:,}) or "
             f"model.n_layer ({m.n_layer})")
+    if weights + acts > avail:
+        raise MinigptError(
+            f"train.batch_size: a micro-batch of {micro:,} sequences x {m.block_size} tokens "
+            f"needs ~{gb(acts)} of activations, {gb(avail - weights)} available; lower "
+            "train.micro_batch_size (gradient accumulation keeps train.batch_size) or "
+            "train.batch_size, or model.block_size")
     t = cfg.train
     offsets = 8 * t.eval_batches * t.batch_size  # every evaluation's offsets, drawn at once
     if weights + offsets > avail:
@@ -65,9 +71,3 @@ def check_memory(cfg: Config, micro: int, device: torch.device) -> None:
             f"train.eval_batches: {t.eval_batches:,} batches of {t.batch_size:,} sequences "
             f"need ~{gb(offsets)} for their offsets alone, {gb(avail - weights)} available; "
             "lower train.eval_batches (20 is the default)")
-    if weights + acts > avail:
-        raise MinigptError(
-            f"train.batch_size: a micro-batch of {micro:,} sequences x {m.block_size} tokens "
-            f"needs ~{gb(acts)} of activations, {gb(avail - weights)} available; lower "
-            "train.micro_batch_size (gradient accumulation keeps train.batch_size) or "
-            "train.batch_size, or model.block_size")
