@@ -9,7 +9,7 @@ Strict YAML (`parse_yaml`): YAML 1.2-style scalars (no `yes`/`on` booleans, no o
 `1e-3` is a float) and duplicate keys rejected, because PyYAML's YAML 1.1 defaults silently do
 otherwise; nesting, alias expansion and integer length bounded, complex keys refused.
 
-The one door for files (`read_file`, `load_json`, `load_yaml`, `json_lines`, `open_file`;
+The one door for files (`read_file`, `read_utf8`, `load_json`, `load_yaml`, `open_file`;
 `check_replaceable` for writes): every file minigpt reads that a user or another program could
 have put there goes through it. Reads take only regular files (a FIFO is never waited on, a
 device never read), hold at most a cap in memory, parse with depth, alias and integer-length
@@ -428,12 +428,11 @@ def read_file(path: str | Path, cap: int = SMALL_CAP) -> bytes:
         raise ReadError(path, f"cannot read it ({read_problem(e)})") from None
 
 
-def read_utf8(path: str | Path, cap: int = SMALL_CAP, errors: str = "strict") -> str:
-    """`read_file` decoded as UTF-8 (`errors="replace"` for files only shown or parsed
-    leniently); ReadError for a file that is not UTF-8 under "strict"."""
+def read_utf8(path: str | Path, cap: int = SMALL_CAP) -> str:
+    """`read_file` decoded as UTF-8; ReadError for a file that is not UTF-8."""
     data = read_file(path, cap)
     try:
-        return data.decode("utf-8", errors=errors)
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ReadError(path, f"not UTF-8 text (invalid byte at offset {e.start})") from None
 
@@ -452,28 +451,6 @@ def load_yaml(path: str | Path, cap: int = SMALL_CAP) -> Any:
     """The strict YAML value of the UTF-8 file `path` (`read_utf8`, then `parse_yaml`'s
     limits); ReadError / ConfigError naming the file."""
     return parse_yaml(read_utf8(path, cap), str(_shorten(Path(path))))
-
-
-def json_lines(path: str | Path, cap: int = LARGE_CAP) -> Iterator[tuple[int, Any]]:
-    """(line number, value or None) for each non-blank line of a JSON Lines file of at most
-    `cap` bytes: None for a line that is not JSON within `parse_json`'s limits (a torn last
-    line, bit rot, a line nested 100,000 deep). The file is read line by line (a line is at
-    most `cap`). ReadError for the file itself."""
-    try:
-        fh = open_regular(path)
-    except OSError as e:
-        raise ReadError(path, f"cannot read it ({read_problem(e)})") from None
-    with fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size > cap:
-            raise ReadError(path, f"cannot read it (larger than {_size(cap)} ({_size(size)}): "
-                            "not the file expected here)")
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    yield n, parse_json(line)
-                except ValueError:
-                    yield n, None
 
 
 def open_file(path: str | Path) -> IO[bytes]:
