@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,15 @@ from minigpt.corpus import (
 from minigpt.device import batch_to
 from minigpt.errors import MinigptError
 from minigpt.events import CorpusProgress, DatasetReady, OnEvent, TokenizingFile, no_events
-from minigpt.files import atomic_file, atomic_write_bytes
+from minigpt.files import (
+    SMALL_CAP,
+    atomic_file,
+    atomic_write_bytes,
+    open_regular,
+    parse_json,
+    read_regular,
+    shown,
+)
 from minigpt.induction import InductionData
 from minigpt.paths import cache_root
 from minigpt.tokenizer import EOT, Tokenizer
@@ -109,38 +118,67 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None 
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
     directory = cache_root(dc.cache_dir) / "tokens"
     bin_path, meta_path = directory / f"{key}.bin", directory / f"{key}.json"
-    meta = _read_meta(meta_path, bin_path)
+    meta = _read_meta(meta_path, bin_path, tokenizer.n_vocab)
     cached = meta is not None
+    where = files[0] if len(files) == 1 else dc.corpus
     if meta is None:
         with cache_writes(directory):
             meta = _build(cut, dc, tokenizer, bin_path, on_event, files)
+            try:
+                _check_splits(meta, T, where)
+            except MinigptError:
+                bin_path.unlink(missing_ok=True)  # a corpus too short is not cached
+                raise
             meta.update(key_src, split_at=cut.at)
             atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
-
+    _check_splits(meta, T, where)
     tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
     n_train = meta["n_train"]
     train, val = tokens[:n_train], tokens[n_train:]
-    where = files[0] if len(files) == 1 else dc.corpus
-    for name, arr, fix in (("train", train, "lower data.val_fraction or use a larger corpus"),
-                           ("val", val, "raise data.val_fraction or use a larger corpus")):
-        if len(arr) < T + 1:
-            raise MinigptError(
-                f"data.corpus: {where} gives a {name} split of {len(arr)} tokens, but "
-                f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
     on_event(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
     return Dataset(train, val, meta["bytes_per_token"], T)
 
 
-def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
-    """The cache's metadata if the cache is complete and consistent, else None (rebuild)."""
+def _check_splits(meta: dict, T: int, where: object) -> None:
+    """Both splits hold at least block_size + 1 tokens, or a MinigptError saying what to do."""
+    larger = "or use a larger corpus"
+    for name, n, fix in (("train", meta["n_train"], f"lower data.val_fraction {larger}"),
+                         ("val", meta["n_tokens"] - meta["n_train"],
+                          f"raise data.val_fraction {larger}")):
+        if n < T + 1:
+            raise MinigptError(
+                f"data.corpus: {where} gives a {name} split of {n} tokens, but "
+                f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
+
+
+def _read_meta(meta_path: Path, bin_path: Path, n_vocab: int) -> dict | None:
+    """The cache's metadata if the cache is complete (None: missing or torn, rebuild it).
+    A complete cache damaged in place (metadata of the wrong type, an id past the vocabulary)
+    is a MinigptError naming the file: deleting it rebuilds it."""
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = parse_json(read_regular(meta_path, SMALL_CAP))
         itemsize = np.dtype(meta["dtype"]).itemsize
-        if bin_path.stat().st_size != meta["n_tokens"] * itemsize:
-            return None
-        return meta
+        with open_regular(bin_path) as fh:  # memory-mapped below: a regular file only
+            if os.fstat(fh.fileno()).st_size != meta["n_tokens"] * itemsize:
+                return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    bpt, n_train = meta.get("bytes_per_token"), meta.get("n_train")
+    damaged = (None if meta["dtype"] in ("uint16", "uint32") else f'dtype {shown(meta["dtype"])}')
+    if not damaged and (type(bpt) not in (int, float) or not 0 < bpt < 1e6):
+        damaged = f"bytes_per_token {shown(bpt)}"
+    if not damaged and (type(n_train) is not int or not 0 <= n_train <= meta["n_tokens"]):
+        damaged = f"n_train {shown(n_train)}"
+    if not damaged:
+        tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
+        top = max((int(tokens[i: i + (1 << 24)].max()) for i in range(0, len(tokens), 1 << 24)),
+                  default=0)
+        del tokens
+        damaged = f"token id {top}, past the tokenizer's {n_vocab}" if top >= n_vocab else None
+    if damaged:
+        raise MinigptError(f"the token cache {meta_path.with_suffix('')}.{{json,bin}} is damaged "
+                           f"({damaged}); delete both files and run again to rebuild them")
+    return meta
 
 
 def _build(cut: CorpusSplit, dc: DataConfig, tokenizer: Tokenizer, bin_path: Path,

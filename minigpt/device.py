@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
-from minigpt.errors import ArgumentError
+from minigpt.errors import ArgumentError, MinigptError
+from minigpt.files import read_file
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
@@ -80,10 +80,10 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in read_file("/proc/meminfo", 1 << 20).decode().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+    except (MinigptError, ValueError, IndexError):
         pass
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

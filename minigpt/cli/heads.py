@@ -61,6 +61,7 @@ def inspect_heads_command(
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
+    from minigpt.core.generate import check_seed
     from minigpt.core.heads import check_mode
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
@@ -68,6 +69,7 @@ def inspect_heads_command(
     from minigpt.inputs import load_run_or_model
 
     fmts = output.parse_formats(formats or [])
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
     if ablate is not None:
         check_mode(ablate)  # before loading anything
     loaded = load_run_or_model(run, model, device, checkpoint)
@@ -84,7 +86,8 @@ def inspect_heads_command(
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate)
+    insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                   seed=seed)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "

@@ -97,12 +97,13 @@ class Inspection:
 
 
 def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
-            run: str = "", step: int = 0, ablate: str | None = None) -> Inspection:
+            run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0) -> Inspection:
     """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
     on `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
     head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
-    The delimiter score reads the token strings only when they are text (`inp.is_text`)."""
+    The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
+    orders the resample ablation's reference."""
     tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
@@ -114,7 +115,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
     ablation = None
     if ablate is not None:
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
-                                scored=inp.scored, minimum=inp.min_tokens)
+                                scored=inp.scored, minimum=inp.min_tokens, seed=seed)
     scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
     return Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
                       scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
