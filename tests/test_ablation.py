@@ -174,7 +174,8 @@ def tiny_run(tmp_path_factory) -> Path:
     return save_tiny_run(tmp_path_factory.mktemp("abl") / "run")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [  # each mode's numbers: the library tests above, in-process
+    pytest.param(m, marks=[] if m == "zero" else [pytest.mark.slow]) for m in MODES])
 def test_the_command_prints_the_librarys_effects(tiny_run, tmp_path, mode):
     from minigpt.heads.probes import prepare_input
     from minigpt.run import load_run
@@ -216,9 +217,10 @@ def test_table_png_html_and_json_files_carry_the_effects(tiny_run, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--ablate", "half"],
      "--ablate: 'half' is not an ablation mode; valid: zero, mean, resample"),
-    (["--probe", "induction", "--max-tokens", "3", "--ablate", "zero"],
-     ("--ablate: the input has 2 tokens, too short to score a prediction: it needs at least 4 "
-      "(see --max-tokens)")),
+    pytest.param(["--probe", "induction", "--max-tokens", "3", "--ablate", "zero"],
+                 ("--ablate: the input has 2 tokens, too short to score a prediction: it needs "
+                  "at least 4 (see --max-tokens)"),
+                 marks=pytest.mark.slow),  # in-process: test_scored_positions_and_bad_input
 ])
 def test_bad_ablation_input_is_one_line(tiny_run, tmp_path, args, needle):
     r = run_cli("inspect-heads", "--run", str(tiny_run), *args, cwd=tmp_path)

@@ -228,12 +228,12 @@ def downloads(argv: list[str]) -> bool:
 
 
 def first_of_each_kind(commands: list[list[str]]) -> list:
-    """Each command as a pytest param: the first of each kind (command name, and whether it
-    downloads) in the quick tier, the others slow (each is a process that imports torch; the
-    in-process CLI tests cover their flags)."""
+    """Each command as a pytest param: the first of each kind (command name; the downloading
+    ones are one kind) in the quick tier, the others slow (each is a process that imports
+    torch; the in-process CLI tests cover their flags, test_hf.py the offline hub)."""
     seen, params = set(), []
     for argv in commands:
-        kind = (argv[0], downloads(argv))
+        kind = "hf:" if downloads(argv) else argv[0]
         params.append(pytest.param(argv, id=" ".join(argv),
                                    marks=[pytest.mark.slow] if kind in seen else []))
         seen.add(kind)
@@ -298,6 +298,7 @@ def test_metrics_records_have_the_documented_fields(place):
 # Issue #15's other findings, as the installed program shows them.
 
 
+@pytest.mark.slow  # in-process: test_cli_sample.py::test_tiny_temperature_is_greedy_through_the_cli
 def test_tiny_temperature_is_greedy_not_a_traceback(program, env, place):
     """Finding 2: `-t 1e-40` was an IndexError; with -n 1 it printed id 257. (That it equals
     greedy decoding is tests/test_cli_sample.py's check.)"""
@@ -307,7 +308,8 @@ def test_tiny_temperature_is_greedy_not_a_traceback(program, env, place):
 
 
 RUNS_CURVES_BAD = [
-    (["curves", "nope", "--out", "c.png"], "unknown run 'nope'"),
+    pytest.param(["curves", "nope", "--out", "c.png"], "unknown run 'nope'",
+                 marks=pytest.mark.slow),
     pytest.param(["runs", "empty"], "no runs under empty/", marks=pytest.mark.slow),
     pytest.param(["curves", "fresh", "--out", "c.png"], "has no metrics yet",
                  marks=pytest.mark.slow),

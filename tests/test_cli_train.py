@@ -134,8 +134,16 @@ def installed(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           check=False, timeout=600)
 
 
-@pytest.mark.parametrize("config", ["default", pytest.param("speedrun", marks=pytest.mark.slow)])
-def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, config):
+def in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` through the CLI in this process (CliRunner), shaped like `installed`."""
+    r = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("config, run_cli", [  # the processes: slow; the same rule in-process
+    ("default", in_process), pytest.param("default", installed, marks=pytest.mark.slow),
+    pytest.param("speedrun", installed, marks=pytest.mark.slow)])
+def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, config, run_cli):
     """Issue 26 (3): `--config FILE --set model.n_layer=2 ...`, then the same command with
     --resume appended. The command's settings are resolved as the command resolves them (the
     file, then each --set), so the file's n_layer 4 is not held against the run's 2."""
@@ -143,14 +151,14 @@ def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, 
     sets = tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 4,
                                   "train.eval_interval": 2, "train.checkpoint_interval": 2})
     command = ["train", "--config", config, *with_sets(sets), "--out", str(run)]
-    r = installed(*command, "--stop-after", "2", cwd=tmp_path)
+    r = run_cli(*command, "--stop-after", "2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = installed(*command, "--stop-after", "2", "--resume", cwd=tmp_path)
+    r = run_cli(*command, "--stop-after", "2", "--resume", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "from step 2" in r.stderr and re.search(r"^step 4/4 ", r.stderr, re.MULTILINE)
     assert load_run(run).cfg.model.n_layer == 2 and load_run(run).step == 4
     # A --set that really changes a model setting is still refused, naming the resolved value.
-    r = installed(*command, "--set", "model.n_layer=3", "--resume", cwd=tmp_path)
+    r = run_cli(*command, "--set", "model.n_layer=3", "--resume", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: --set: model.n_layer cannot change")
     assert "model.n_layer=2" in r.stderr and "gives 3" in r.stderr
 

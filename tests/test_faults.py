@@ -190,6 +190,18 @@ def minigpt(*args: str, cwd: Path, patch: str = "") -> subprocess.CompletedProce
                           timeout=600, env={**os.environ, "MINIGPT_CACHE": str(cwd / "cache")})
 
 
+def in_process(*args: str, cwd: Path, patch: str = "") -> subprocess.CompletedProcess:
+    """`minigpt ARGS` through the CLI in this process (CliRunner), shaped like `minigpt`."""
+    assert not patch, "a fault patch needs its own process"
+    r = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+# Each rule once in-process in the quick tier; through the installed command in the slow tier.
+HOW = [pytest.param(in_process, id="in-process"),
+       pytest.param(minigpt, id="installed", marks=pytest.mark.slow)]
+
+
 def one_line(r: subprocess.CompletedProcess) -> str:
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
@@ -197,7 +209,8 @@ def one_line(r: subprocess.CompletedProcess) -> str:
     return lines[-1]
 
 
-def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, corpus):
+@pytest.mark.parametrize("run_cli", HOW)
+def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, corpus, run_cli):
     """`checkpoints/latest` gone (a copy tool that drops links): the newest complete step is
     the committed one; --resume continues from it, bit for bit as an uninterrupted run, and
     never rewrites it."""
@@ -208,7 +221,7 @@ def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, 
     (run / CKPT_DIR / LATEST).unlink()
     step4 = tree_hash(run / CKPT_DIR / "step-000004")
     assert load_run(run, "cpu").step == 4  # loaders find it too
-    r = minigpt("train", "--out", str(run), "--resume", cwd=tmp_path)
+    r = run_cli("train", "--out", str(run), "--resume", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "from step 4" in r.stderr
     assert tree_hash(run / CKPT_DIR / "step-000004") == step4
@@ -216,7 +229,8 @@ def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, 
     assert (run / "model.safetensors").read_bytes() == (straight / "model.safetensors").read_bytes()
 
 
-def test_a_missing_latest_link_and_a_damaged_newest_step_is_refused(tmp_path, corpus):
+@pytest.mark.parametrize("run_cli", HOW)
+def test_a_missing_latest_link_and_a_damaged_newest_step_is_refused(tmp_path, corpus, run_cli):
     run = tmp_path / "run"
     assert invoke("--out", str(run), *sets(corpus, tmp_path), "--stop-after", "4").exit_code == 0
     (run / CKPT_DIR / LATEST).unlink()
@@ -225,12 +239,13 @@ def test_a_missing_latest_link_and_a_damaged_newest_step_is_refused(tmp_path, co
     data[-3] ^= 0x01
     weights.write_bytes(bytes(data))
     before = tree_hash(run)
-    line = one_line(minigpt("train", "--out", str(run), "--resume", cwd=tmp_path))
+    line = one_line(run_cli("train", "--out", str(run), "--resume", cwd=tmp_path))
     assert "step-000004/model.safetensors" in line and "sha256" in line
     assert tree_hash(run) == before
 
 
-def test_a_latest_that_is_a_copy_is_refused_and_the_run_still_loads(tmp_path, corpus):
+@pytest.mark.parametrize("run_cli", HOW)
+def test_a_latest_that_is_a_copy_is_refused_and_the_run_still_loads(tmp_path, corpus, run_cli):
     """A run zipped and unzipped: `latest` became a directory. --resume cannot commit past it,
     so it refuses before doing anything, saying how to restore the link; sampling works."""
     run = tmp_path / "run"
@@ -238,11 +253,11 @@ def test_a_latest_that_is_a_copy_is_refused_and_the_run_still_loads(tmp_path, co
     (run / CKPT_DIR / LATEST).unlink()
     shutil.copytree(run / CKPT_DIR / "step-000002", run / CKPT_DIR / LATEST)
     before = tree_hash(run)
-    line = one_line(minigpt("train", "--out", str(run), "--resume", cwd=tmp_path))
+    line = one_line(run_cli("train", "--out", str(run), "--resume", cwd=tmp_path))
     assert "checkpoints/latest is a directory, not the symbolic link" in line
     assert "ln -s step-000002" in line
     assert tree_hash(run) == before
-    r = minigpt("sample", "--run", str(run), "-n", "3", "--device", "cpu", cwd=tmp_path)
+    r = run_cli("sample", "--run", str(run), "-n", "3", "--device", "cpu", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
@@ -267,10 +282,10 @@ checkpoint.write_file_synced = full
 }
 
 
-@pytest.mark.parametrize("obstacle", [  # the quick tier keeps one obstacle; the rest are slow
-    pytest.param(o, marks=[] if o == "a file where step-000004 goes" else [pytest.mark.slow])
-    for o in OBSTACLES])
-def test_a_resume_whose_first_save_fails_changes_nothing(tmp_path, corpus, obstacle):
+@pytest.mark.parametrize("obstacle, run_cli", [  # quick: one obstacle, in-process
+    pytest.param("a file where step-000004 goes", in_process, id="file-in-process"),
+    *[pytest.param(o, minigpt, id=f"{o}-installed", marks=pytest.mark.slow) for o in OBSTACLES]])
+def test_a_resume_whose_first_save_fails_changes_nothing(tmp_path, corpus, obstacle, run_cli):
     run = tmp_path / "run"
     assert invoke("--out", str(run), *sets(corpus, tmp_path), "--stop-after", "2").exit_code == 0
     ckpts = run / CKPT_DIR
@@ -279,7 +294,7 @@ def test_a_resume_whose_first_save_fails_changes_nothing(tmp_path, corpus, obsta
         (ckpts / in_the_way).write_text("x")
     before = tree_hash(run)
     resume = ["train", "--out", str(run), "--resume", "--set", "train.eval_interval=1"]
-    line = one_line(minigpt(*resume, cwd=tmp_path, patch=patch.format(ckpts=str(ckpts))))
+    line = one_line(run_cli(*resume, cwd=tmp_path, patch=patch.format(ckpts=str(ckpts))))
     assert "saving checkpoint step 4 failed" in line and "(step-000002) is intact" in line
     after = {k: v for k, v in tree_hash(run).items()
              if not k.startswith("checkpoints/.tmp-step-000004-")}  # the obstacle itself
@@ -287,7 +302,7 @@ def test_a_resume_whose_first_save_fails_changes_nothing(tmp_path, corpus, obsta
     assert load_run(run, "cpu").step == 2
     for p in ckpts.glob("*step-000004*"):  # the obstacle gone, the same resume finishes
         p.unlink()
-    r = minigpt(*resume, cwd=tmp_path)
+    r = run_cli(*resume, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert load_run(run, "cpu").step == 6
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -763,8 +763,9 @@ def test_table_is_big_enough_and_covers_every_command(world, tmp_path):
 
 @pytest.mark.parametrize("name,args,needle", [
     ("sample-pickle", lambda w, t: ["sample", "--run", str(w.runs["pickle"])], "pickle"),
-    ("model-pickle-only", lambda w, t: ["sample", "--model", str(w.models["pickle-only"])],
-     "never unpickles"),
+    pytest.param("model-pickle-only", lambda w, t: ["sample", "--model",
+                                                   str(w.models["pickle-only"])],
+                 "never unpickles", marks=pytest.mark.slow),  # in-process: test_bad_input
     pytest.param("model-missing-shard", lambda w, t: ["inspect-heads", "--model",
                                                       str(w.models["missing-shard"])],
                  "model-00002-of-00002", marks=pytest.mark.slow),
@@ -788,7 +789,8 @@ def test_real_process_exit_code_and_stderr(world, tmp_path, name, args, needle):
 
 
 MINIGPT = shutil.which("minigpt")
-QUICK_RECORD_CASES = {"records-line-not-json", "records-parquet-corrupt"}
+# Every record case runs in-process in test_bad_input; one through the installed command here.
+QUICK_RECORD_CASES = {"records-line-not-json"}
 
 
 @pytest.mark.skipif(MINIGPT is None, reason="the minigpt console script is not installed")
@@ -1105,8 +1107,7 @@ def hcurves(name: str) -> Callable[[Hostile, Path], list[str]]:
 
 HOSTILE = [
     # JSON nested 100,000 deep: a parse with a depth limit, never a RecursionError.
-    HostileCase("deep-config", hmodel("sample", "deep-config"), ("config.json", "nested"),
-                quick=True),
+    HostileCase("deep-config", hmodel("sample", "deep-config"), ("config.json", "nested")),
     HostileCase("deep-tokenizer", hmodel("inspect-heads", "deep-tokenizer"),
                 ("tokenizer.json", "nested")),
     HostileCase("deep-index", hmodel("sample", "deep-index"),
@@ -1153,7 +1154,7 @@ HOSTILE = [
                 ("max_position_embeddings", "1000000000")),
     # Symlinks out of the model directory, special files in it.
     HostileCase("config-link-out", hmodel("sample", "config-link-out"),
-                ("config.json", "outside the model directory"), quick=True),
+                ("config.json", "outside the model directory")),
     HostileCase("shard-link-out", hmodel("inspect-heads", "shard-link-out"),
                 ("model.safetensors", "outside the model directory")),
     HostileCase("tokenizer-dev-zero", hmodel("sample", "tokenizer-dev-zero"),
@@ -1162,13 +1163,13 @@ HOSTILE = [
                 ("config.json", "not a regular file")),
     # Permissions.
     HostileCase("model-dir-unreadable", hmodel("sample", "unreadable-dir"),
-                ("--model", "unreadable-dir", "permission denied"), quick=True,
+                ("--model", "unreadable-dir", "permission denied"),
                 unprivileged=True),
     HostileCase("config-unreadable", hmodel("inspect-heads", "unreadable-config"),
                 ("config.json", "permission denied"), unprivileged=True),
     # Runs: metrics.jsonl that is not a regular file, or cannot be read.
     HostileCase("curves-metrics-fifo", hcurves("metrics-fifo"),
-                ("metrics.jsonl", "not a regular file (a FIFO)"), quick=True),
+                ("metrics.jsonl", "not a regular file (a FIFO)")),
     HostileCase("curves-metrics-dev-zero", hcurves("metrics-dev-zero"),
                 ("metrics.jsonl", "character device")),
     HostileCase("curves-metrics-dir", hcurves("metrics-dir"),
@@ -1178,13 +1179,13 @@ HOSTILE = [
     # Run names that leave runs/, and a cache with no home.
     HostileCase("run-name-dotdot", lambda h, t: ["train", "--print-config", "--set",
                                                  "run.name=../../elsewhere"],
-                ("run.name", "'../../elsewhere'", "one directory name"), quick=True),
+                ("run.name", "'../../elsewhere'", "one directory name")),
     HostileCase("run-name-absolute", lambda h, t: ["train", "--print-config", "--set",
                                                    "run.name=/tmp/x"], ("run.name", "'/tmp/x'")),
     HostileCase("home-empty", lambda h, t: ["train", "--config", "bytes", "--out",
                                             str(t / "new-run"), "--set",
                                             "train.max_steps=1"],
-                ("HOME", "MINIGPT_CACHE"), quick=True,
+                ("HOME", "MINIGPT_CACHE"),
                 env={"HOME": "", "MINIGPT_CACHE": None, "XDG_CACHE_HOME": None}),
 ]
 
@@ -1209,12 +1210,38 @@ def test_files_from_elsewhere(case: HostileCase, hostile: Hostile, tmp_path: Pat
     assert not (tmp_path / "new-run").exists() and not (tmp_path / "runs").exists()
 
 
+# Classes whose rule a quick in-process test checks: their process cases are all slow.
+HOSTILE_IN_PROCESS = {
+    "deep-config": "test_security.py::test_json_nested_too_deeply_is_an_error_not_a_crash",
+    "config-link-out":
+        "test_security.py::test_links_inside_a_model_directory_are_followed_and_links_out_refused",
+    "model-dir-unreadable":
+        "test_security.py::test_permission_denied_is_reported_with_the_path_in_process",
+    "curves-metrics-fifo":
+        "test_security.py::test_readers_never_block_on_a_fifo_nor_read_a_device",
+    "run-name-dotdot": "test_security.py::test_run_name_is_one_directory_name",
+    "home-empty": "test_security.py::test_the_cache_without_a_home",
+}
+
+
+def quick_test_exists(ref: str) -> bool:
+    """`file::name` names a test function in tests/ that the quick tier runs."""
+    file, name = ref.split("::")
+    text = (Path(__file__).parent / file).read_text()
+    at = text.find(f"\ndef {name}(")
+    decorators = text[:at].rsplit("\n\n", 1)[-1].splitlines()
+    return at >= 0 and not any(x.startswith("@pytest.mark.slow") for x in decorators)
+
+
 def test_hostile_table_covers_every_class():
     quick = {c.id for c in HOSTILE if c.quick}
     assert len({c.id for c in HOSTILE}) == len(HOSTILE)
-    assert {"deep-config", "model-type-list", "eot-id-billion", "regex-invalid",
-            "n-layer-million", "config-link-out", "model-dir-unreadable",
-            "curves-metrics-fifo", "run-name-dotdot", "home-empty"} == quick
+    classes = {"deep-config", "model-type-list", "eot-id-billion", "regex-invalid",
+               "n-layer-million", "config-link-out", "model-dir-unreadable",
+               "curves-metrics-fifo", "run-name-dotdot", "home-empty"}
+    assert classes <= {c.id for c in HOSTILE}
+    assert quick == classes - set(HOSTILE_IN_PROCESS)  # the others: a quick in-process test
+    assert all(quick_test_exists(ref) for ref in HOSTILE_IN_PROCESS.values())
 
 
 @pytest.mark.slow
@@ -1345,8 +1372,11 @@ def _name_escaped(r: subprocess.CompletedProcess, tmp: Path) -> None:
 
 
 OUTSIDE = [
+    # Slow where a quick in-process test checks the rule: the reader's refusals in
+    # test_security.py::test_the_reader_refuses_what_is_not_a_regular_file_with_one_line,
+    # a long prompt file in test_cli_sample.py::test_a_long_prompt_file_keeps_the_tokens_...
     Outside("sample-prompt-file-dev-zero", _sample_file("/dev/zero"),
-            ("--prompt-file /dev/zero", "not a regular file (a character device)")),
+            ("--prompt-file /dev/zero", "not a regular file (a character device)"), slow=True),
     Outside("sample-prompt-file-dev-urandom", _sample_file("/dev/urandom"),
             ("--prompt-file /dev/urandom", "not a regular file"), slow=True),
     Outside("sample-prompt-file-fifo", _sample_file("fifo"),
@@ -1360,13 +1390,13 @@ OUTSIDE = [
     Outside("inspect-text-file-dev-urandom", _inspect_file("/dev/urandom"),
             ("--text-file /dev/urandom", "not a regular file"), slow=True),
     Outside("inspect-text-file-fifo", _inspect_file("fifo"),
-            ("--text-file", "prompt.fifo", "not a regular file (a FIFO)")),
+            ("--text-file", "prompt.fifo", "not a regular file (a FIFO)"), slow=True),
     Outside("inspect-text-file-directory", _inspect_file("dir"),
             ("--text-file", "a-directory.txt", "not a regular file (a directory)"), slow=True),
     Outside("inspect-text-file-link-to-dev-zero", _inspect_file("zero-link"),
             ("--text-file", "zero.txt", "not a regular file"), slow=True),
     Outside("sample-prompt-file-100mb", _sample_file("big", "--json"),
-            check=_big_prompt_used_its_end),
+            check=_big_prompt_used_its_end, slow=True),
     Outside("inspect-text-file-100mb", _inspect_file("big"), check=_big_text_used_its_start,
             slow=True),
     Outside("inspect-nan-attention", lambda w, e, t: [
@@ -1630,17 +1660,17 @@ def _no_cache_entry(r, w, d, t) -> None:
 DOOR_CASES = [
     # Configs that are not regular files: refused before a byte is read.
     DoorCase("config-dev-zero", "config-not-regular", _config("/dev/zero"),
-             ("/dev/zero", "character device"), quick=True),
+             ("/dev/zero", "character device")),
     DoorCase("config-link-to-urandom", "config-not-regular", _config("urandom.yaml"),
              ("urandom.yaml", "character device")),
     DoorCase("config-fifo", "config-not-regular", _config("fifo.yaml"), ("fifo.yaml", "FIFO")),
     # YAML: aliases, complex keys, integers past Python's limit; the line stays short.
     DoorCase("yaml-alias-tree", "yaml-limits", _config("alias.yaml"),
-             ("alias.yaml", "aliases"), quick=True),
+             ("alias.yaml", "aliases")),
     DoorCase("yaml-complex-key", "yaml-limits", _config("complex-key.yaml"),
              ("complex-key.yaml", "line 2", "plain names")),
     DoorCase("yaml-5000-digits", "integer-length", _config("bigint.yaml"),
-             ("bigint.yaml", "5,000 digits"), quick=True),
+             ("bigint.yaml", "5,000 digits")),
     DoorCase("set-5000-digits", "integer-length", lambda w, d, t: [
         "train", "--print-config", "--set", "model.n_layer=" + "9" * 5000],
         ("model.n_layer", "5,000 digits")),
@@ -1663,7 +1693,7 @@ DOOR_CASES = [
     # tokenizer.encoding files with hostile ranks: refused before tiktoken sees them.
     DoorCase("tiktoken-rank-billion", "tiktoken-ranks", _train(**{
         "tokenizer.encoding": "@rank-billion.tiktoken"}),
-        ("rank-billion.tiktoken", "1,000,000,000", "contiguous"), quick=True),
+        ("rank-billion.tiktoken", "1,000,000,000", "contiguous")),
     DoorCase("tiktoken-rank-trillion", "tiktoken-ranks", _train(**{
         "tokenizer.encoding": "@rank-trillion.tiktoken"}),
         ("rank-trillion.tiktoken", "line 257")),
@@ -1679,13 +1709,13 @@ DOOR_CASES = [
     # Compressed and columnar corpora.
     DoorCase("gz-line-past-the-cap", "compressed-corpus", _train(**{
         "data.corpus": "@long-line.jsonl.gz", "tokenizer.vocab_size": 260}),
-        ("long-line.jsonl.gz: line 1", "longer than 64 MiB"), quick=True),
+        ("long-line.jsonl.gz: line 1", "longer than 64 MiB")),
     DoorCase("parquet-two-text-columns", "compressed-corpus", _train(**{
         "data.corpus": "@two-text.parquet", "tokenizer.vocab_size": 260}),
         ("two-text.parquet", '2 columns are named "text"')),
     # Token caches damaged in place: one line, no run directory.
     DoorCase("cache-ids-ff", "token-cache", _train(**{"data.cache_dir": "%ids-ff"}),
-             ("token cache", "past the tokenizer's 257", "delete"), quick=True),
+             ("token cache", "past the tokenizer's 257", "delete")),
     DoorCase("cache-bytes-per-token-x", "token-cache", _train(**{"data.cache_dir": "%bpt-x"}),
              ("token cache", "bytes_per_token x")),
     DoorCase("cache-bytes-per-token-zero", "token-cache",
@@ -1695,7 +1725,7 @@ DOOR_CASES = [
     # Outputs that are not regular files are never replaced.
     DoorCase("curves-out-fifo", "never-replace", lambda w, d, t: [
         "curves", str(w.runs["with-metrics"]), "--out", str(d.files["fifo-out"])],
-        ("--out", "out.png", "a FIFO, not a regular file"), quick=True, check=_still_fifo),
+        ("--out", "out.png", "a FIFO, not a regular file"), check=_still_fifo),
     DoorCase("bench-json-fifo", "never-replace", lambda w, d, t: [
         "bench", "--quick", "--suite", "attention", "--seq-lens", "8", "--json",
         str(d.files["fifo-out"])], ("--json", "out.png", "a FIFO"), check=_still_fifo),
@@ -1814,10 +1844,26 @@ def test_one_door_for_files(case: DoorCase, door: Door, world: World, tmp_path: 
         case.check(r, world, door, tmp_path)
 
 
+# Causes whose rule a quick in-process test checks: their process cases are all slow.
+DOOR_IN_PROCESS = {
+    "config-not-regular":
+        "test_security.py::test_the_reader_refuses_what_is_not_a_regular_file_with_one_line",
+    "yaml-limits": "test_security.py::test_json_and_yaml_limits_are_one_line_errors",
+    "integer-length": "test_security.py::test_json_and_yaml_limits_are_one_line_errors",
+    "tiktoken-ranks": "test_tokenizer.py::test_hostile_rank_files_are_one_line_naming_the_file",
+    "compressed-corpus":
+        "test_data.py::test_gzip_records_are_bounded_per_line_and_report_compressed_progress",
+    "token-cache": "test_data.py::test_a_token_cache_damaged_in_place_is_one_line",
+    "never-replace": "test_security.py::test_writes_never_replace_a_fifo_or_a_device",
+}
+
+
 def test_door_table_covers_every_cause():
     causes = {c.cause for c in DOOR_CASES}
     assert causes == {"config-not-regular", "yaml-limits", "integer-length", "deep-json",
                       "tiktoken-ranks", "compressed-corpus", "token-cache", "huge-size",
                       "never-replace", "stdout", "failed-resume", "minor"}
-    assert {c.cause for c in DOOR_CASES if c.quick} == causes  # one of each in the quick tier
+    # One process case of each cause in the quick tier, unless a quick in-process test checks it.
+    assert {c.cause for c in DOOR_CASES if c.quick} == causes - set(DOOR_IN_PROCESS)
+    assert all(quick_test_exists(ref) for ref in DOOR_IN_PROCESS.values())
     assert len({c.id for c in DOOR_CASES}) == len(DOOR_CASES)

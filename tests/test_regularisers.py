@@ -138,9 +138,23 @@ def test_train_ema_may_change_on_resume(tmp_path):
     assert done.step == 6 and not (ckpt / "train_weights.safetensors").exists()
 
 
-@pytest.mark.parametrize("setting, bound", [("train.ema=1.0", "< 1.0"),
-                                            ("model.attn_dropout=-0.1", ">= 0.0"),
-                                            ("model.dropout=1", "< 1.0")])
+BOUNDS = [("train.ema=1.0", "< 1.0"), ("model.attn_dropout=-0.1", ">= 0.0"),
+          ("model.dropout=1", "< 1.0")]
+
+
+@pytest.mark.parametrize("setting, bound", BOUNDS)
+def test_out_of_bounds_regularisers_are_refused_by_name_in_process(setting, bound):
+    from minigpt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [setting])
+    line = str(e.value)
+    assert "\n" not in line and setting.split("=")[0] in line and bound in line, line
+
+
+@pytest.mark.parametrize("setting, bound", [  # one process in the quick tier; all in-process above
+    pytest.param(s, b, marks=[] if s.startswith("train.ema") else [pytest.mark.slow])
+    for s, b in BOUNDS])
 def test_out_of_bounds_regularisers_are_one_line_errors(tmp_path, setting, bound):
     assert MINIGPT is not None, "the `minigpt` console script is not on PATH: pip install -e ."
     r = subprocess.run([MINIGPT, "train", "--print-config", "--set", setting], cwd=tmp_path,

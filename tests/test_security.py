@@ -516,6 +516,31 @@ def exported(tmp_path_factory) -> Path:
     return export_hf(load_run(run, "cpu"), root / "model").out
 
 
+def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links_in_process(exported,
+                                                                             tmp_path):
+    """The cache layout's links into the repo's blobs/ are followed (the same weights as the
+    directory itself); a link into ANOTHER repo's cache folder is refused, naming the repo
+    folder (the process and hf:REPO: the slow test below)."""
+    import torch
+
+    from minigpt.errors import MinigptError
+    from minigpt.hf import load_model
+
+    snap = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/tiny")
+    assert (snap / "config.json").is_symlink()
+    local, cached = load_model(exported), load_model(snap)
+    assert cached.model.state_dict().keys() == local.model.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(cached.model.state_dict().values(),
+                                                 local.model.state_dict().values()))
+    other = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/other")
+    (snap / "tokenizer.json").unlink()
+    os.symlink(os.path.relpath(other / "tokenizer.json", snap), snap / "tokenizer.json")
+    with pytest.raises(MinigptError, match="outside the model directory") as e:
+        load_model(snap)
+    assert str(tmp_path / "hf-home" / "hub" / "models--someone--tiny") in str(e.value)
+
+
+@pytest.mark.slow
 def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(exported, tmp_path):
     """The real cache layout (links out of the snapshot into the repo's blobs/) is accepted,
     through the installed command, both as a directory and as hf:REPO offline; a link from a

@@ -88,6 +88,7 @@ def with_sets(sets: list[str]) -> list[str]:
     return [x for s in sets for x in ("--set", s)]
 
 
+@pytest.mark.slow  # in-process: test_resume_after_a_session_died_past_its_checkpoint and below
 def test_tensorboard_run_and_resume_through_the_installed_command(tmp_path):
     """`minigpt train --set train.tensorboard=true`: TensorBoard sees every scalar metrics.jsonl
     has, with its values; 3 steps + `--resume` to 6 show the same steps, once each, and the same
@@ -120,6 +121,19 @@ def test_tensorboard_run_and_resume_through_the_installed_command(tmp_path):
     # The docs name every tag (docs/cli.md, "TensorBoard").
     section = (PROJECT_ROOT / "docs" / "cli.md").read_text().split("### TensorBoard")[1]
     for tag in a:
+        assert f"`{re.sub(r'layer0$', 'layer<i>', tag)}`" in section, tag
+
+
+def test_the_docs_name_every_tag_a_run_writes(tmp_path):
+    """docs/cli.md ("TensorBoard") names every tag a run writes, and the run writes each
+    scalar metrics.jsonl has (in-process; the installed command's run: the slow tier)."""
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    train(load_config(None, [*tiny_train_sets(tmp_path), "train.tensorboard=true"]), run)
+    tags = board(run)
+    assert tags == expected(run)
+    section = (PROJECT_ROOT / "docs" / "cli.md").read_text().split("### TensorBoard")[1]
+    for tag in tags:
         assert f"`{re.sub(r'layer0$', 'layer<i>', tag)}`" in section, tag
 
 
@@ -195,6 +209,7 @@ def shadowed_tensorboard(tmp_path: Path) -> dict:
     return {**os.environ, "PYTHONPATH": path}
 
 
+@pytest.mark.slow  # in-process: test_the_library_refuses_the_same_way_and_trains_without_...
 def test_without_the_package_the_option_is_refused_before_anything_is_made(tmp_path):
     """No tensorboard installed: `--set train.tensorboard=true` is one error line naming the
     extra, exit 2, before the run directory or the token cache exist."""
