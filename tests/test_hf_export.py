@@ -231,6 +231,17 @@ def minigpt_export(*args: str) -> subprocess.CompletedProcess:
                           check=False)
 
 
+def export_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`minigpt export ARGS` through the CLI in this process (CliRunner)."""
+    r = CliRunner().invoke(app, ["export", *args], catch_exceptions=False)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+# Each rule once in-process in the quick tier; through the installed command in the slow tier.
+HOW = [pytest.param(export_in_process, id="in-process"),
+       pytest.param(minigpt_export, id="installed", marks=pytest.mark.slow)]
+
+
 def one_error_line(r: subprocess.CompletedProcess) -> str:
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
@@ -238,27 +249,29 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_an_impossible_out_is_one_line(exported, tmp_path):
+@pytest.mark.parametrize("export", HOW)
+def test_an_impossible_out_is_one_line(exported, tmp_path, export):
     """Issue 26: a parent that is a file said "File exists"; a name longer than the file
     system allows was an OSError traceback."""
     run_dir, _ = exported["learned"]
     (tmp_path / "afile").write_text("x")
-    line = one_error_line(minigpt_export("--run", str(run_dir), "--out",
+    line = one_error_line(export("--run", str(run_dir), "--out",
                                          str(tmp_path / "afile" / "sub")))
     assert f"{tmp_path / 'afile'} is a file, not a directory" in line
-    line = one_error_line(minigpt_export("--run", str(run_dir), "--out",
+    line = one_error_line(export("--run", str(run_dir), "--out",
                                          str(tmp_path / ("x" * 300))))
     assert "--out" in line and "longer than the file system allows" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
-def test_an_empty_out_keeps_its_mode_and_a_new_one_gets_the_umasks(exported, tmp_path):
+@pytest.mark.parametrize("export", HOW)
+def test_an_empty_out_keeps_its_mode_and_a_new_one_gets_the_umasks(exported, tmp_path, export):
     """Issue 26: exporting into an existing empty directory changed its mode to 0700."""
     run_dir, _ = exported["learned"]
     (tmp_path / "empty").mkdir()
     os.chmod(tmp_path / "empty", 0o751)
     for out in (tmp_path / "empty", tmp_path / "new"):
-        r = minigpt_export("--run", str(run_dir), "--out", str(out))
+        r = export("--run", str(run_dir), "--out", str(out))
         assert r.returncode == 0, r.stderr
     assert stat.S_IMODE((tmp_path / "empty").stat().st_mode) == 0o751
     mask = os.umask(0)
