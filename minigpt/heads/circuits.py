@@ -56,7 +56,8 @@ KIND_HELP = {"q": "the earlier head's output read by the later head's queries (W
              "k": "the earlier head's output read by the later head's keys (W_OV W_K W_Q^T)",
              "v": "the earlier head's output read by the later head's values (W_OV W_V W_O)"}
 DIRECTIONS = ("noising", "denoising")
-BASELINE_DRAWS = 32  # random weight sets averaged for the composition baseline
+BASELINE_DRAWS = 16  # random heads per layer: 16 x 16 random pairs for the composition baseline
+SMALL_GAP = 1e-2  # a clean -> corrupted change of the metric below this gets a note
 CHUNK_FLOATS = 64 * 1024 * 1024  # activations per batched pass, as in heads.ablation
 
 
@@ -80,15 +81,22 @@ class Metric:
         return self.answer is not None
 
     def targets(self, tokens: Sequence[int]) -> list[int]:
-        """The token whose logit is attributed at each scored position."""
+        """The token whose logit is attributed at each scored position (none for a logit
+        difference)."""
+        if self.logit_diff:
+            return []
         if self.target is not None:
             return [self.target] * len(self.positions)
         return [tokens[p + 1] for p in self.positions]
 
-    def describe(self, tokens: Sequence[int]) -> str:
+    def describe(self, loss: bool = False) -> str:
+        """What is attributed (`loss` False) or measured by patching (`loss` True)."""
         if self.logit_diff:
             return f"logit[{self.answer}] - logit[{self.wrong}] at the last position"
         what = f"token {self.target}" if self.target is not None else "the next token"
+        if loss:
+            return (f"the loss of predicting {what} (nats/token), averaged over "
+                    f"{len(self.positions)} positions")
         return f"the logit of {what}, averaged over {len(self.positions)} positions"
 
 
@@ -244,7 +252,7 @@ def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> At
     out["final norm bias"] = float((direction @ bias).mean())
     head_share = share(heads[:, :, pos])  # (L, H)
     pre_cap = _uncapped_logit(model, logits, metric, tokens)
-    return Attribution(head_share, out, pre_cap, metric.describe(tokens), len(pos))
+    return Attribution(head_share, out, pre_cap, metric.describe(), len(pos))
 
 
 def _uncapped_logit(model, logits: Tensor, metric: Metric, tokens: Sequence[int]) -> float:
@@ -304,24 +312,26 @@ def head_weights(model) -> dict[str, Tensor]:
     docstring): P diag(gamma) in front of the reading matrices, P after W_O."""
     cfg = model.cfg
     H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
-    centre = torch.eye(C, dtype=torch.float64)
-    if cfg.norm != "rmsnorm":
-        centre -= 1.0 / C
+    centred = cfg.norm != "rmsnorm"
     out = {n: [] for n in ("q", "k", "v", "o")}
     for block in model.blocks:
         gain, _ = _norm_params(block.ln_1, C)
         w = block.attn.c_attn.weight.detach().double().cpu().view(3, H, D, C)  # rows Q|K|V
-        read = centre * gain[None, :]  # (C, C): x -> x P diag(gamma)
-        for i, n in enumerate("qkv"):
-            out[n].append(torch.einsum("ab,hdb->had", read, w[i]))  # (H, C, D)
+        for i, n in enumerate("qkv"):  # (H, D, C) -> (H, C, D): x -> x P diag(gamma) W
+            out[n].append(_centred(w[i].transpose(1, 2) * gain[:, None], -2, centred))
         w_o = block.attn.c_proj.weight.detach().double().cpu().view(C, H, D)
-        out["o"].append(torch.einsum("chd,ce->hde", w_o, centre))  # (H, D, C)
+        out["o"].append(_centred(w_o.permute(1, 2, 0), -1, centred))  # (H, D, C): W_O P
     qk = [block.attn.qk_norm for block in model.blocks]
     for la, norm in enumerate(qk):  # QK-norm's gains are linear on d_head; its scale is not
         if norm is not None:
             out["q"][la] = out["q"][la] * norm.q_weight.detach().double().cpu()
             out["k"][la] = out["k"][la] * norm.k_weight.detach().double().cpu()
     return {n: torch.stack(v) for n, v in out.items()}
+
+
+def _centred(w: Tensor, dim: int, centred: bool) -> Tensor:
+    """w with its mean over the residual-stream axis `dim` removed (P w or w P), if `centred`."""
+    return w - w.mean(dim, keepdim=True) if centred else w
 
 
 def _r_factor(x: Tensor) -> Tensor:
@@ -334,47 +344,44 @@ def composition_from_weights(w: dict[str, Tensor]) -> dict[str, Tensor]:
 
     Each W_OV = W_V W_O and each M = X Y^T is a product of thin (C, D) factors, so the
     Frobenius norms reduce to D x D matrices (`_r_factor`): ||W_V W_O M||_F = ||A B||_F with
-    A = R(W_V) W_O (D, C) and B = X R(Y)^T (C, D). One matrix product per later layer."""
+    A = R(W_V) W_O (D, C) and B = X R(Y)^T (C, D). One matrix product per later layer, all
+    three kinds at once."""
     q, k, v, o = w["q"], w["k"], w["v"], w["o"]
     L, H, C, D = q.shape
     left = _r_factor(v) @ o  # (L, H, D, C): W_OV of each earlier head, reduced
     rights = {"q": q @ _r_factor(k).transpose(-1, -2), "k": k @ _r_factor(q).transpose(-1, -2),
               "v": v @ _r_factor(o.transpose(-1, -2)).transpose(-1, -2)}  # each (L, H, C, D)
     left_norm = left.flatten(2).norm(dim=-1)  # (L, H) = ||W_OV||_F
-    out = {}
-    for kind, right in rights.items():
-        s = torch.zeros(L, H, L, H, dtype=torch.float64)
-        right_norm = right.flatten(2).norm(dim=-1)  # (L, H) = ||M||_F
-        for l2 in range(1, L):
-            a = left[:l2].reshape(l2 * H * D, C)  # every earlier head's rows
-            b = right[l2].permute(1, 0, 2).reshape(C, H * D)  # (C, H*D): this layer's heads
-            prod = (a @ b).view(l2, H, D, H, D)  # block (l1, h1, :, h2, :)
-            s[:l2, :, l2] = prod.square().sum((2, 4)).sqrt()  # (l2, H, H)
-            denom = left_norm[:l2, :, None] * right_norm[l2][None, None, :]
-            s[:l2, :, l2] /= denom.clamp_min(1e-300)
-        out[kind] = s
-    return out
+    right = torch.stack([rights[kind] for kind in KINDS])  # (3, L, H, C, D)
+    right_norm = right.flatten(3).norm(dim=-1)  # (3, L, H) = ||M||_F
+    s = torch.zeros(len(KINDS), L, H, L, H, dtype=torch.float64)
+    lhs = left.float()  # the one large product runs in float32 (as TransformerLens's does)
+    for l2 in range(1, L):
+        a = lhs[:l2].reshape(l2 * H * D, C)  # every earlier head's rows
+        b = right[:, l2].float().permute(2, 0, 1, 3).reshape(C, len(KINDS) * H * D)
+        prod = (a @ b).view(l2, H, D, len(KINDS), H, D)  # block (l1, h1, :, kind, h2, :)
+        norms = prod.double().square().sum((2, 5)).sqrt().permute(2, 0, 1, 3)  # (3, l2, H, H)
+        denom = left_norm[None, :l2, :, None] * right_norm[:, l2][:, None, None, :]
+        s[:, :l2, :, l2] = norms / denom.clamp_min(1e-300)
+    return {kind: s[i] for i, kind in enumerate(KINDS)}
 
 
 def composition_baseline(n_head: int, n_embd: int, head_dim: int, centred: bool,
                          draws: int = BASELINE_DRAWS, seed: int = 0) -> dict[str, float]:
-    """The mean score of `draws` pairs of heads whose weights are standard Gaussian, of the
-    model's shapes (centred like a LayerNorm model's when `centred`), for each kind."""
+    """The mean score of `draws` x `draws` pairs of heads whose weights are standard Gaussian,
+    of the model's shapes (centred like a LayerNorm model's when `centred`), for each kind."""
     gen = torch.Generator().manual_seed(seed)
     C, D = n_embd, head_dim
-    centre = torch.eye(C, dtype=torch.float64) - (1.0 / C if centred else 0.0)
 
     def draw(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    total = {kind: 0.0 for kind in KINDS}
-    for _ in range(draws):  # each draw: two one-head layers, the second reading the first
-        pair = {n: (centre @ draw(2, 1, C, D)) for n in "qkv"}  # (2 layers, 1 head, C, D)
-        pair["o"] = draw(2, 1, D, C) @ centre
-        s = composition_from_weights(pair)
-        for kind in KINDS:
-            total[kind] += float(s[kind][0, 0, 1, 0])
-    return {kind: total[kind] / draws for kind in KINDS}
+    # one model of two layers with `draws` random heads each: every (layer 0, layer 1) pair
+    # of heads is a pair of independent random heads
+    w = {n: _centred(draw(2, draws, C, D), -2, centred) for n in "qkv"}
+    w["o"] = _centred(draw(2, draws, D, C), -1, centred)
+    s = composition_from_weights(w)
+    return {kind: float(s[kind][0, :, 1, :].mean()) for kind in KINDS}
 
 
 @torch.no_grad()
@@ -425,7 +432,7 @@ class Patching:
     def to_json(self, digits: int = 6) -> dict:
         return {"direction": self.direction, "metric": self.metric, "what": self.what,
                 "clean": round(self.clean, digits), "corrupted": round(self.corrupted, digits),
-                "corrupted_input": self.source,
+                "corrupted_input": self.source, "notes": self.notes,
                 "effect": "fraction of the clean -> corrupted change of the metric that "
                           + ("patching the head alone produces" if self.direction == "noising"
                              else "the head's clean output alone restores")}
@@ -488,9 +495,14 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
                             "both inputs): there is no difference for a head to carry; "
                             "corrupt the input where it matters")
     clean_v, corr_v = (m_base, m_source) if direction == "noising" else (m_source, m_base)
+    notes = []
+    if abs(gap) < SMALL_GAP:
+        notes.append(f"the corrupted input changes the metric by only {abs(gap):.2g}: each "
+                     "head's fraction is a ratio of small numbers; corrupt the input where "
+                     "the model's prediction depends on it")
     return Patching(direction, "logit_diff" if metric.logit_diff else "loss",
-                    metric.describe(clean), (delta / gap).view(L, H), delta.view(L, H),
-                    clean_v, corr_v, source)
+                    metric.describe(loss=True), (delta / gap).view(L, H), delta.view(L, H),
+                    clean_v, corr_v, source, notes)
 
 
 def _patched_metric(model, idx: Tensor, chunk: list[tuple[int, int]], reference: list[Tensor],

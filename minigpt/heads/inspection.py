@@ -20,6 +20,16 @@ from torch import Tensor
 from minigpt.attention import AttnSpec
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.ablation import Ablation, ablate_heads
+from minigpt.heads.circuits import (
+    KIND_HELP,
+    Attribution,
+    Composition,
+    Patching,
+    composition_scores,
+    direct_logit_attribution,
+    make_metric,
+    patch_heads,
+)
 from minigpt.heads.probes import ProbeInput
 from minigpt.heads.scores import SCORE_HELP, SCORE_NAMES, dominant_type, score_heads
 
@@ -70,6 +80,9 @@ class Inspection:
     step: int = 0
     notes: list[str] = field(default_factory=list)
     ablation: Ablation | None = None  # what each head carries (`ablate_heads`), if asked for
+    dla: Attribution | None = None  # each head's direct share of the logit (heads.circuits)
+    patch: Patching | None = None  # each head patched from a corrupted input
+    composition: Composition | None = None  # Q/K/V composition from the weights
 
     @property
     def n_layer(self) -> int:
@@ -98,6 +111,10 @@ class Inspection:
                **{n: (None if math.isnan(v) else round(v, digits)) for n, v in s.items()}}
         if self.ablation is not None:  # nats/token lost when this head alone is ablated
             row["ablation"] = round(float(self.ablation.effect[layer, head]), digits)
+        if self.dla is not None:  # its direct share of the logit
+            row["dla"] = round(float(self.dla.heads[layer, head]), digits)
+        if self.patch is not None:  # fraction of the metric's change patching it moves
+            row["patch"] = round(float(self.patch.effect[layer, head]), digits)
         return row
 
     def to_json(self, layers: Sequence[int] | None = None,
@@ -111,6 +128,11 @@ class Inspection:
                 "parity_max_abs_diff": self.parity_max_diff, "parity_ok": self.parity_ok,
                 "score_definitions": SCORE_HELP,
                 **({"ablation": self.ablation.to_json()} if self.ablation is not None else {}),
+                **({"dla": self.dla.to_json()} if self.dla is not None else {}),
+                **({"patch": self.patch.to_json()} if self.patch is not None else {}),
+                **({"composition_definitions": KIND_HELP,
+                    "composition": self.composition.records()}
+                   if self.composition is not None else {}),
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
@@ -132,14 +154,31 @@ def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "c
     return attn, diff
 
 
+@dataclass
+class CircuitRequest:
+    """What of heads.circuits inspect() also measures: `dla`, `composition`, and patching
+    from `patch_tokens` (described by `patch_source`) in `direction`; the metric's token
+    (`target`) or logit difference (`answer` - `wrong`), as token ids."""
+
+    dla: bool = False
+    composition: bool = False
+    patch_tokens: list[int] | None = None
+    patch_source: str = ""
+    direction: str = "noising"
+    target: int | None = None
+    answer: int | None = None
+    wrong: int | None = None
+
+
 def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
             device: torch.device | str | None = None, source: str = "text", run: str = "",
-            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None
-            ) -> Inspection:
+            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None,
+            circuits: CircuitRequest | None = None) -> Inspection:
     """Attention maps and head scores of `model` on `tokens` (already within block_size), on
     `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of heads.ablation) also measures what each head
-    carries, scored where `inp` (the `prepare_input` this came from) defines the loss."""
+    carries, scored where `inp` (the `prepare_input` this came from) defines the loss;
+    `circuits` adds direct logit attribution, composition and patching (scored alike)."""
     if not tokens:
         raise ValueError("inspect: no tokens")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
@@ -150,13 +189,32 @@ def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
     ablation = None
+    inp = inp or ProbeInput(list(tokens), list(token_strs), source)
     if ablate is not None:
-        inp = inp or ProbeInput(list(tokens), list(token_strs), source)
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
                                 scored=inp.scored, minimum=inp.min_tokens)
-    return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
+    insp = Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
                       scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
                       parity_tol=tol, source=source, run=run, step=step, ablation=ablation)
+    if circuits is not None:
+        measure_circuits(insp, model, circuits, inp.positions)
+    return insp
+
+
+def measure_circuits(insp: Inspection, model, req: CircuitRequest,
+                     positions: Sequence[int] | None) -> None:
+    """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (heads.circuits)."""
+    if req.composition:
+        insp.composition = composition_scores(model)
+    if not req.dla and req.patch_tokens is None:
+        return
+    metric = make_metric(len(insp.tokens), positions, target=req.target, answer=req.answer,
+                         wrong=req.wrong)
+    if req.dla:
+        insp.dla = direct_logit_attribution(model, insp.tokens, metric)
+    if req.patch_tokens is not None:
+        insp.patch = patch_heads(model, insp.tokens, req.patch_tokens, metric,
+                                 direction=req.direction, source=req.patch_source)
 
 
 def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:
