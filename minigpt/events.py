@@ -132,6 +132,7 @@ class HeadScoresEvent:
     step: int
     seconds: float           # how long the measurement took
     scores: dict[str, list]  # {score name: n_layer x n_head}
+    circuit: dict | None = None  # the induction circuit's K-composition and best DLA head
 
 
 @dataclass

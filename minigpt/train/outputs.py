@@ -51,7 +51,8 @@ def metrics_record(event: object) -> dict | None:
                 "tokens_seen": event.tokens_seen}
     if isinstance(event, HeadScoresEvent):
         return {"kind": "heads", "step": event.step, "seconds": event.seconds,
-                "scores": event.scores}
+                "scores": event.scores,
+                **({"circuit": event.circuit} if event.circuit is not None else {})}
     return None
 
 
