@@ -1,4 +1,4 @@
-"""How heads work together (minigpt.heads.circuits) on hand-built models: a previous-token head
+"""How heads work together (minigpt.core.circuits) on hand-built models: a previous-token head
 feeding an induction head gives each number its meaning (direct logit attribution lands on the
 induction head, K-composition links the two heads, patching the induction head moves the whole
 metric); random models check the algebra (the attribution adds up to the logit, the factored
@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minigpt.attention import AttnSpec
 from minigpt.config import ModelConfig
+from minigpt.core import circuits as c
+from minigpt.core.gpt import GPT, AttnSpec
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.heads import circuits as c
-from minigpt.model import GPT
+from minigpt.heads.probes import corrupt_second_copy
 
 V, T, C = 12, 16, 64  # vocabulary, positions, width; two heads of 32
 TOK, POS = slice(0, V), slice(V, V + T)
@@ -157,6 +157,7 @@ def test_k_composition_certifies_the_induction_circuit_from_the_weights():
 
 
 @pytest.mark.parametrize("over", [{"bias": True}, {"norm": "rmsnorm"}])
+@torch.no_grad()
 def test_factored_scores_equal_the_dense_matrices(over):
     """||OV M||_F / (||OV||_F ||M||_F) on the full C x C matrices, LayerNorm folded in by hand."""
     model = random_model(**over)
@@ -201,7 +202,7 @@ def test_one_layer_has_no_composition():
 
 def test_patching_the_induction_head_moves_the_whole_metric():
     model = induction_circuit_model()
-    bad = c.corrupt_second_copy(PROBE, 0, range(V))
+    bad = corrupt_second_copy(PROBE, 0, range(V))
     assert bad[:8] == PROBE[:8] and not set(bad[8:]) & set(PROBE)
     metric = c.make_metric(len(PROBE), SECOND)
     noising = c.patch_heads(model, PROBE, bad, metric)
@@ -224,7 +225,7 @@ def test_logit_difference_metric():
     metric = c.make_metric(len(PROBE), answer=3, wrong=1)
     dla = c.direct_logit_attribution(model, PROBE, metric)
     assert dla.logit > 5 and dla.heads[1, 0] > 0.9 * dla.logit
-    bad = c.corrupt_second_copy(PROBE, 0, range(V))
+    bad = corrupt_second_copy(PROBE, 0, range(V))
     p = c.patch_heads(model, PROBE, bad, metric)
     assert p.metric == "logit_diff" and p.clean > 5 > p.corrupted
     assert p.effect[1, 0] == pytest.approx(1.0, abs=1e-3)

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from minigpt.config import from_dict
-from minigpt.heads import circuits as c
+from minigpt.core import circuits as c
+from minigpt.core.gpt import GPT
 from minigpt.hf import export_hf
-from minigpt.model import GPT
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.tokenizer import bytes_tokenizer

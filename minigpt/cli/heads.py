@@ -91,8 +91,8 @@ def inspect_heads_command(
     answer: AnswerOpt = None, wrong: WrongOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
+    from minigpt.core.heads import check_mode
     from minigpt.heads import output
-    from minigpt.heads.ablation import check_mode
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
     from minigpt.inputs import load_run_or_model
@@ -142,7 +142,7 @@ def inspect_heads_command(
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
                      direction, target, answer, wrong):
     """What of heads.circuits to measure (None: nothing), every token checked first."""
-    from minigpt.heads.circuits import DIRECTIONS, check_same_length
+    from minigpt.core.circuits import DIRECTIONS, check_same_length
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
 
@@ -222,7 +222,7 @@ def _head_columns(insp, layers, heads) -> list[tuple[str, list]]:
 
     from rich.text import Text
 
-    from minigpt.heads.scores import SCORE_NAMES
+    from minigpt.core.heads import SCORE_NAMES
 
     pairs = [(la, h) for la in layers for h in heads]
     cols = []

@@ -163,8 +163,6 @@ def corrupted_input(cfg, tokenizer, inp: ProbeInput, patch_from: str, *,
     tokens replaced by tokens of neither copy); with text, it is the corrupted text, read like
     the clean one (the same `max_tokens`, <|endoftext|> first alike). The lengths are checked
     by the caller (`circuits.check_same_length`)."""
-    from minigpt.heads.circuits import corrupt_second_copy
-
     if inp.source.startswith("probe:"):
         if inp.source != "probe:induction" or patch_from != "corrupted":
             raise ArgumentError("patch_from", "with a probe the corrupted input is "
@@ -179,3 +177,21 @@ def corrupted_input(cfg, tokenizer, inp: ProbeInput, patch_from: str, *,
     other = prepare_input(cfg, tokenizer, text=patch_from, max_tokens=max_tokens,
                           eot_first=eot_first)
     return other.tokens, f"text: {patch_from}"
+
+
+def corrupt_second_copy(tokens: Sequence[int], first: int, pool: Sequence[int],
+                        seed: int = 0) -> list[int]:
+    """The induction probe `tokens` (its two copies start at `first`) with every token of the
+    second copy replaced by a different one from `pool`, none of them in the first copy: the
+    same length and the same first copy, but nothing to copy."""
+    half = (len(tokens) - first) // 2
+    start = first + half
+    used = set(tokens[first:start])
+    spare = [t for t in pool if t not in used]
+    if len(spare) < 1:
+        raise ArgumentError("patch_from", "the probe's vocabulary has no token outside its "
+                            "first copy to corrupt the second copy with")
+    rng = random.Random(f"corrupt:{seed}")
+    fresh = rng.sample(spare, len(tokens) - start) if len(spare) >= len(tokens) - start else [
+        rng.choice(spare) for _ in range(len(tokens) - start)]
+    return list(tokens[:start]) + fresh

@@ -1,6 +1,6 @@
 """How heads work together: direct logit attribution, composition scores and activation
-patching. The maths only (torch, the standard library, the config and the errors); `cli/`
-renders it.
+patching (`heads.py` is what one head does; this file is how heads combine). `heads/` feeds it
+inputs and `cli/` renders it.
 
 Direct logit attribution (`direct_logit_attribution`). The logit of a token is a linear read of
 the final residual stream once the final norm's per-position scale is fixed: the residual is a
@@ -48,7 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minigpt.attention import AttnSpec
+from minigpt.core.gpt import AttnSpec
+from minigpt.core.heads import CHUNK_FLOATS
 from minigpt.errors import ArgumentError, MinigptError
 
 KINDS = ("q", "k", "v")
@@ -58,7 +59,6 @@ KIND_HELP = {"q": "the earlier head's output read by the later head's queries (W
 DIRECTIONS = ("noising", "denoising")
 BASELINE_DRAWS = 16  # random heads per layer: 16 x 16 random pairs for the composition baseline
 SMALL_GAP = 1e-2  # a clean -> corrupted change of the metric below this gets a note
-CHUNK_FLOATS = 64 * 1024 * 1024  # activations per batched pass, as in heads.ablation
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,23 +521,3 @@ def _patched_metric(model, idx: Tensor, chunk: list[tuple[int, int]], reference:
 
     logits, _ = model(idx.expand(n_rows, -1), attn=AttnSpec(model.cfg.attn_impl, head_hook=hook))
     return _metric_values(logits, metric, targets)
-
-
-def corrupt_second_copy(tokens: Sequence[int], first: int, pool: Sequence[int],
-                        seed: int = 0) -> list[int]:
-    """The induction probe `tokens` (its two copies start at `first`) with every token of the
-    second copy replaced by a different one from `pool`, none of them in the first copy: the
-    same length and the same first copy, but nothing to copy."""
-    import random
-
-    half = (len(tokens) - first) // 2
-    start = first + half
-    used = set(tokens[first:start])
-    spare = [t for t in pool if t not in used]
-    if len(spare) < 1:
-        raise ArgumentError("patch_from", "the probe's vocabulary has no token outside its "
-                            "first copy to corrupt the second copy with")
-    rng = random.Random(f"corrupt:{seed}")
-    fresh = rng.sample(spare, len(tokens) - start) if len(spare) >= len(tokens) - start else [
-        rng.choice(spare) for _ in range(len(tokens) - start)]
-    return list(tokens[:start]) + fresh
