@@ -109,14 +109,14 @@ def inspect_heads_command(
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
+    circuits = _circuit_request(loaded, inp, max_tokens, seed, dla=dla, composition=composition,
+                                patch_from=patch_from, direction=patch_direction,
+                                target=target, answer=answer, wrong=wrong)
     if inp.truncated:
         has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    circuits = _circuit_request(loaded, inp, max_tokens, seed, dla=dla, composition=composition,
-                                patch_from=patch_from, direction=patch_direction,
-                                target=target, answer=answer, wrong=wrong)
     insp = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source,
                    run=loaded.source, step=loaded.step, ablate=ablate, inp=inp,
                    circuits=circuits)
@@ -142,7 +142,7 @@ def inspect_heads_command(
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
                      direction, target, answer, wrong):
     """What of heads.circuits to measure (None: nothing), every token checked first."""
-    from minigpt.core.circuits import DIRECTIONS, check_same_length
+    from minigpt.core.circuits import DIRECTIONS, check_composition, check_same_length
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
 
@@ -156,6 +156,8 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
                             f"{', '.join(DIRECTIONS)}")
     if not (uses_metric or composition):
         return None
+    if composition:
+        check_composition(loaded.cfg.model)
     tok = loaded.tokenizer
     req = CircuitRequest(dla=dla, composition=composition, direction=direction,
                          target=None if target is None else token_id(tok, target, "target"),

@@ -384,14 +384,19 @@ def composition_baseline(n_head: int, n_embd: int, head_dim: int, centred: bool,
     return {kind: float(s[kind][0, :, 1, :].mean()) for kind in KINDS}
 
 
+def check_composition(cfg) -> None:
+    """MinigptError unless the model (its ModelConfig) has heads in two layers."""
+    if cfg.n_layer < 2:
+        raise MinigptError(f"the model has {cfg.n_layer} layer: composition needs heads in two "
+                           "layers (a later head reading an earlier one's output)")
+
+
 @torch.no_grad()
 def composition_scores(model) -> Composition:
     """Q-, K- and V-composition of `model`'s heads from its weights alone; MinigptError when
     it has a single layer (no head has an earlier one to read from)."""
     cfg = model.cfg
-    if cfg.n_layer < 2:
-        raise MinigptError(f"the model has {cfg.n_layer} layer: composition needs heads in two "
-                           "layers (a later head reading an earlier one's output)")
+    check_composition(cfg)
     scores = composition_from_weights(head_weights(model))
     base = composition_baseline(cfg.n_head, cfg.n_embd, cfg.head_dim, cfg.norm != "rmsnorm")
     return Composition(scores, base)

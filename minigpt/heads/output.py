@@ -15,6 +15,7 @@ import torch
 
 from minigpt.errors import ArgumentError
 from minigpt.files import atomic_write_bytes
+from minigpt.heads.circuits_png import write_circuit_pngs
 from minigpt.heads.heatmap import write_pngs
 from minigpt.heads.inspection import Inspection
 from minigpt.heads.viewer import write_html
@@ -68,6 +69,7 @@ def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Seq
     written: list[Path] = []
     if "png" in formats:
         written += write_pngs(insp, out, pairs)
+        written += write_circuit_pngs(insp, out)
     if "html" in formats:
         written.append(write_html(insp, out / "attention.html", pairs))
     if "safetensors" in formats:
