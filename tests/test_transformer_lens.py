@@ -131,3 +131,23 @@ def test_activation_patching(pair, direction):
     base = ours.clean if direction == "noising" else ours.corrupted
     assert ours.delta.abs().max() > 0.05  # heads that matter
     assert (theirs - (base + ours.delta)).abs().max() < TOL
+
+
+def test_detect_head_is_minigpts_score_times_rows_over_T(pair):
+    """TransformerLens's `detect_head` divides a pattern's mass by all T query rows; minigpt
+    averages over the rows a score applies to: TL = minigpt x rows / T (the previous-token score
+    has T - 1 rows; the induction score the queries whose token occurred before)."""
+    from transformer_lens.head_detector import detect_head
+
+    from minigpt.core.heads import attention_maps, score_heads
+
+    model, bridge = pair
+    text = "abcdefghabcdefgh"  # no token twice in a row: TL's induction pattern would then
+    ids = bridge.to_tokens(text)[0].tolist()  # also count the query's own position
+    T = len(ids)  # (with or without the BOS TL may put first: minigpt gets the same ids)
+    ours = score_heads(attention_maps(model, ids)[0], ids)
+    repeated = sum(1 for t in range(T) if ids[t] in ids[:t])
+    for name, score, rows in (("previous_token_head", "previous", T - 1),
+                              ("induction_head", "induction", repeated)):
+        theirs = detect_head(bridge, text, name).double()  # (n_layer, n_head)
+        assert (theirs - ours[score].double() * rows / T).abs().max() < TOL
