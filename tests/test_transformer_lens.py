@@ -16,6 +16,7 @@ composition scores fold in."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,16 +44,14 @@ CORRUPTED = CLEAN[:8] + [11, 15, 19, 13, 17, 12, 18, 14]  # its second copy repl
 SECOND = list(range(8, 15))
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def pair(request, tmp_path_factory):
-    """(minigpt model, TransformerBridge) of one exported model, in eval mode."""
+def export_pair(name: str, root: Path):
+    """(minigpt model, TransformerBridge) of the model MODELS[name], exported under `root`."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"  # never the network
     from transformer_lens.model_bridge import TransformerBridge
 
-    root = tmp_path_factory.mktemp(request.param)
     tok = bytes_tokenizer()
     cfg = from_dict({"model": {"n_head": 4, "n_embd": 64, "block_size": 32,
-                               "vocab_size": tok.n_vocab, **MODELS[request.param]},
+                               "vocab_size": tok.n_vocab, **MODELS[name]},
                      "tokenizer": {"vocab_size": 256}})
     model = GPT.from_config(cfg, seed=1)
     with torch.no_grad():  # norms and biases away from their init, so folding them matters,
@@ -69,6 +68,12 @@ def pair(request, tmp_path_factory):
     bridge.enable_compatibility_mode(disable_warnings=True, center_unembed=False,
                                      fold_value_biases=False)
     return load_run(root / "run", "cpu").model.eval(), bridge
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def pair(request, tmp_path_factory):
+    """(minigpt model, TransformerBridge) of one exported model, in eval mode."""
+    return export_pair(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def test_the_export_runs_the_same_function(pair):

@@ -238,11 +238,12 @@ def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> At
     resid = heads.sum((0, 1)) + sum(r for _, r in rows)  # (T, C): the final residual
     scale = _final_scale(model, resid[pos])  # (P, 1)
     gain, bias = _norm_params(model.ln_f, model.cfg.n_embd)
-    u = model.lm_head.weight.detach().double().cpu()  # (V, C)
+    u = model.lm_head.weight.detach()  # (V, C): only the rows needed are copied
     if metric.logit_diff:
-        direction = (u[metric.answer] - u[metric.wrong]).expand(len(pos), -1)  # (P, C)
+        pair = u[[metric.answer, metric.wrong]].double().cpu()  # (2, C)
+        direction = (pair[0] - pair[1]).expand(len(pos), -1)  # (P, C)
     else:
-        direction = u[metric.targets(tokens)]  # (P, C)
+        direction = u[metric.targets(tokens)].double().cpu()  # (P, C)
     read = direction * gain  # (P, C): what one unit of normed residual adds to the logit
 
     def share(x: Tensor) -> Tensor:  # x (..., P, C) -> (...,) mean over the positions
@@ -306,26 +307,26 @@ class Composition:
         return l1, h1, l2, h2, float(s[l1, h1, l2, h2])
 
 
-def head_weights(model) -> dict[str, Tensor]:
+def head_weights(model, layers: Sequence[int] | None = None) -> dict[str, Tensor]:
     """Every head's W_Q, W_K, W_V (L, H, C, D) and W_O (L, H, D, C), float64, acting on row
     vectors of the residual stream, with each norm's linear part folded in (the module
-    docstring): P diag(gamma) in front of the reading matrices, P after W_O."""
+    docstring): P diag(gamma) in front of the reading matrices, P after W_O. `layers`: only
+    those (in that order; default all)."""
     cfg = model.cfg
     H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
     centred = cfg.norm != "rmsnorm"
     out = {n: [] for n in ("q", "k", "v", "o")}
-    for block in model.blocks:
-        gain, _ = _norm_params(block.ln_1, C)
-        w = block.attn.c_attn.weight.detach().double().cpu().view(3, H, D, C)  # rows Q|K|V
+    for la in range(cfg.n_layer) if layers is None else layers:
+        attn = model.blocks[la].attn
+        gain, _ = _norm_params(model.blocks[la].ln_1, C)
+        w = attn.c_attn.weight.detach().double().cpu().view(3, H, D, C)  # rows Q|K|V
         for i, n in enumerate("qkv"):  # (H, D, C) -> (H, C, D): x -> x P diag(gamma) W
             out[n].append(_centred(w[i].transpose(1, 2) * gain[:, None], -2, centred))
-        w_o = block.attn.c_proj.weight.detach().double().cpu().view(C, H, D)
+        w_o = attn.c_proj.weight.detach().double().cpu().view(C, H, D)
         out["o"].append(_centred(w_o.permute(1, 2, 0), -1, centred))  # (H, D, C): W_O P
-    qk = [block.attn.qk_norm for block in model.blocks]
-    for la, norm in enumerate(qk):  # QK-norm's gains are linear on d_head; its scale is not
-        if norm is not None:
-            out["q"][la] = out["q"][la] * norm.q_weight.detach().double().cpu()
-            out["k"][la] = out["k"][la] * norm.k_weight.detach().double().cpu()
+        if attn.qk_norm is not None:  # its gains are linear on d_head; its scale is not
+            out["q"][-1] = out["q"][-1] * attn.qk_norm.q_weight.detach().double().cpu()
+            out["k"][-1] = out["k"][-1] * attn.qk_norm.k_weight.detach().double().cpu()
     return {n: torch.stack(v) for n, v in out.items()}
 
 
@@ -405,9 +406,9 @@ def composition_scores(model) -> Composition:
 def k_composition(model, earlier: tuple[int, int], later: tuple[int, int]) -> float:
     """K-composition of one pair of heads (layer, head): what the training timeline records."""
     with torch.no_grad():
-        w = head_weights(model)
         (l1, h1), (l2, h2) = earlier, later
-        pair = {n: torch.stack([t[l1, h1], t[l2, h2]])[:, None] for n, t in w.items()}
+        w = head_weights(model, [l1, l2])  # only the two layers: cheap at every measurement
+        pair = {n: torch.stack([t[0, h1], t[1, h2]])[:, None] for n, t in w.items()}
         return float(composition_from_weights(pair)["k"][0, 0, 1, 0])
 
 
