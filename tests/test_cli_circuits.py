@@ -119,9 +119,8 @@ def test_every_row_names_its_head_and_every_number_is_whole(run_dir, width):
     loaded = load_run(run_dir, "cpu")
     inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
     bad, src = corrupted_input(loaded.cfg, loaded.tokenizer, inp, "corrupted")
-    insp = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source, ablate="zero",
-                   inp=inp, circuits=CircuitRequest(dla=True, patch_tokens=bad,
-                                                    patch_source=src))
+    insp = inspect(loaded.model, inp, ablate="zero",
+                   circuits=CircuitRequest(dla=True, patch_tokens=bad, patch_source=src))
     console = Console(width=width, record=True, color_system=None)
     tables = _heads_tables(insp, [0, 1], [0, 1, 2], width)
     for t in tables:

@@ -16,9 +16,9 @@ from minigpt.cli.main import (
     RunOpt,
     app,
     out_console,
-    printable,
     say,
 )
+from minigpt.display import printable
 from minigpt.errors import ArgumentError
 
 TextOpt = Annotated[str | None, typer.Option(
@@ -91,6 +91,7 @@ def inspect_heads_command(
     answer: AnswerOpt = None, wrong: WrongOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
+    from minigpt.core.generate import check_seed
     from minigpt.core.heads import check_mode
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
@@ -98,6 +99,7 @@ def inspect_heads_command(
     from minigpt.inputs import load_run_or_model
 
     fmts = output.parse_formats(formats or [])
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
     if ablate is not None:
         check_mode(ablate)  # before loading anything
     loaded = load_run_or_model(run, model, device, checkpoint)
@@ -117,9 +119,8 @@ def inspect_heads_command(
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    insp = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source,
-                   run=loaded.source, step=loaded.step, ablate=ablate, inp=inp,
-                   circuits=circuits)
+    insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                   seed=seed, circuits=circuits)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -339,7 +340,7 @@ def _attention_table(insp, la: int, h: int, width: int):
     from rich.table import Table
     from rich.text import Text
 
-    from minigpt.heads.inspection import visible_token
+    from minigpt.display import visible_token
 
     T = len(insp.tokens)
     n = min(T, max(8, (width - 14) // 4))

@@ -14,6 +14,7 @@ import typer
 
 from minigpt import events
 from minigpt.cli.main import app, err_console, out_console
+from minigpt.display import printable
 
 
 @app.command("train")
@@ -58,14 +59,6 @@ def train_command(
     code = {"SIGINT": 130, "SIGTERM": 143}.get(done.signal, 0)
     if code:
         raise typer.Exit(code)
-
-
-_CONTROL = str.maketrans({c: "\ufffd" for c in [*range(9), *range(11, 32), 127]})
-
-
-def _clean(text: str) -> str:
-    """Generated/corpus text with control characters (ESC, CR, ...) made harmless."""
-    return text.translate(_CONTROL)
 
 
 class _TrainView:
@@ -133,7 +126,7 @@ class _TrainView:
         self.line(f"eval step {e.step}: val loss {e.val_loss:.4f} | ppl {e.val_ppl:.2f} | "
                   f"{e.val_bpb:.4f} bits/byte (best {e.best_val_bpb:.4f}) | {e.elapsed:.1f}s")
         for prompt, text in e.samples:
-            body = _clean(prompt + text).replace("\n", "\n  | ")
+            body = printable(prompt + text, keep="\n\t").replace("\n", "\n  | ")
             self.line(f"  | {body}")
 
     def _head_formed(self, e: events.HeadFormedEvent) -> None:

@@ -39,30 +39,6 @@ from minigpt.core.heads import (
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 
-
-def visible_token(s: str, max_len: int = 0) -> str:
-    """A token's text for labels: whitespace made visible (space ·, newline ↵, tab →), other
-    control characters as \\xNN, shortened to `max_len` characters with … (0 = no limit)."""
-    out = []
-    for ch in s:
-        if ch == " ":
-            out.append("·")
-        elif ch == "\n":
-            out.append("↵")
-        elif ch == "\t":
-            out.append("→")
-        elif ch == "\r":
-            out.append("␍")
-        elif ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029":
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    text = "".join(out) or "∅"
-    if max_len and len(text) > max_len:
-        text = text[: max_len - 1] + "…"
-    return text
-
-
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
 
@@ -144,7 +120,7 @@ class Inspection:
 
 @dataclass
 class CircuitRequest:
-    """What of heads.circuits inspect() also measures: `dla`, `composition`, and patching
+    """What of core.circuits inspect() also measures: `dla`, `composition`, and patching
     from `patch_tokens` (described by `patch_source`) in `direction`; the metric's token
     (`target`) or logit difference (`answer` - `wrong`), as token ids."""
 
@@ -158,32 +134,32 @@ class CircuitRequest:
     wrong: int | None = None
 
 
-def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
-            device: torch.device | str | None = None, source: str = "text", run: str = "",
-            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None,
+def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
+            run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0,
             circuits: CircuitRequest | None = None) -> Inspection:
-    """Attention maps and head scores of `model` on `tokens` (already within block_size), on
-    `device` (None: where the model's weights are). MinigptError if the attention or the
-    logits are not finite. `ablate` (a mode of heads.ablation) also measures what each head
-    carries, scored where `inp` (the `prepare_input` this came from) defines the loss;
-    `circuits` adds direct logit attribution, composition and patching (scored alike)."""
+    """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
+    on `device` (None: where the model's weights are). MinigptError if the attention or the
+    logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
+    head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
+    The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
+    orders the resample ablation's reference. `circuits` adds direct logit attribution,
+    composition and patching (scored where the ablation is)."""
+    tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
-    # probes are random ids: their "whitespace/punctuation" tokens are no sentence structure
-    strs_for_scores = None if source.startswith("probe:") else token_strs
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
     ablation = None
-    inp = inp or ProbeInput(list(tokens), list(token_strs), source)
     if ablate is not None:
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
-                                scored=inp.scored, minimum=inp.min_tokens)
-    insp = Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
-                      scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
-                      parity_tol=tol, source=source, run=run, step=step, ablation=ablation)
+                                scored=inp.scored, minimum=inp.min_tokens, seed=seed)
+    scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
+    insp = Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
+                      scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
+                      run=run, step=step, ablation=ablation)
     if circuits is not None:
         measure_circuits(insp, model, circuits, inp.positions)
     return insp
@@ -191,7 +167,7 @@ def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
 
 def measure_circuits(insp: Inspection, model, req: CircuitRequest,
                      positions: Sequence[int] | None) -> None:
-    """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (heads.circuits)."""
+    """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (core.circuits)."""
     if req.composition:
         insp.composition = composition_scores(model)
     if not req.dla and req.patch_tokens is None:
