@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from minigpt.core.heads import score_heads
 from minigpt.heads.inspection import Inspection, visible_token
-from minigpt.heads.scores import score_heads
 
 pytestmark = pytest.mark.slow
 

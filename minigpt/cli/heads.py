@@ -61,8 +61,8 @@ def inspect_heads_command(
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
+    from minigpt.core.heads import check_mode
     from minigpt.heads import output
-    from minigpt.heads.ablation import check_mode
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
     from minigpt.inputs import load_run_or_model
@@ -133,7 +133,7 @@ def _heads_summary_table(insp, layers, heads):
     from rich.table import Table
     from rich.text import Text
 
-    from minigpt.heads.scores import SCORE_NAMES
+    from minigpt.core.heads import SCORE_NAMES
 
     short = {"induction": "ind", "previous": "prev", "duplicate": "dup", "delimiter": "delim",
              "entropy": "ent"}

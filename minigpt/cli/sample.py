@@ -60,12 +60,13 @@ def sample_command(
     stderr)."""
     t_start = time.perf_counter()  # before torch is imported: "first token N s after start"
     from minigpt import sample as smp
+    from minigpt.core.generate import Sampling, check_seed
     from minigpt.device import decoding_threads
     from minigpt.inputs import load_run_or_model, read_prompt
 
-    how = smp.Sampling(temperature, top_k, top_p, max_new_tokens, num_samples)  # validated
+    how = Sampling(temperature, top_k, top_p, max_new_tokens, num_samples)  # validated
     if seed is not None:
-        smp.check_seed(seed)
+        check_seed(seed)
     loaded = load_run_or_model(run, model, device)  # neither: the latest run under runs/
     tok, block = loaded.tokenizer, loaded.model.cfg.block_size
     p = read_prompt(tok, block, prompt, prompt_file, allow_special)
