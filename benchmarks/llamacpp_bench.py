@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from minigpt.config import from_dict
-from minigpt.model import GPT
+from minigpt.core.generate import generate
+from minigpt.core.gpt import GPT
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.sample import generate
 from minigpt.tokenizer import bytes_tokenizer
 
 SHAPES = {  # name -> (model settings, prompt tokens, new tokens)
@@ -47,7 +47,7 @@ SHAPES = {  # name -> (model settings, prompt tokens, new tokens)
                "vocab_size": 1024, "pos_encoding": "rope"}, 16, 240),
     "gpt2": ({"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024,
               "vocab_size": 50257, "pos_encoding": "learned", "bias": True,
-              "activation": "gelu_tanh"}, 16, 128),
+              "activation": "gelu_tanh"}, 16, 64),
 }
 
 
