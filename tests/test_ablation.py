@@ -247,7 +247,7 @@ def test_from_the_residual_stream_equals_the_whole_pass_per_head(shape):
             assert ab.base_loss == pytest.approx(base, abs=1e-5)
             for layer in range(4):
                 for head in range(4):
-                    def hook(i, z, layer=layer, head=head):
+                    def hook(i, z, layer=layer, head=head, mode=mode):
                         if i != layer:
                             return z
                         z = z.clone()
