@@ -303,19 +303,26 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 # the same numbers as calling the module, without nn.Module.__call__, whose overhead is a fair
 # share of a one-token decode step on CPU (~10% at 4 x 128). Their modules stay, for the
 # parameter names and the initialisation; forward hooks belong on a Block, its attn or its mlp
-# (which are still called as modules), a head's output on `AttnSpec.head_hook`.
+# (which are still called as modules), a head's output on `AttnSpec.head_hook`. A leaf replaced
+# by another kind of module (an adapter, a quantised layer) is called as a module.
 
 
-def linear(m: nn.Linear, x: Tensor) -> Tensor:
-    """`m(x)`: x (..., in) -> (..., out)."""
-    return F.linear(x, m.weight, m.bias)
+def linear(m: nn.Module, x: Tensor) -> Tensor:
+    """`m(x)`: x (..., in) -> (..., out); a module put in place of the nn.Linear (a subclass,
+    an adapter) is called as a module."""
+    if m.__class__ is nn.Linear:
+        return F.linear(x, m.weight, m.bias)
+    return m(x)
 
 
 def norm(m: nn.Module, x: Tensor) -> Tensor:
-    """`m(x)` for the norms `make_norm` builds (LayerNorm or RMSNorm over the last dim)."""
+    """`m(x)` for the norms `make_norm` builds (LayerNorm or RMSNorm over the last dim); any
+    other module is called as a module."""
     if m.__class__ is nn.LayerNorm:
         return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
-    return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
+    if m.__class__ is nn.RMSNorm:
+        return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
+    return m(x)
 
 
 class CausalSelfAttention(nn.Module):
