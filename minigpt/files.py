@@ -61,6 +61,13 @@ def disk_error(e: OSError, path: Path) -> WriteError:
     return WriteError(msg, path, e.errno)
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[bytes]]:
     """Open a temp file next to `path` for binary writing; on a clean exit it replaces `path`
@@ -72,6 +79,7 @@ def atomic_file(path: Path) -> Iterator[IO[bytes]]:
     except OSError as e:
         raise disk_error(e, path) from None
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> what open() would give
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()

@@ -216,6 +216,32 @@ def _lock_held(path: Path, problems: list[str]) -> bool:
     return False
 
 
+def data_kind(run_dir: Path) -> dict:
+    """What a run was trained on, from its config.yaml: {"source": "text" | "induction",
+    "tokenizer": a phrase naming its tokens ("bytes", "BPE 1024 (gpt4)", "gpt2 encoding",
+    "synthetic ids 0..127")}; {} when config.yaml is missing or unreadable. For `sample`
+    (which picks the latest run trained on text) and `curves` (which refuses to overlay runs
+    whose tokens differ)."""
+    try:
+        cfg = parse_yaml(_text(Path(run_dir) / CONFIG_FILE, []) or "")
+        data, tok = cfg.get("data") or {}, cfg.get("tokenizer") or {}
+    except (MinigptError, AttributeError):
+        return {}
+    if not isinstance(data, dict) or not isinstance(tok, dict):
+        return {}
+    source = data.get("source", "text")
+    if source == "induction":
+        vocab = data.get("induction_vocab", 64)
+        tokens = f"synthetic ids 0..{vocab - 1}" if isinstance(vocab, int) else "synthetic ids"
+    elif tok.get("encoding"):
+        tokens = f"{tok['encoding']} encoding"
+    elif tok.get("vocab_size", 1024) == 256:
+        tokens = "bytes"
+    else:
+        tokens = f"BPE {tok.get('vocab_size', 1024)} ({tok.get('pattern', 'gpt4')})"
+    return {"source": str(source), "tokenizer": tokens}
+
+
 def _max_steps(run_dir: Path, problems: list[str]) -> int | None:
     text = _text(run_dir / CONFIG_FILE, problems)
     try:
