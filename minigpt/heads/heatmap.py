@@ -50,6 +50,11 @@ def _cmap():
 
 
 def grid_png(insp: Inspection) -> bytes:
+    """`grid_figure` as PNG bytes."""
+    return _png_bytes(grid_figure(insp))
+
+
+def grid_figure(insp: Inspection):
     """All layers (rows) x heads (columns), each titled with its dominant type; token positions
     on the outer axes, one colour bar for all maps, and the induction probe's copy boundary."""
     from matplotlib.figure import Figure
@@ -78,7 +83,7 @@ def grid_png(insp: Inspection) -> bytes:
             f"; red lines: the probe's second copy starts at position {insp.copy_start}")
     fig.suptitle(f"attention, {T} tokens ({insp.source}); rows = queries, columns = keys"
                  f"{copy}", fontsize=10)
-    return _png_bytes(fig)
+    return fig
 
 
 def _position_ticks(T: int) -> list[int]:
