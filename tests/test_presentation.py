@@ -331,3 +331,22 @@ def test_a_hub_error_is_cut_at_a_sentence_not_mid_word():
     assert _gist(long) == "First sentence here."
     assert _gist("short one") == "short one"
     assert _gist("x" * 10 + " " + "y" * 400).endswith(" ...")
+
+
+def test_runs_shows_the_best_and_the_last_value(tmp_path):
+    import json
+
+    from minigpt.cli.runs import _val
+    from minigpt.run.listing import read_row
+
+    run = tmp_path / "r"
+    run.mkdir()
+    evals = [(250, 2.9), (750, 2.3061), (2000, 2.7319)]
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "eval", "step": s, "val_loss": 1.0, "val_bpb": b, "elapsed": 1.0})
+        + "\n" for s, b in evals))
+    row = read_row(run)
+    assert (row.best_val_bpb, row.best_step, row.last_val_bpb, row.last_step) == (
+        2.3061, 750, 2.7319, 2000)
+    assert _val(row) == "2.3061 (750), 2.7319"
+    assert row.to_json()["last_val_bpb"] == 2.7319
