@@ -30,10 +30,10 @@ def curves_command(
         if s.skipped:
             say(f"note: {s.run_dir / 'metrics.jsonl'}: skipped {s.skipped} damaged "
                 f"line{'s' if s.skipped != 1 else ''}")
-    note = comparable(series)  # runs that cannot share a picture: refused here
+    path = write_overlay(series, out)  # runs that cannot share a picture are refused
+    note = comparable(series)
     if note:
         say(f"note: {note}")
-    path = write_overlay(series, out)
     say(f"wrote {path} ({len(series)} run{'s' if len(series) != 1 else ''})")
 
 

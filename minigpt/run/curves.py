@@ -181,7 +181,7 @@ def comparable(runs: list[Series]) -> str:
             f"{', '.join(synthetic)} trained on synthetic induction ids and {', '.join(text)} "
             "on text: their losses measure different things, so one picture would mislead; "
             "overlay runs of one kind")
-    tokenizers = {s.kind.get("tokenizer", "?") for s in runs}
+    tokenizers = {s.kind["tokenizer"] for s in runs if "tokenizer" in s.kind}  # known ones
     if len(tokenizers) > 1:
         return (f"tokenizers differ ({', '.join(sorted(tokenizers))}): train loss per token "
                 "does not compare across them, val bits/byte does")
