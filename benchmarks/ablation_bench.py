@@ -1,5 +1,5 @@
 """What `inspect-heads --ablate` costs: seconds for every head's ablation effect (one batched
-forward pass per chunk of heads, `minigpt.heads.ablation.ablate_heads`) against one plain
+forward pass per chunk of heads, `minigpt.core.heads.ablate_heads`) against one plain
 forward pass, on the default model's shape and on GPT-2 small's (random weights: the cost does
 not depend on them), on the induction probe at a few lengths.
 
@@ -18,8 +18,8 @@ import time
 import torch
 
 from minigpt.config import ModelConfig
-from minigpt.heads.ablation import CHUNK_FLOATS, ablate_heads
-from minigpt.model import GPT
+from minigpt.core.gpt import GPT
+from minigpt.core.heads import CHUNK_FLOATS, ablate_heads
 
 SHAPES = {
     "default (4 x 128, V 1024)": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=128,

@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_gguf import RUNS, make_run, train_bpe
 from test_gguf_llamacpp import CASES, PROMPT, varied_texts
 
+from minigpt.core.generate import generate
 from minigpt.llamacpp import export_gguf
 from minigpt.run import load_run
-from minigpt.sample import generate
 
 
 def export_figures(run: Path, work: Path) -> None:

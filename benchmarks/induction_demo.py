@@ -14,7 +14,7 @@ at a fixed offset scores high at one period only, an induction head at every per
 The ablation check: on the same induction probe, the loss of the predictions inside the second
 copy (the copy loss; positions n..2n-2, whose targets are copies) and what it gains when the
 chosen layer-1 induction head, the chosen layer-0 previous-token head, or any other head is
-zero-ablated (`minigpt.heads.ablation.ablate_heads`): if pattern and role agree, the two chosen
+zero-ablated (`minigpt.core.heads.ablate_heads`): if pattern and role agree, the two chosen
 heads cost the most.
 With several seeds the runs go --jobs at a time (default 2), each with one thread
 (OMP_NUM_THREADS=1): two runs on a 2-core machine; --jobs 1 runs them one after another, each
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from minigpt.heads.ablation import ablate_heads
+from minigpt.core.heads import ablate_heads
 from minigpt.run import load_run
 from minigpt.run.state import read_metrics
 

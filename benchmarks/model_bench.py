@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as prof
 
 from minigpt.config import ModelConfig
-from minigpt.model import GPT, flops_per_token
+from minigpt.core.gpt import GPT, flops_per_token
 from minigpt.train.optim import adamw_groups
 
 SHAPES = {  # name: (n_layer, n_head, n_embd, block_size, batch)

@@ -49,9 +49,9 @@ from pathlib import Path
 import torch
 
 from minigpt.config import ModelConfig, from_dict
+from minigpt.core.generate import generate
+from minigpt.core.gpt import GPT
 from minigpt.device import decode_threads
-from minigpt.model import GPT
-from minigpt.sample import generate
 
 SHAPES = {
     "small": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64},

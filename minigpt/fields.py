@@ -1,7 +1,7 @@
 """Typed settings: dataclass fields that carry their default, one-line help and bounds, and the
 machinery that turns YAML or `section.key=value` text into checked values of the field's type.
 
-A field is declared on one line, `n_layer: int = f(4, "number of transformer blocks", min=1)`;
+A field is declared on one line, `n_layer: int = setting(4, "number of transformer blocks", min=1)`;
 `choices` / `min` / `max` / `min_exclusive` / `max_exclusive` / `nonempty` metadata drive
 validation, so adding a setting never means adding a validation branch. Every failure is one
 ConfigError naming where the value came from. No torch, nothing heavy.
@@ -20,7 +20,7 @@ from minigpt.errors import ConfigError
 from minigpt.files import parse_yaml
 
 
-def f(default: Any, help: str, **meta: Any) -> Any:
+def setting(default: Any, help: str, **meta: Any) -> Any:
     """A dataclass field with a default, a one-line meaning and validation metadata."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help, **meta})

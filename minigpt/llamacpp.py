@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minigpt.attention import rope_interleaved_to_halves
 from minigpt.config import ModelConfig
+from minigpt.core.gpt import rope_interleaved_to_halves
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.files import check_new_path, new_output
 from minigpt.hf.arch import GPT2, export_kind

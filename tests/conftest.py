@@ -28,7 +28,7 @@ def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) 
     the model writes b, b, b, ... `nan=True`: the final norm's weight is NaN (a run whose
     logits are not finite)."""
     from minigpt.config import from_dict
-    from minigpt.model import GPT
+    from minigpt.core.gpt import GPT
     from minigpt.run.checkpoint import save_checkpoint
     from minigpt.tokenizer import bytes_tokenizer
 

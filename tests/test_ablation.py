@@ -1,4 +1,4 @@
-"""Per-head ablation (minigpt.heads.ablation) on hand-built models: a head that copies the
+"""Per-head ablation (minigpt.core.heads) on hand-built models: a head that copies the
 previous token carries the prediction, a dead head carries nothing (exactly 0), and the
 batched pass equals ablating one head at a time by editing the weights."""
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from minigpt.config import ModelConfig
+from minigpt.core.gpt import GPT
+from minigpt.core.heads import MODES, ablate_heads
 from minigpt.errors import ArgumentError
-from minigpt.heads.ablation import MODES, ablate_heads
-from minigpt.model import GPT
 
 V, T, C = 8, 16, 64  # vocabulary, positions, width; two heads of 32
 
@@ -90,7 +90,7 @@ def test_batched_ablation_equals_editing_the_weights_head_by_head():
 
 def test_mean_ablation_is_what_the_hook_gives_row_by_row():
     """The batched pass (16 heads in one call) equals mean-ablating each head in its own pass."""
-    from minigpt.attention import AttnSpec
+    from minigpt.core.gpt import AttnSpec
 
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=40)
     model = GPT.from_config(cfg, seed=4).eval()
@@ -128,7 +128,7 @@ def test_scored_positions_and_bad_input():
 
 def test_chunks_give_the_same_effects(monkeypatch):
     """Memory chunking (here one head per pass) changes nothing but the grouping."""
-    import minigpt.heads.ablation as abl
+    import minigpt.core.heads as abl
 
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=40)
     model = GPT.from_config(cfg, seed=5).eval()

@@ -13,14 +13,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigpt.attention import (
+from minigpt.core.gpt import (
     apply_rope,
     apply_rope_real,
+    attention,
     causal_mask,
     rope_tables,
     sinusoidal_table,
 )
-from minigpt.model import attention
 
 
 def as_heads(rows) -> torch.Tensor:

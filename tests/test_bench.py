@@ -18,7 +18,7 @@ from minigpt.bench.timing import Timing, memory_method, peak_memory_bytes, time_
 from minigpt.bench.train import TrainShape, gpu_peak_tflops, mfu
 from minigpt.cli import app
 from minigpt.config import MinigptError, ModelConfig
-from minigpt.model import GPT, flops_per_token
+from minigpt.core.gpt import GPT, flops_per_token
 
 CPU = torch.device("cpu")
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from minigpt.config import MinigptError, load_config, to_yaml
-from minigpt.model import GPT
+from minigpt.core.gpt import GPT
 from minigpt.run import checkpoint as ck
 from minigpt.run.load import find_latest_run, load_optimizer_state, load_run
 from minigpt.run.safetensors_io import read_header

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from minigpt.cli import app
 from minigpt.config import from_dict
-from minigpt.model import GPT
+from minigpt.core.gpt import GPT
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.tokenizer import bytes_tokenizer
 

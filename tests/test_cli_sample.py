@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from minigpt.cli import app
 from minigpt.config import from_dict
+from minigpt.core.gpt import GPT
 from minigpt.errors import MinigptError
-from minigpt.model import GPT
 from minigpt.run.checkpoint import latest_checkpoint_dir, save_checkpoint
 from minigpt.tokenizer import bytes_tokenizer
 

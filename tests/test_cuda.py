@@ -26,10 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.attention import attention
 from minigpt.config import ModelConfig, TrainConfig, load_config
+from minigpt.core.gpt import GPT, attention
 from minigpt.device import autocast, native_bf16
-from minigpt.model import GPT
 from minigpt.paths import PROJECT_ROOT
 
 pytestmark = [

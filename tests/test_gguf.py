@@ -28,9 +28,9 @@ import pytest
 import torch
 
 from minigpt.config import from_dict
+from minigpt.core.gpt import GPT
 from minigpt.errors import WriteError
 from minigpt.llamacpp import export_gguf
-from minigpt.model import GPT
 from minigpt.paths import DATA_DIR
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint

@@ -20,9 +20,9 @@ import pytest
 import torch
 from test_gguf import RUNS, TEXTS, corpus, gelu, gguf_forward, make_run, read_gguf, train_bpe
 
+from minigpt.core.generate import generate
 from minigpt.llamacpp import export_gguf
 from minigpt.run import load_run
-from minigpt.sample import generate
 from minigpt.tokenizer import bytes_tokenizer
 
 llama_cpp = pytest.importorskip(

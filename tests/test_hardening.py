@@ -31,7 +31,7 @@ from typer.testing import CliRunner
 
 from minigpt.cli import app
 from minigpt.config import Config, from_dict, to_yaml
-from minigpt.model import GPT
+from minigpt.core.gpt import GPT
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import LOCK_NAME
 from minigpt.run.state import TrainerState, rng_state

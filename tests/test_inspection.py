@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from minigpt.config import MinigptError, from_dict
+from minigpt.core import heads as sc
+from minigpt.core.gpt import GPT
 from minigpt.heads import inspection as ins
 from minigpt.heads import output
 from minigpt.heads import probes as prb
-from minigpt.heads import scores as sc
-from minigpt.model import GPT
 from minigpt.tokenizer import bytes_tokenizer
 
 T = 16

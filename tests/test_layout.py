@@ -19,8 +19,9 @@ from minigpt.paths import PACKAGE_DIR
 FLOORS = [
     ("ground", {"minigpt", "minigpt.errors", "minigpt.paths", "minigpt.files", "minigpt.events"}),
     ("config", {"minigpt.fields", "minigpt.config"}),
+    ("core", {"minigpt.core"}),
     ("data", {"minigpt.records", "minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),
-    ("model", {"minigpt.attention", "minigpt.device", "minigpt.model"}),
+    ("device", {"minigpt.device"}),
     ("sample, run", {"minigpt.sample", "minigpt.run"}),
     ("hf, inputs", {"minigpt.hf", "minigpt.llamacpp", "minigpt.inputs"}),
     ("train, heads", {"minigpt.train", "minigpt.heads"}),
@@ -121,13 +122,40 @@ def test_ground_floor_and_config_do_not_import_torch():
             assert not tops & {"torch", "numpy", "safetensors"}, f"{name} imports {tops}"
 
 
+CORE_MAY_IMPORT = {"torch", "minigpt.config", "minigpt.errors"}
+
+
+def core_outside_imports(path: Path) -> set[str]:
+    """What a core/ file imports beyond torch, the standard library, the config, the errors
+    and core itself."""
+    def allowed(m: str) -> bool:
+        top = m.split(".")[0]
+        return (top in sys.stdlib_module_names or top == "torch" or m in CORE_MAY_IMPORT
+                or m == "minigpt.core" or m.startswith("minigpt.core."))
+    return {m for m in imports_of(path) if not allowed(m)}
+
+
+def test_core_imports_only_torch_the_standard_library_the_config_and_the_errors():
+    """The maths room (docs/internals.md: read core/ first) reads no file, sends no event and
+    knows no run directory, tokenizer or CLI: everything else consumes it."""
+    core = {name: p for name, p in MODULES.items() if name.startswith("minigpt.core")}
+    assert {"minigpt.core.gpt", "minigpt.core.generate", "minigpt.core.heads",
+            "minigpt.core.step"} <= set(core)
+    for name, path in core.items():
+        assert not core_outside_imports(path), f"{name} imports {core_outside_imports(path)}"
+
+
 def test_the_rules_catch_what_they_look_for(tmp_path):
     """The checks above read real import statements, also inside functions."""
     src = tmp_path / "m.py"
     src.write_text("import os\ndef f():\n    from minigpt.cli.main import app\n"
                    "    import typer\n")
     assert {"minigpt.cli.main", "typer", "os"} <= imports_of(src)
-    assert floor_of("minigpt.cli.main") > floor_of("minigpt.model")
+    assert floor_of("minigpt.cli.main") > floor_of("minigpt.core.gpt")
+    src.write_text("import json\nimport torch.nn\nfrom minigpt.config import Config\n"
+                   "from minigpt.core.gpt import GPT\nfrom minigpt.files import read_text\n"
+                   "import numpy\n")
+    assert core_outside_imports(src) == {"minigpt.files", "numpy"}
 
 
 def test_no_function_is_too_long_to_read():

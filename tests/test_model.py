@@ -8,9 +8,8 @@ import math
 import pytest
 import torch
 
-from minigpt.attention import AttnSpec
 from minigpt.config import Config, ModelConfig
-from minigpt.model import GPT, KVCache, flops_per_token
+from minigpt.core.gpt import GPT, AttnSpec, KVCache, flops_per_token
 
 ENCODINGS = ["rope", "learned", "sinusoidal", "none"]
 
@@ -493,7 +492,7 @@ def test_options_kv_cache_one_token_decode_equals_recompute(pos):
 
 
 def test_qk_norm_normalises_each_head_before_rope_with_its_own_gains():
-    from minigpt.attention import QKNorm
+    from minigpt.core.gpt import QKNorm
 
     norm = QKNorm(8, 1e-6)
     with torch.no_grad():
@@ -519,7 +518,7 @@ def test_qk_norm_normalises_each_head_before_rope_with_its_own_gains():
 
 
 def test_qk_norm_keeps_q_and_k_in_vs_dtype_under_bf16_autocast():
-    from minigpt.attention import QKNorm
+    from minigpt.core.gpt import QKNorm
 
     qk = torch.randn(2, 2, 4, 3, 8, dtype=torch.bfloat16)  # (2, B, H, T, D)
     with torch.autocast("cpu", dtype=torch.bfloat16):

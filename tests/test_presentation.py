@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from minigpt import events
+from minigpt.core.heads import score_heads
 from minigpt.heads.inspection import Inspection
-from minigpt.heads.scores import score_heads
 
 # --------------------------------------------------------------------------------------------
 # Flags before torch.
@@ -49,7 +49,7 @@ def test_a_bad_flag_is_refused_before_torch_loads(argv, flag, tmp_path):
 
 
 def test_the_early_ablation_check_knows_every_mode():
-    from minigpt.heads.ablation import MODES
+    from minigpt.core.heads import MODES
     from minigpt.heads.flags import ABLATE_MODES
 
     assert ABLATE_MODES == MODES

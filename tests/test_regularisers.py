@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from test_train import tiny_sets
 
 from minigpt.config import ModelConfig, load_config
+from minigpt.core.gpt import GPT
 from minigpt.data import prepare_dataset
 from minigpt.events import EvalEvent
 from minigpt.hf import export_hf, load_model
 from minigpt.hf.arch import export_kind
-from minigpt.model import GPT
 from minigpt.run import load_run
 from minigpt.run.resume import resume_config
 from minigpt.train import train

@@ -1,4 +1,5 @@
-"""The generation engine (minigpt.sample) on tiny random-init models: no training needed."""
+"""The generation engine (minigpt.core.generate, and minigpt.sample's text layer) on tiny
+random-init models: no training needed."""
 
 from __future__ import annotations
 
@@ -10,19 +11,18 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minigpt.config import MinigptError, ModelConfig
-from minigpt.errors import ArgumentError
-from minigpt.model import GPT
-from minigpt.sample import (
+from minigpt.core.generate import (
     MAX_NEW_TOKENS,
     Sampling,
-    TextStream,
     context_keep,
     filter_logits,
     generate,
-    sample,
     sample_token,
     truncate_prompt,
 )
+from minigpt.core.gpt import GPT
+from minigpt.errors import ArgumentError
+from minigpt.sample import TextStream, sample
 
 POS_ENCODINGS = ("rope", "learned", "sinusoidal", "none")
 

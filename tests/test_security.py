@@ -25,8 +25,8 @@ from test_hardening import MODEL, make_run, weights_of
 from typer.testing import CliRunner
 
 from minigpt.cli import app
+from minigpt.core.gpt import GPT
 from minigpt.files import _StrictLoader
-from minigpt.model import GPT
 from minigpt.paths import PACKAGE_DIR
 from minigpt.run.checkpoint import Checkpoint
 from minigpt.run.load import load_model_weights

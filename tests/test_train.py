@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from minigpt.config import ConfigError, MinigptError, ModelConfig, load_config, to_dict
+from minigpt.core.gpt import GPT
 from minigpt.errors import TrainingDiverged
 from minigpt.events import CheckpointEvent, DoneEvent, EvalEvent, StepEvent
-from minigpt.model import GPT
 from minigpt.run import load_run
 from minigpt.run.lock import RunLock
 from minigpt.run.resume import resume_config

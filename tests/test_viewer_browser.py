@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from minigpt.core.heads import score_heads
 from minigpt.heads.inspection import Inspection, visible_token
-from minigpt.heads.scores import score_heads
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +166,7 @@ def induction_probe_inspection() -> Inspection:
 
 
 def test_screenshot_shows_the_colour_scale_and_the_glossary(page, tmp_path):
-    from minigpt.heads.scores import SCORE_NAMES
+    from minigpt.core.heads import SCORE_NAMES
     from minigpt.heads.viewer import GLYPHS
 
     page.set_window_size(1400, 1000)

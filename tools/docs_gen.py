@@ -1,6 +1,7 @@
 """Reference generated from the code: docs/config.md (every setting, from the field
-declarations in minigpt/config.py) and the module list in docs/internals.md (every module of
-the package with the first sentence of its docstring).
+declarations in minigpt/config.py) and, in docs/internals.md, the size of minigpt/core/ it opens
+with and the module list (every module of the package with the first sentence of its
+docstring).
 
     python tools/docs_gen.py           # rewrite both from the code
     python tools/docs_gen.py --check   # exit 1 and say which file is stale (tests/test_docs.py)
@@ -147,8 +148,23 @@ def module_list() -> str:
     return "\n".join(lines)
 
 
+CORE_SIZE = re.compile(r"(Read `minigpt/core/` first \()\d+ lines in \d+ files(\))")
+
+
+def core_size() -> str:
+    """`N lines in F files`: the size of minigpt/core/, which internals.md opens with."""
+    files = sorted((ROOT / "minigpt" / "core").glob("*.py"))
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in files)
+    return f"{lines} lines in {len(files)} files"
+
+
 def internals_with_modules(text: str) -> str:
-    """internals.md with the block between the module markers regenerated."""
+    """internals.md with the core's size and the block between the module markers
+    regenerated."""
+    if not CORE_SIZE.search(text):
+        raise SystemExit(f"{INTERNALS_MD}: the opening 'Read `minigpt/core/` first (N lines in "
+                         "F files)' is missing")
+    text = CORE_SIZE.sub(lambda m: f"{m[1]}{core_size()}{m[2]}", text, count=1)
     head, sep, rest = text.partition(BEGIN_MODULES)
     _, sep2, tail = rest.partition(END_MODULES)
     if not sep or not sep2:

@@ -1,6 +1,6 @@
 """The sample suite of `minigpt bench`: greedy decoding of one sequence (batch 1) with and
 without the KV cache, through the same generation loop as `minigpt sample`
-(`minigpt.sample.generate`) on the same threads (`minigpt.device.decoding_threads`, the one
+(`minigpt.core.generate.generate`) on the same threads (`minigpt.device.decoding_threads`, the one
 thread policy): time to first token, prefill and decode tokens/s, and whether both paths
 produced the same tokens."""
 
@@ -13,10 +13,10 @@ import torch
 
 from minigpt.bench.timing import Timing, synchronize
 from minigpt.config import ModelConfig
+from minigpt.core.generate import generate
+from minigpt.core.gpt import GPT
 from minigpt.device import autocast, decoding_threads
 from minigpt.events import BenchEvent, OnEvent
-from minigpt.model import GPT
-from minigpt.sample import generate
 
 
 @dataclass
@@ -55,7 +55,7 @@ class SampleRow:
 
 def _generate(model: GPT, prompt: list[int], n: int, use_cache: bool,
               device: torch.device, dtype: torch.dtype) -> tuple[float, float, list[int]]:
-    """Greedy-generate n tokens through `minigpt.sample.generate`, as `minigpt sample` does:
+    """Greedy-generate n tokens through `minigpt.core.generate.generate`, as `minigpt sample` does:
     (seconds to first token, seconds for the other n-1, tokens). Each token is a Python int,
     so every step has finished on the device when it is counted."""
     with autocast(device, dtype):

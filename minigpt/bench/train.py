@@ -1,7 +1,7 @@
 """The train suite of `minigpt bench`: one optimizer step of the real `GPT` with the real
 optimizer, and the peak FLOP rate that MFU divides by.
 
-MFU = model FLOPs per token (`minigpt.model.flops_per_token`, 6N + attention) x tokens/s /
+MFU = model FLOPs per token (`minigpt.core.gpt.flops_per_token`, 6N + attention) x tokens/s /
 peak. The peak on CPU is the fp32 / bf16 matmul rate measured in the same run (an achievable
 peak, not a datasheet number); on CUDA a table of dense tensor-core datasheet peaks, overridden
 by `--peak-tflops`, and None ("n/a") for a GPU not in the table rather than a wrong number.
@@ -17,9 +17,9 @@ import torch
 
 from minigpt.bench.timing import Timing, synchronize, time_fn
 from minigpt.config import ModelConfig, TrainConfig
+from minigpt.core.gpt import GPT, flops_per_token
 from minigpt.device import autocast
 from minigpt.events import BenchEvent, OnEvent
-from minigpt.model import GPT, flops_per_token
 from minigpt.train.optim import build_optimizer
 
 # Dense (no sparsity) bf16 tensor-core peaks with fp32 accumulation, TFLOP/s, from vendor
@@ -139,7 +139,7 @@ class TrainRow:
     params: int  # GPT.num_params()["total"]
     timing: Timing
     tokens_per_s: float
-    flops_per_token: float  # minigpt.model.flops_per_token(cfg, block_size)
+    flops_per_token: float  # minigpt.core.gpt.flops_per_token(cfg, block_size)
     achieved_tflops: float
     mfu: float | None  # achieved / peak, None when the peak is unknown
     first_step_s: float  # the first call: includes torch.compile's compilation

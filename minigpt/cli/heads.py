@@ -133,7 +133,7 @@ def _heads_summary_table(insp, layers, heads):
     from rich.table import Table
     from rich.text import Text
 
-    from minigpt.heads.scores import SCORE_NAMES
+    from minigpt.core.heads import SCORE_NAMES
 
     short = {"induction": "ind", "previous": "prev", "duplicate": "dup", "delimiter": "delim",
              "entropy": "ent"}

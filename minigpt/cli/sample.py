@@ -59,7 +59,7 @@ def sample_command(
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""
     t_start = time.perf_counter()  # before torch is imported: "first token N s after start"
-    from minigpt.sample_settings import Sampling, check_seed
+    from minigpt.core.sampling import Sampling, check_seed
 
     # The flags first: a typo is refused before torch loads (seconds on a busy laptop).
     how = Sampling(temperature, top_k, top_p, max_new_tokens, num_samples)  # validated

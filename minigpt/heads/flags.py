@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from minigpt.errors import ArgumentError
 
 FORMATS = ("table", "png", "html", "safetensors", "json")
-# heads.ablation.MODES (which imports torch); tests/test_presentation.py keeps them equal
+# core.heads.MODES (which imports torch); tests/test_presentation.py keeps them equal
 ABLATE_MODES = ("zero", "mean", "resample")
 
 

@@ -17,11 +17,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.attention import AttnSpec
+from minigpt.core.heads import (
+    SCORE_HELP,
+    SCORE_NAMES,
+    Ablation,
+    ablate_heads,
+    attention_maps,
+    dominant_type,
+    score_heads,
+)
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.heads.ablation import Ablation, ablate_heads
 from minigpt.heads.probes import ProbeInput
-from minigpt.heads.scores import SCORE_HELP, SCORE_NAMES, dominant_type, score_heads
 
 
 def visible_token(s: str, max_len: int = 0) -> str:
@@ -151,31 +157,13 @@ class Inspection:
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
-@torch.no_grad()
-def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "cpu"
-                   ) -> tuple[Tensor, float]:
-    """Run `model` on `tokens` (one sequence) through the explicit attention path and the SDPA
-    path. Returns (attention (n_layer, n_head, T, T) float32 CPU, max |logit difference|)."""
-    was_training = model.training
-    model.eval()
-    try:
-        idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
-        logits_explicit, maps = model.forward_with_attention(idx)
-        logits_sdpa, _ = model(idx, attn=AttnSpec("sdpa"))  # whatever attn_impl it trained with
-    finally:
-        model.train(was_training)
-    attn = torch.stack([m[0] for m in maps]).float().cpu()  # n_layer x (H, T, T)
-    diff = (logits_explicit.float() - logits_sdpa.float()).abs().max().item()
-    return attn, diff
-
-
 def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
             device: torch.device | str | None = None, source: str = "text", run: str = "",
             step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None
             ) -> Inspection:
     """Attention maps and head scores of `model` on `tokens` (already within block_size), on
     `device` (None: where the model's weights are). MinigptError if the attention or the
-    logits are not finite. `ablate` (a mode of heads.ablation) also measures what each head
+    logits are not finite. `ablate` (a mode of core.heads) also measures what each head
     carries, scored where `inp` (the `prepare_input` this came from) defines the loss."""
     if not tokens:
         raise ValueError("inspect: no tokens")

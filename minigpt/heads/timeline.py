@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
+from minigpt.core.heads import score_heads
 from minigpt.events import HeadFormedEvent, HeadScoresEvent
 from minigpt.heads.probes import probe_pool, probe_tokens
-from minigpt.heads.scores import score_heads
 
 # Which probe each timeline score is measured on: induction, previous-token and first-token
 # attention on random tokens repeated twice; duplicate-token attention on tokens from 8 ids.

@@ -10,15 +10,14 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from minigpt.attention import Rotary
 from minigpt.config import ModelConfig
+from minigpt.core.gpt import GPT, Rotary
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
 from minigpt.hf.arch import import_config, kind_of
 from minigpt.hf.hub import model_directory, model_file, read_model_json
 from minigpt.hf.tokenizer import load_hf_tokenizer
 from minigpt.hf.weights import check_weights, map_weights, to_minigpt
-from minigpt.model import GPT
 from minigpt.run.load import LoadedRun
 
 CONFIG = "config.json"

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from minigpt.attention import rope_interleaved_to_halves
 from minigpt.config import ModelConfig
+from minigpt.core.gpt import rope_interleaved_to_halves
 from minigpt.errors import MinigptError
 from minigpt.hf.arch import GPT2, brief
 from minigpt.hf.hub import model_file, read_model_json

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from minigpt.config import Config, model_hash
+from minigpt.core.gpt import GPT
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
-from minigpt.model import GPT
 from minigpt.run.checkpoint import Checkpoint, find_checkpoint, raw_module, tied_aliases
 from minigpt.run.layout import (
     CKPT_DIR,

@@ -25,7 +25,7 @@ import copy
 
 import torch
 
-from minigpt.model import GPT
+from minigpt.core.gpt import GPT
 from minigpt.run.checkpoint import Checkpoint
 from minigpt.run.layout import MODEL_FILE, TRAIN_WEIGHTS_FILE
 from minigpt.run.load import load_model_weights

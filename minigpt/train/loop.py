@@ -22,7 +22,6 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import math
@@ -33,6 +32,9 @@ from pathlib import Path
 import torch
 
 from minigpt.config import Config, TrainConfig, head_scores_every
+from minigpt.core import step as core_step
+from minigpt.core.generate import generate
+from minigpt.core.gpt import GPT
 from minigpt.data import Dataset, prepare_dataset
 from minigpt.device import amp_dtype, autocast, resolve_device, training_threads
 from minigpt.errors import ArgumentError, ConfigError, MinigptError, TrainingDiverged
@@ -46,7 +48,6 @@ from minigpt.events import (
     no_events,
 )
 from minigpt.heads.timeline import HeadWatch, all_formed
-from minigpt.model import GPT
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.lock import RunLock
@@ -312,43 +313,38 @@ class Trainer:
 
     # -- one optimizer step -----------------------------------------------------------------
     def step(self, flag: StopFlag) -> tuple[float, float, float, bool]:
-        """Forward/backward over this rank's micro-batches, clip, optimizer. Returns (mean loss of
-        the global batch, lr, grad norm before clipping, whether any rank was signalled)."""
+        """This rank's micro-batches through `core.step.train_step`. Returns (mean loss of the
+        global batch, lr, grad norm before clipping, whether any rank was signalled)."""
         t, info, step = self.cfg.train, self.info, self.state.step
         lr = lr_at(step, t)
         set_lr(self.optimizer, lr)
         offsets = self.data.sample_offsets("train", t.batch_size, self.data_gen)  # global
         per_rank = self.n_micro * self.micro
         mine = offsets[info.rank * per_rank:(info.rank + 1) * per_rank]
-        loss_sum = torch.zeros((), device=self.device)
-        for m in range(self.n_micro):
-            x, y = self.data.get_batch("train", mine[m * self.micro:(m + 1) * self.micro],
-                                       self.device)
-            # DDP all-reduces gradients only on the last micro-batch.
-            sync = self.fwd.no_sync() if info.enabled and m < self.n_micro - 1 \
-                else contextlib.nullcontext()
-            with sync:
-                with autocast(self.device, self.amp):
-                    _, loss = self.fwd(x, y)
-                (loss / self.n_micro).backward()
-            loss_sum += loss.detach().float()
-        # One collective per step: the loss for the log and any rank's stop request.
-        stats = torch.stack([loss_sum.cpu() / self.n_micro,
-                             torch.tensor(float(flag.signum is not None))])
-        all_reduce_sum(stats, info)
-        loss_val = stats[0].item() / info.world_size
-        if not math.isfinite(loss_val):
-            raise self._diverged(step + 1, "the training loss")
-        clip = t.grad_clip if t.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
-        if not math.isfinite(grad_norm):
-            raise self._diverged(step + 1, "the gradient norm")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        batches = (self.data.get_batch("train", mine[m * self.micro:(m + 1) * self.micro],
+                                       self.device) for m in range(self.n_micro))
+        stop = [False]
+
+        def mean_loss(mine_mean: torch.Tensor) -> float:
+            """One collective per step: the loss for the log and any rank's stop request."""
+            stats = torch.stack([mine_mean, torch.tensor(float(flag.signum is not None))])
+            all_reduce_sum(stats, info)
+            stop[0] = stats[1].item() > 0
+            return stats[0].item() / info.world_size
+
+        r = core_step.train_step(self.model, self.optimizer, batches, n_micro=self.n_micro,
+                                 grad_clip=t.grad_clip, fwd=self.fwd, precision=self._precision,
+                                 no_sync=self.fwd.no_sync if info.enabled else None, mean_loss=mean_loss)
+        if not r.stepped:
+            what = "the training loss" if not math.isfinite(r.loss) else "the gradient norm"
+            raise self._diverged(step + 1, what)
         self.average.update(step + 1)
         self.state.step = step + 1
         self.state.tokens_seen += t.batch_size * self.cfg.model.block_size
-        return loss_val, lr, grad_norm, stats[1].item() > 0
+        return r.loss, lr, r.grad_norm, stop[0]
+
+    def _precision(self):
+        return autocast(self.device, self.amp)
 
     def _diverged(self, step: int, what: str) -> TrainingDiverged:
         t, ck = self.cfg.train, self.last_ckpt
@@ -360,20 +356,13 @@ class Trainer:
             f"train.grad_clip (now {t.grad_clip:g}); {kept}")
 
     # -- evaluation and samples -------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self) -> float:
         """Mean val loss over the fixed eval offsets (split across ranks, summed back)."""
-        model = self.average.model
-        model.eval()
         mine = self.eval_offsets[self.info.rank::self.info.world_size]
-        total = torch.zeros(2, dtype=torch.float64)  # (sum of loss x rows, rows)
-        for i in range(0, len(mine), self.micro):
-            chunk = mine[i:i + self.micro]
-            x, y = self.data.get_batch("val", chunk, self.device)
-            with autocast(self.device, self.amp):
-                _, loss = model(x, y)
-            total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
-        all_reduce_sum(total, self.info)
+        batches = (self.data.get_batch("val", mine[i:i + self.micro], self.device)
+                   for i in range(0, len(mine), self.micro))
+        total = core_step.evaluate(self.average.model, batches, precision=self._precision)
+        all_reduce_sum(total, self.info)  # (sum of loss x rows, rows) over every rank
         self.model.train()
         return (total[0] / total[1]).item()
 
@@ -383,8 +372,6 @@ class Trainer:
         t = self.cfg.train
         if t.sample_tokens <= 0 or not self.info.is_main:
             return []
-        from minigpt.sample import generate  # lazily: sample sits beside train in the flow
-
         devices = [self.device] if self.device.type == "cuda" else []
         out = []
         with torch.random.fork_rng(devices=devices):

@@ -1,6 +1,7 @@
-"""What `minigpt sample` is asked to do, checked before anything heavy loads: `Sampling` (the
-settings, validated when made) and `check_seed`. Standard library only (no torch), so a bad
-flag (`-t -1`) is refused at once; `minigpt.sample` does the generating."""
+"""What generation is asked to do, checked before anything heavy loads: `Sampling` (the
+settings, validated once when made) and `check_seed`. The standard library only, no torch, so
+`minigpt sample -t -1` is refused before torch loads (seconds on a busy laptop); generate.py
+does the generating."""
 
 from __future__ import annotations
 

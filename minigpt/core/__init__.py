@@ -1,0 +1,14 @@
+"""The maths of minigpt, in one room: read this package first.
+
+- `gpt.py`: the model, top to bottom: `attention()` with both kernels (fused SDPA and the
+  explicit softmax that returns the `[batch, head, query, key]` pattern), RoPE, QK-norm, the KV
+  cache, then CausalSelfAttention, MLP, Block and GPT. `AttnSpec.head_hook` is the one
+  intervention point for every head experiment.
+- `generate.py`: sampling numerics (temperature, top-k, top-p) and `generate` on token ids.
+- `heads.py`: every number about a head: attention maps, pattern scores, ablation effects.
+- `step.py`: one optimizer step (`train_step`) and one evaluation (`evaluate`).
+
+These files import only torch, the standard library, `minigpt.config` and `minigpt.errors`
+(tests/test_layout.py checks it): no files, no events, no run directory, no tokenizer. Every
+other package (train, run, hf, heads, bench, cli) is a consumer of this one.
+"""

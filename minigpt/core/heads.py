@@ -1,0 +1,344 @@
+"""Every number about an attention head, computed from a model and token ids (no files, no
+text rendering: heads/ writes and draws them, cli/ prints them). Read in this order:
+
+1. Where each head looks: `attention_maps` runs the explicit attention path and returns the
+   probabilities `[layer, head, query, key]`, with the SDPA path's logits as a check.
+2. What pattern that is: `score_heads` and `dominant_type` (definitions below).
+3. What the head carries: `ablate_heads`, one head knocked out at a time through the forward
+   pass's one intervention point (`AttnSpec.head_hook` in core/gpt.py).
+
+Circuit maths (how heads work together) goes after part 3, on the same hook.
+
+Head scores
+-----------
+Attention patterns are `[..., query, key]` (TransformerLens's `[batch, head, query, key]` with
+the batch dimension dropped): row `t` is query position `t`'s probability distribution over
+key positions `0..t` (causal), so every row sums to 1 and the upper triangle is 0.
+
+Head scores (each in [0, 1], one number per (layer, head); NaN when the input has no query the
+score applies to, e.g. no repeated token for `induction`). `A[t, j]` is the attention from query
+t to key j, T the number of tokens, `x` the token ids:
+- previous: mean over t = 1..T-1 of A[t, t-1].
+- induction: over queries t whose token occurred before at some s with s+1 < t, the attention
+  mass on those positions s+1 (the token right after each earlier occurrence), averaged over such
+  queries. On the `induction` probe (random tokens r_0..r_{n-1} repeated twice, no repeats
+  within a copy) the queries are exactly the second copy and the target of query n+i is i+1.
+- duplicate: over queries t whose token occurred before, the attention mass on the earlier
+  occurrences s < t with x[s] == x[t], averaged over such queries.
+- first (sink): mean over t = 1..T-1 of A[t, 0] (t = 0 is excluded: it can only attend to 0).
+- self: mean over t = 1..T-1 of A[t, t].
+- local: mean over t = W..T-1 of the mass on keys t-W..t (the query and the W tokens before it),
+  W = LOCAL_WINDOW; queries t < W see nothing outside the window and are excluded.
+- delimiter: over queries t that see an earlier delimiter token (whitespace-only or punctuation),
+  the attention mass m_t on delimiter keys j < t in excess of a uniform head's f_t = (number of
+  such keys) / (t+1): max(0, (m_t - f_t) / (1 - f_t)), averaged (needs the token strings).
+- entropy: mean over t = 1..T-1 of H_t / ln(t+1), H_t = -sum_j A[t,j] ln A[t,j]: 0 = all
+  attention on one key, 1 = uniform over the t+1 visible keys.
+
+Dominant type (`dominant_type`): the pattern score (induction, previous, duplicate, first, self,
+delimiter) with the highest value if it is >= DOMINANT_THRESHOLD; otherwise `diffuse` if
+entropy >= DIFFUSE_ENTROPY (close to uniform); otherwise `local` if the local score is
+>= DOMINANT_THRESHOLD; otherwise `mixed`. Ties go to the earlier type in that list. `n/a`
+when no score applies (a single token). Thresholds: DOMINANT_THRESHOLD = 0.4, DIFFUSE_ENTROPY =
+0.7, LOCAL_WINDOW = 3.
+
+Ablation
+--------
+What a head does, not only where it looks: knock one head out and measure what the model
+loses. `ablate_heads` returns, for every head alone, the loss with that head ablated minus the
+unablated loss, in nats per token: 0 = the prediction never needed it, > 0 = it carried part
+of the prediction (< 0: the model does better without it on this input).
+
+The intervention is the forward pass's one head hook (`AttnSpec.head_hook`): the head's output
+z `[batch, head, query, d_head]` (its attention-weighted values, before W_O mixes the heads
+into the residual stream) is replaced, in one layer, for one head:
+
+- `zero`: by zeros, so W_O receives nothing from the head (a bias of W_O stays: it belongs to
+  no head);
+- `mean`: by its mean over the input's positions (the same vector at every query), which
+  keeps the average signal the rest of the model may rely on and removes what depends on the
+  position and the tokens (Wang et al. 2022's mean ablation, averaged over this input);
+- `resample`: by its output at the same positions on the same tokens in a random order (a
+  seeded permutation): what the head would say about an input with the same tokens but none of
+  this one's order (the resample ablation of Chan et al. 2022, with the permuted input as the
+  reference distribution).
+
+Ablating head h of layer l leaves every layer before l unchanged, so inside its layer the head
+sees exactly the inputs of the unablated pass: the mean and the resampled outputs are those of
+the unablated model. Every head is ablated in one batched forward pass (one row per head, plus
+one unablated row), in chunks that bound the memory; each row's effect is measured against the
+unablated row of its own batch, so a head whose output is already what replaces it gives an
+effect of exactly 0.
+
+Where the loss is scored is the caller's choice (`positions`): every next-token prediction of a
+text; on the induction probe only the predictions inside the second copy, where copying is
+possible (heads/probes.py's `ProbeInput.scored`).
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minigpt.core.gpt import AttnSpec
+from minigpt.errors import ArgumentError
+
+# --------------------------------------------------------------------------------------------
+# 1. Where each head looks.
+
+
+@torch.no_grad()
+def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "cpu"
+                   ) -> tuple[Tensor, float]:
+    """Run `model` on `tokens` (one sequence) through the explicit attention path and the SDPA
+    path. Returns (attention (n_layer, n_head, T, T) float32 CPU, max |logit difference|)."""
+    was_training = model.training
+    model.eval()
+    try:
+        idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
+        logits_explicit, maps = model.forward_with_attention(idx)
+        logits_sdpa, _ = model(idx, attn=AttnSpec("sdpa"))  # whatever attn_impl it trained with
+    finally:
+        model.train(was_training)
+    attn = torch.stack([m[0] for m in maps]).float().cpu()  # n_layer x (H, T, T)
+    diff = (logits_explicit.float() - logits_sdpa.float()).abs().max().item()
+    return attn, diff
+
+
+# --------------------------------------------------------------------------------------------
+# 2. What pattern it is: head scores.
+
+LOCAL_WINDOW = 3
+DOMINANT_THRESHOLD = 0.4
+DIFFUSE_ENTROPY = 0.7
+# Order matters twice: table columns, and ties in `dominant_type` go to the earlier name.
+PATTERN_SCORES = ("induction", "previous", "duplicate", "first", "self", "delimiter")
+SCORE_NAMES = PATTERN_SCORES + ("local", "entropy")
+SCORE_HELP = {
+    "induction": "attention to the token right after an earlier occurrence of the query's token",
+    "previous": "attention from position t to t-1",
+    "duplicate": "attention to earlier occurrences of the query's own token",
+    "first": "attention to position 0 (attention sink)",
+    "self": "attention to the query's own position (diagonal)",
+    "delimiter": "attention to earlier whitespace/punctuation tokens beyond a uniform head's",
+    "local": f"attention to the query and the {LOCAL_WINDOW} tokens before it",
+    "entropy": "entropy of each query's distribution / ln(visible keys): 0 focused, 1 uniform",
+}
+_DELIMITER_CHARS = set(string.punctuation) | set(" \t\r\n\f\v")
+
+# Scores on an attention tensor (..., T, T); leading dims are kept, e.g. (n_layer, n_head).
+
+
+def _masked_mean(mass: Tensor, rows: Tensor) -> Tensor:
+    """Mean of `mass[..., t]` over query positions where `rows[t]`; NaN when no row qualifies."""
+    n = int(rows.sum())
+    if n == 0:
+        return torch.full(mass.shape[:-1], float("nan"))
+    return (mass * rows).sum(-1) / n
+
+
+def score_heads(attn: Tensor, tokens: Sequence[int],
+                token_strs: Sequence[str] | None = None) -> dict[str, Tensor]:
+    """All head scores (see the module docstring) for `attn` of shape (..., T, T), float.
+
+    Returns {name: tensor of shape attn.shape[:-2]} for every name in SCORE_NAMES, in [0, 1] or
+    NaN. `tokens` (length T) are the ids; `token_strs` (length T) enable the delimiter score."""
+    attn = attn.detach().to(torch.float64).cpu()
+    T = attn.shape[-1]
+    if attn.shape[-2] != T or len(tokens) != T:
+        raise ValueError(f"attention (..., {attn.shape[-2]}, {T}) does not match "
+                         f"{len(tokens)} tokens")
+    x = torch.as_tensor(list(tokens))
+    q = torch.arange(T).unsqueeze(1)   # (T, 1) query positions
+    k = torch.arange(T).unsqueeze(0)   # (1, T) key positions
+    after_first = torch.arange(T) >= 1  # queries t = 1..T-1
+    diag = attn.diagonal(dim1=-2, dim2=-1)  # (..., T): A[t, t]
+    scores: dict[str, Tensor] = {}
+
+    # previous: A[t, t-1]; diagonal(offset=-1)[i] = A[i+1, i]
+    prev = attn.diagonal(offset=-1, dim1=-2, dim2=-1)
+    scores["previous"] = prev.mean(-1) if T >= 2 else torch.full(attn.shape[:-2], float("nan"))
+
+    # same[t, j]: key j holds the query's token and lies strictly before it
+    same = (x.unsqueeze(1) == x.unsqueeze(0)) & (k < q)
+    scores["duplicate"] = _masked_mean((attn * same).sum(-1), same.any(-1))
+
+    # induction targets: key j = s+1 where x[s] == x[t], s+1 < t
+    ind = torch.zeros(T, T, dtype=torch.bool)
+    ind[:, 1:] = same[:, :-1] & (k[:, 1:] < q)
+    scores["induction"] = _masked_mean((attn * ind).sum(-1), ind.any(-1))
+
+    scores["first"] = _masked_mean(attn[..., :, 0], after_first)
+    scores["self"] = _masked_mean(diag, after_first)
+
+    if token_strs is not None and len(token_strs) == T:
+        is_delim = torch.tensor([bool(s) and set(s) <= _DELIMITER_CHARS for s in token_strs])
+        delim = is_delim.unsqueeze(0) & (k < q)  # (T, T): earlier delimiter keys
+        # excess over a uniform head, whose mass on them is f_t = (#earlier delimiters) / (t+1):
+        # otherwise a diffuse head on whitespace-heavy text would look like a delimiter head
+        f = delim.sum(-1).double() / (torch.arange(T) + 1)  # (T,), < 1 (the query is no key)
+        excess = ((attn * delim).sum(-1) - f) / (1 - f)
+        scores["delimiter"] = _masked_mean(excess.clamp_min(0.0), delim.any(-1))
+    else:
+        scores["delimiter"] = torch.full(attn.shape[:-2], float("nan"))
+
+    window = (k <= q) & (k >= q - LOCAL_WINDOW)
+    scores["local"] = _masked_mean((attn * window).sum(-1), torch.arange(T) >= LOCAL_WINDOW)
+
+    # entropy with 0 ln 0 = 0, normalised by ln(t+1) = the entropy of a uniform row
+    plogp = torch.where(attn > 0, attn * attn.clamp_min(1e-300).log(), torch.zeros(()))
+    norm = torch.log(torch.arange(T, dtype=torch.float64) + 1).clamp_min(1e-12)
+    scores["entropy"] = _masked_mean(-plogp.sum(-1) / norm, after_first)
+    return {name: scores[name].to(torch.float32) for name in SCORE_NAMES}
+
+
+def dominant_type(scores: dict[str, float]) -> str:
+    """The head's dominant type under the rule in the module docstring."""
+    def val(name: str) -> float:
+        v = scores.get(name, float("nan"))
+        return -1.0 if v is None or math.isnan(v) else float(v)
+
+    if all(val(n) < 0 for n in SCORE_NAMES):
+        return "n/a"  # a single token: nothing to score
+    best = max(PATTERN_SCORES, key=lambda n: (val(n), -PATTERN_SCORES.index(n)))
+    if val(best) >= DOMINANT_THRESHOLD:
+        return best
+    if val("entropy") >= DIFFUSE_ENTROPY:
+        return "diffuse"
+    if val("local") >= DOMINANT_THRESHOLD:
+        return "local"
+    return "mixed"
+
+
+# --------------------------------------------------------------------------------------------
+# 3. What it carries: ablation.
+
+MODES = ("zero", "mean", "resample")
+MODE_HELP = {
+    "zero": "the head's output replaced by zeros",
+    "mean": "the head's output replaced by its mean over the input's positions",
+    "resample": "the head's output replaced by its output on the same tokens in a random order",
+}
+# Floats of activations per row a chunk may hold (rows x T x the widest of 4C and V): ~256 MB.
+CHUNK_FLOATS = 64 * 1024 * 1024
+
+
+@dataclass
+class Ablation:
+    """Per-head ablation effects on one input.
+
+    effect: (n_layer, n_head) float64: loss with that head ablated - `base_loss`, nats/token.
+    base_loss: the unablated loss over the scored predictions (nats/token).
+    positions: the query positions whose next-token prediction is scored."""
+
+    mode: str
+    effect: Tensor
+    base_loss: float
+    positions: list[int]
+    scored: str  # what the scored predictions are, for people: "every next-token prediction"
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "what": MODE_HELP[self.mode], "scored": self.scored,
+                "n_scored": len(self.positions), "base_loss": round(self.base_loss, 6),
+                "unit": "nats/token"}
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ArgumentError("ablate", f"'{mode}' is not an ablation mode; valid: "
+                            f"{', '.join(MODES)}")
+    return mode
+
+
+def check_positions(n_tokens: int, positions: Sequence[int] | None, minimum: int = 2) -> list[int]:
+    """The scored query positions (None: every one with a next token); ArgumentError when the
+    input leaves nothing to score (`minimum`: the shortest input that would)."""
+    scored = list(range(n_tokens - 1)) if positions is None else list(positions)
+    if not scored:
+        raise ArgumentError("ablate", f"the input has {n_tokens} tokens, too short to score a "
+                            f"prediction: it needs at least {minimum} (see --max-tokens)")
+    assert all(0 <= p < n_tokens - 1 for p in scored), "positions must have a next token"
+    return scored
+
+
+@torch.no_grad()
+def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
+                 positions: Sequence[int] | None = None, scored: str = "every next-token "
+                 "prediction", minimum: int = 2, seed: int = 0) -> Ablation:
+    """Every head's ablation effect on `tokens` (one sequence within the model's block_size);
+    `positions` and `minimum` as in `check_positions`; `seed` orders the resample reference.
+    The model runs in eval mode with its own attention kernel and is restored afterwards."""
+    check_mode(mode)
+    pos = check_positions(len(tokens), positions, minimum)
+    cfg = model.cfg
+    L, H = cfg.n_layer, cfg.n_head
+    device = next(model.parameters()).device
+    idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
+    targets = idx[0, 1:][pos]  # (P,)
+    was_training = model.training
+    model.eval()
+    try:
+        reference = _resampled_outputs(model, idx, seed) if mode == "resample" else None
+        heads = [(layer, head) for layer in range(L) for head in range(H)]
+        rows = max(1, CHUNK_FLOATS // (idx.shape[1] * max(4 * cfg.n_embd, cfg.vocab_size)) - 1)
+        effect = torch.zeros(L * H, dtype=torch.float64)
+        base = None
+        for start in range(0, len(heads), rows):
+            chunk = heads[start:start + rows]
+            losses = _chunk_losses(model, idx, chunk, mode, reference, pos, targets)
+            base = losses[0] if base is None else base
+            effect[start:start + len(chunk)] = losses[1:] - losses[0]
+    finally:
+        model.train(was_training)
+    return Ablation(mode, effect.view(L, H), float(base), pos, scored)
+
+
+def _chunk_losses(model, idx: Tensor, chunk: list[tuple[int, int]], mode: str,
+                  reference: list[Tensor] | None, pos: list[int], targets: Tensor) -> Tensor:
+    """Losses (1 + len(chunk),) float64 of one batched pass: row 0 unablated, row r + 1 with
+    head chunk[r] ablated."""
+    n_rows = 1 + len(chunk)
+    L, H = model.cfg.n_layer, model.cfg.n_head
+    hit = torch.zeros(n_rows, L, H, dtype=torch.bool, device=idx.device)  # (rows, L, H)
+    for r, (layer, head) in enumerate(chunk, start=1):
+        hit[r, layer, head] = True
+
+    def hook(layer: int, z: Tensor) -> Tensor:  # z: (rows, H, T, D)
+        mask = hit[:, layer, :, None, None]  # (rows, H, 1, 1)
+        if not mask.any():
+            return z
+        if mode == "zero":
+            new = torch.zeros_like(z)
+        elif mode == "mean":
+            new = z.mean(dim=2, keepdim=True).expand_as(z)  # (rows, H, 1, D) at every query
+        else:
+            new = reference[layer].expand_as(z)  # (1, H, T, D) from the permuted input
+        return torch.where(mask, new, z)
+
+    spec = AttnSpec(model.cfg.attn_impl, head_hook=hook)
+    logits, _ = model(idx.expand(n_rows, -1), attn=spec)  # (rows, T, V)
+    picked = logits[:, pos]  # (rows, P, V)
+    loss = F.cross_entropy(picked.reshape(-1, picked.shape[-1]).double(),
+                           targets.repeat(n_rows), reduction="none")
+    return loss.view(n_rows, -1).mean(dim=1).cpu()  # (rows,)
+
+
+def _resampled_outputs(model, idx: Tensor, seed: int) -> list[Tensor]:
+    """Every layer's head outputs z (1, H, T, D) on `idx` with its tokens in a seeded random
+    order: the reference of resample ablation."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(idx.shape[1], generator=gen).to(idx.device)
+    outputs: list[Tensor] = []
+
+    def keep(layer: int, z: Tensor) -> Tensor:
+        outputs.append(z.clone())
+        return z
+
+    model(idx[:, perm], attn=AttnSpec(model.cfg.attn_impl, head_hook=keep))
+    return outputs
