@@ -166,7 +166,10 @@ class _TrainView:
     def _rising(self, e: events.EvalEvent) -> None:
         """One plain warning once validation has stayed above its best for RISING_EVALS
         evaluations in a row: the model is overfitting, and the weights saved are the
-        latest, not the best."""
+        latest, not the best. (Synthetic induction rows are drawn fresh for every batch:
+        nothing to overfit.)"""
+        if self.synthetic:
+            return
         self.not_best = 0 if e.val_loss <= e.best_val_loss else self.not_best + 1
         if self.not_best >= RISING_EVALS and not self.warned:
             self.warned = True
