@@ -39,6 +39,8 @@ except SystemExit as e:
     (["sample", "--seed", "-1"], "--seed"),
     (["inspect-heads", "--format", "gif"], "--format"),
     (["inspect-heads", "--ablate", "everything"], "--ablate"),
+    (["train", "--set", "train.threads=-1"], "--set train.threads"),
+    (["train", "--config", "no-such-config"], "config file not found"),
 ])
 def test_a_bad_flag_is_refused_before_torch_loads(argv, flag, tmp_path):
     r = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], cwd=tmp_path, text=True,

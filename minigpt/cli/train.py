@@ -41,7 +41,10 @@ def train_command(
         "later with --resume).")] = None,
 ) -> None:
     """Train a model; progress on stderr, everything saved in the run directory."""
-    from minigpt.config import to_yaml
+    from minigpt.config import load_config, to_yaml
+
+    if not resume:  # the config and --set checked before torch loads (the same check again
+        load_config(config, set_ or [])  # below, in train_config, costs a millisecond)
     from minigpt.run.resume import train_config
     from minigpt.train import train
 
