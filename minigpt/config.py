@@ -318,20 +318,9 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
-# Model fields added after 0.1 enter the hash only when set away from their default: weights
-# saved before a field existed carry a hash without it, and must still load.
-_HASHED_IF_CHANGED = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap",
-                      "attn_dropout")
-
-
 def model_hash(model_cfg: ModelConfig) -> str:
-    """A short hash of the model's shape settings (stored with weights to catch mismatches)."""
-    values = dataclasses.asdict(model_cfg)
-    defaults = {fl.name: fl.default for fl in dataclasses.fields(ModelConfig)}
-    for name in _HASHED_IF_CHANGED:
-        if values[name] == defaults[name]:
-            del values[name]
-    blob = json.dumps(values, sort_keys=True).encode()
+    """A short hash of every model setting (stored with weights to catch mismatches)."""
+    blob = json.dumps(dataclasses.asdict(model_cfg), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

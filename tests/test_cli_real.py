@@ -229,7 +229,20 @@ def downloads(argv: list[str]) -> bool:
     return any(a.startswith("hf:") for a in argv)
 
 
-@pytest.mark.parametrize("argv", QUICK, ids=[" ".join(c) for c in QUICK])
+def first_of_each_kind(commands: list[list[str]]) -> list:
+    """Each command as a pytest param: the first of each kind (command name, and whether it
+    downloads) in the quick tier, the others slow (each is a process that imports torch; the
+    in-process CLI tests cover their flags)."""
+    seen, params = set(), []
+    for argv in commands:
+        kind = (argv[0], downloads(argv))
+        params.append(pytest.param(argv, id=" ".join(argv),
+                                   marks=[pytest.mark.slow] if kind in seen else []))
+        seen.add(kind)
+    return params
+
+
+@pytest.mark.parametrize("argv", first_of_each_kind(QUICK))
 def test_documented_command_works_on_a_trained_run(program, env, place, argv):
     if downloads(argv):  # offline: the real download path fails in one line, nothing else
         r = minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"}, ok=False)

@@ -357,7 +357,7 @@ def test_runs_shows_the_best_and_the_last_value(tmp_path):
 def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
     from types import SimpleNamespace
 
-    from minigpt.cli.sample import _SampleView, printable_text
+    from minigpt.cli.sample import _SampleView
 
     prompt = SimpleNamespace(text="ROMEO:", ids=[1, 2])
     view = _SampleView(prompt, 1, 1, False, True, 0.0, "ROMEO:\x1b[31m\n")
@@ -365,7 +365,6 @@ def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
     view.on_text(0, " soft")
     out = capsys.readouterr().out
     assert out == "\x1b[2mROMEO:\\x1b[31m\n\x1b[0m But soft"  # once, dimmed, escapes shown
-    assert printable_text("a\tb\nc\x07") == "a\tb\nc\\x07"
     piped = _SampleView(prompt, 1, 1, False, False, 0.0, "")
     piped.on_done(SimpleNamespace(index=0, text=" But soft", token_ids=[3], tokens_per_s=1.0,
                                   first_token_s=0.1, finish_reason="length"))

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from minigpt.core.heads import score_heads
-from minigpt.heads.inspection import Inspection, visible_token
+from minigpt.display import visible_token
+from minigpt.heads.inspection import Inspection
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ from minigpt.cli.main import (
     RunOpt,
     app,
     out_console,
-    printable,
     say,
 )
+from minigpt.display import printable
 
 TextOpt = Annotated[str | None, typer.Option(
     "--text", help="Text to run through the model. Default: a built-in passage.")]
@@ -61,9 +61,11 @@ def inspect_heads_command(
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
+    from minigpt.core.sampling import check_seed
     from minigpt.heads.flags import check_ablate, parse_formats
 
     fmts = parse_formats(formats or [])  # the flags before torch loads
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
     check_ablate(ablate)
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
@@ -84,8 +86,8 @@ def inspect_heads_command(
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    insp = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source,
-                   run=loaded.source, step=loaded.step, ablate=ablate, inp=inp)
+    insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                   seed=seed)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -183,7 +185,7 @@ def _attention_table(insp, la: int, h: int, width: int):
     from rich.table import Table
     from rich.text import Text
 
-    from minigpt.heads.inspection import visible_token
+    from minigpt.display import visible_token
 
     T = len(insp.tokens)
     rows, cols = insp.window(la, h, max(8, (width - 14) // 4))

@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import app, out_console, printable, say
+from minigpt.cli.main import app, out_console, say
+from minigpt.display import printable
 
 
 @app.command("runs")

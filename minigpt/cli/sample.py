@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from minigpt.cli.main import DeviceOpt, ModelOpt, RunOpt, app, say
+from minigpt.display import printable
 
 PromptOpt = Annotated[str | None, typer.Option(
     "-p", "--prompt", help="Text to continue. Default: start from <|endoftext|>.")]
@@ -124,7 +125,8 @@ class _SampleView:
         """On a terminal, the prompt (dimmed: it is not generated) before sample `index`."""
         if self.shown and index not in self.started:
             self.started.add(index)
-            sys.stdout.write(f"\x1b[2m{printable_text(self.shown)}\x1b[0m")
+            shown = printable(self.shown, keep="\n\t")  # a prompt file's escapes, shown
+            sys.stdout.write(f"\x1b[2m{shown}\x1b[0m")
 
     def on_text(self, index: int, piece: str) -> None:
         self._prompt_once(index)
@@ -166,15 +168,6 @@ def _stdout_to_the_end():
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-
-
-_PROMPT_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(9), *range(11, 32), 127]}
-
-
-def printable_text(text: str) -> str:
-    """The prompt as a terminal should show it: newlines and tabs kept, every other control
-    character (an escape sequence in a prompt file) written as \\xNN."""
-    return text.translate(_PROMPT_CONTROLS)
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

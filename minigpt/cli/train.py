@@ -14,6 +14,7 @@ import typer
 
 from minigpt import events
 from minigpt.cli.main import app, err_console, out_console
+from minigpt.display import printable
 
 
 @app.command("train")
@@ -64,13 +65,6 @@ def train_command(
 
 
 RISING_EVALS = 3  # evaluations in a row above the best before the overfitting warning
-
-_CONTROL = str.maketrans({c: "\ufffd" for c in [*range(9), *range(11, 32), 127]})
-
-
-def _clean(text: str) -> str:
-    """Generated/corpus text with control characters (ESC, CR, ...) made harmless."""
-    return text.translate(_CONTROL)
 
 
 class _TrainView:
@@ -163,7 +157,7 @@ class _TrainView:
                       f"{e.elapsed:.1f}s")
         self._rising(e)
         for prompt, text in e.samples:
-            body = _clean(prompt + text).replace("\n", "\n  | ")
+            body = printable(prompt + text, keep="\n\t").replace("\n", "\n  | ")
             self.line(f"  | {body}")
 
     def _rising(self, e: events.EvalEvent) -> None:

@@ -166,7 +166,7 @@ def sampling_loop(model: torch.nn.Module, prompt_ids: Sequence[int], how: Sampli
     was_training = model.training
     model.eval()
     try:
-        start = max(0, len(ids) - block)  # first id of the model's current window
+        _, start = truncate_prompt(ids, block)  # the first id of the model's window
         cache = model.new_kv_cache(1, block) if use_kv_cache else None
         step_in = torch.empty((1, 1), dtype=torch.long, device=device)  # reused decode input
 

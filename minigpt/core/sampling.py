@@ -13,6 +13,7 @@ from minigpt.errors import ArgumentError
 # Generation past this many tokens per sample is refused: a typo such as `-n 10000000000`
 # should fail at once, not run for days. A million tokens is hours of CPU sampling.
 MAX_NEW_TOKENS = 1_000_000
+MAX_SAMPLES = 10_000  # samples per command; run it again for more
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,9 @@ class Sampling:
         if self.max_new_tokens > MAX_NEW_TOKENS:
             raise ArgumentError("max_new_tokens", f"at most {MAX_NEW_TOKENS:,} per sample, got "
                                 f"{self.max_new_tokens:,}")
-        if self.num_samples < 1:
-            raise ArgumentError("num_samples", f"must be >= 1, got {self.num_samples}")
+        if not 1 <= self.num_samples <= MAX_SAMPLES:
+            raise ArgumentError("num_samples", f"must be in 1..{MAX_SAMPLES:,}, got "
+                                f"{self.num_samples}")
 
 
 def check_seed(seed: int) -> None:

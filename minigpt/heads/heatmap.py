@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from minigpt.display import visible_token
 from minigpt.files import atomic_write_bytes
-from minigpt.heads.inspection import Inspection, visible_token
+from minigpt.heads.inspection import Inspection
 
 CMAP = "viridis"
 MAX_LABELS = 64  # more tokens than this: label every k-th token so the text stays legible

@@ -29,30 +29,6 @@ from minigpt.core.heads import (
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 
-
-def visible_token(s: str, max_len: int = 0) -> str:
-    """A token's text for labels: whitespace made visible (space ·, newline ↵, tab →), other
-    control characters as \\xNN, shortened to `max_len` characters with … (0 = no limit)."""
-    out = []
-    for ch in s:
-        if ch == " ":
-            out.append("·")
-        elif ch == "\n":
-            out.append("↵")
-        elif ch == "\t":
-            out.append("→")
-        elif ch == "\r":
-            out.append("␍")
-        elif ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029":
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    text = "".join(out) or "∅"
-    if max_len and len(text) > max_len:
-        text = text[: max_len - 1] + "…"
-    return text
-
-
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
 
@@ -157,34 +133,32 @@ class Inspection:
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
-def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
-            device: torch.device | str | None = None, source: str = "text", run: str = "",
-            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None
-            ) -> Inspection:
-    """Attention maps and head scores of `model` on `tokens` (already within block_size), on
-    `device` (None: where the model's weights are). MinigptError if the attention or the
-    logits are not finite. `ablate` (a mode of core.heads) also measures what each head
-    carries, scored where `inp` (the `prepare_input` this came from) defines the loss."""
+def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
+            run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0) -> Inspection:
+    """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
+    on `device` (None: where the model's weights are). MinigptError if the attention or the
+    logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
+    head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
+    The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
+    orders the resample ablation's reference."""
+    tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
-    # probes are random ids: their "whitespace/punctuation" tokens are no sentence structure
-    strs_for_scores = None if source.startswith("probe:") else token_strs
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
     ablation = None
     if ablate is not None:
-        inp = inp or ProbeInput(list(tokens), list(token_strs), source)
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
-                                scored=inp.scored, minimum=inp.min_tokens)
-    copy_start = (inp.positions[0] if inp is not None and inp.source == "probe:induction"
-                  and inp.positions else None)
-    return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
-                      scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
-                      parity_tol=tol, source=source, run=run, step=step, ablation=ablation,
-                      copy_start=copy_start)
+                                scored=inp.scored, minimum=inp.min_tokens, seed=seed)
+    scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
+    copy_start = (inp.positions[0] if inp.source == "probe:induction" and inp.positions
+                  else None)
+    return Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
+                      scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
+                      run=run, step=step, ablation=ablation, copy_start=copy_start)
 
 
 def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minigpt.core.heads import SCORE_HELP, SCORE_NAMES
+from minigpt.display import visible_token
 from minigpt.files import atomic_write_bytes
-from minigpt.heads.inspection import Inspection, visible_token
+from minigpt.heads.inspection import Inspection
 
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
                  "\u2029": "\\u2029"}

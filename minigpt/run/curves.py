@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigpt.errors import ArgumentError, MinigptError, WriteError
-from minigpt.files import atomic_file, atomic_write_bytes
+from minigpt.files import atomic_file, atomic_write_bytes, not_replaceable
 from minigpt.run.layout import METRICS_FILE
 from minigpt.run.listing import Unreadable, data_kind, read_run_metrics
 from minigpt.run.state import finite
@@ -229,6 +229,8 @@ def write_overlay(runs: list[Series], out: Path) -> Path:
     if out.is_dir():
         raise ArgumentError("out", "is a directory; give a file name such as curves.png",
                             subject=out)
+    if (why := not_replaceable(out)) is not None:  # a FIFO, /dev/null: never replaced
+        raise ArgumentError("out", why, subject=out)
     try:
         with atomic_file(out) as fh:  # the temp file first: an unwritable place fails at once
             fh.write(_png(overlay_figure(runs, note)))

@@ -8,7 +8,8 @@ Where each column comes from:
   checkpoint reached the config's train.max_steps; else the status in summary.md when it was
   written at that checkpoint's step (`interrupted`: Ctrl-C/SIGTERM, `stopped`: --stop-after);
   else `killed` (the trainer ended without writing its summary: kill -9, a crash, power loss).
-  `damaged` when the commit pointer is not a step directory.
+  `damaged` when the commit pointer is not a step directory (a regular file, a link out of
+  the run) or the committed checkpoint's manifest.json is not a JSON object.
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
   max steps: config.yaml's train.max_steps.
 - val bits/byte: the lowest val_bpb in metrics.jsonl with its step, and the last one (the
@@ -36,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError
-from minigpt.files import open_regular, parse_yaml, read_problem, read_regular
+from minigpt.files import ReadError, load_json, open_regular, parse_yaml, read_problem, read_regular
 from minigpt.run.checkpoint import latest_checkpoint_dir
 from minigpt.run.layout import (
     CKPT_DIR,
     CONFIG_FILE,
     LATEST,
     LOCK_NAME,
+    MANIFEST_FILE,
     METRICS_FILE,
     MODEL_FILE,
     SUMMARY_FILE,
@@ -135,8 +137,9 @@ def read_run_metrics(run_dir: Path) -> tuple[list[dict], int]:
         raise Unreadable(path, f"larger than {MAX_METRICS_BYTES >> 20} MiB; not a metrics log")
     try:
         return read_metrics(path)
-    except OSError as e:  # replaced between the check and the read
-        raise Unreadable(path, read_problem(e)) from None
+    except ReadError as e:  # replaced between the check and the read
+        raise Unreadable(path, e.problem.removeprefix("cannot read it (").removesuffix(")")
+                         ) from None
 
 
 def read_row(run_dir: Path) -> RunRow:
@@ -167,6 +170,8 @@ def read_row(run_dir: Path) -> RunRow:
         ckpt = latest_checkpoint_dir(run_dir)
         ckpt_step = int(ckpt.name.split("-")[1]) if ckpt is not None else None
         status = _status(run_dir, ckpt_step, max_steps, problems)
+        if ckpt is not None and status != "training" and not _manifest_ok(ckpt):
+            status = "damaged"
     except MinigptError:
         ckpt, ckpt_step, status = None, None, "damaged"
     except OSError as e:
@@ -199,6 +204,9 @@ def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None,
             problems: list[str]) -> str:
     if _lock_held(run_dir / LOCK_NAME, problems):
         return "training"
+    latest = run_dir / CKPT_DIR / LATEST
+    if latest.exists() and not latest.is_symlink() and not latest.is_dir():
+        return "damaged"  # a regular file where the commit pointer goes: not a step directory
     if ckpt_step is None:
         return "no checkpoint"
     if max_steps is not None and ckpt_step >= max_steps:
@@ -207,6 +215,15 @@ def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None,
     if found and int(found.group(2)) == ckpt_step:
         return found.group(1)
     return "killed"
+
+
+def _manifest_ok(ckpt: Path) -> bool:
+    """Whether the committed checkpoint's manifest.json reads as a JSON object (within the
+    file door's limits): what `sample --run` checks first."""
+    try:
+        return isinstance(load_json(ckpt / MANIFEST_FILE), dict)
+    except ReadError:
+        return False
 
 
 def _lock_held(path: Path, problems: list[str]) -> bool:

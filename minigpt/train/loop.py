@@ -5,7 +5,10 @@ writes besides checkpoints is written by consumers of those events (outputs.py, 
 Reading order: `train` opens the run (for a resume: its checkpoint and trainer state, read
 once); `set_up` builds the session in named steps (batch geometry, tokenizer, data, model and
 optimizer, progress and RNG states, outputs) into one `Trainer`; `Trainer.run` loops over
-`step`, `evaluate` / `sample` and `save`.
+`step` (this rank's batches through core/step.py's `train_step`), `evaluate` (core/step.py's
+`evaluate`) / `sample` (core/generate.py) and `save`. The maths is core's; what stays here is the
+session: batches, the learning rate, the all-reduce, the divergence message, the weight
+average, events and checkpoints.
 
 Batches: every optimizer step draws the GLOBAL batch of `train.batch_size` offsets from one
 torch.Generator seeded by run.seed (identical on every rank); rank r takes the r-th contiguous
@@ -48,6 +51,7 @@ from minigpt.events import (
     no_events,
 )
 from minigpt.heads.timeline import HeadWatch, all_formed
+from minigpt.induction import InductionData
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.lock import RunLock
@@ -194,7 +198,7 @@ def restore_progress(cfg: Config, info: DistInfo, start: Resumed | None
     return state, data_gen
 
 
-def validation_sample(data: Dataset, t: TrainConfig, seed: int) -> torch.Tensor:
+def validation_sample(data: Dataset | InductionData, t: TrainConfig, seed: int) -> torch.Tensor:
     """The offsets every evaluation uses, drawn once: evaluations compare like with like."""
     return data.sample_offsets("val", t.eval_batches * t.batch_size,
                                torch.Generator().manual_seed(seed + 1))
@@ -231,9 +235,9 @@ class Trainer:
     device: torch.device
     info: DistInfo
     tokenizer: Tokenizer
-    data: Dataset
+    data: Dataset | InductionData
     model: GPT
-    fwd: torch.nn.Module            # what `step` calls (forward_module)
+    fwd: torch.nn.Module            # what train_step runs forward (forward_module)
     optimizer: object               # torch.optim.AdamW or train.optim.OptimizerChain
     names: list[str]                # parameter names in optimizer order (checkpoints)
     average: WeightAverage          # .model: what evaluations, samples and checkpoints use
@@ -393,7 +397,7 @@ class Trainer:
             s.best_val_loss, s.best_val_bpb, s.best_step = val, bpb, step
         samples = self.sample()
         copies = (math.nan, math.nan)
-        if self.data.induction_vocab and self.info.is_main:  # what the copies cost (copies.py)
+        if self.cfg.data.source == "induction" and self.info.is_main:  # copies.py
             copies = copy_metrics(self.average.model, self.data, self.eval_offsets, self.micro,
                                   self.device)
         self.last_eval = EvalEvent(step, val, math.exp(min(val, 700.0)), bpb, s.best_val_loss,
