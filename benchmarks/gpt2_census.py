@@ -42,7 +42,7 @@ def main() -> int:
         for seed in seeds:
             inp = prepare_input(loaded.cfg, loaded.tokenizer, probe=score,
                                 max_tokens=args.tokens, seed=seed, eot_first=loaded.eot_first)
-            s = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source).scores[score]
+            s = inspect(loaded.model, inp).scores[score]
             total = s if total is None else total + s
         mean = torch.nan_to_num(total / len(seeds), nan=-1.0)  # (n_layer, n_head)
         n_head = mean.shape[1]

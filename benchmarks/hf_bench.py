@@ -156,7 +156,7 @@ from minigpt.heads.probes import prepare_input
 inp = prepare_input(loaded.cfg, loaded.tokenizer, probe='induction', max_tokens=64,
                     eot_first=loaded.eot_first)
 t4 = time.perf_counter()
-inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source)
+inspect(loaded.model, inp)
 t5 = time.perf_counter()
 print(json.dumps({'import_s': t1 - t0, 'load_s': t2 - t1, 'first_forward_s': t3 - t2,
                   'inspect_s': t5 - t4, 'rss_before': before, 'hwm_after_load': after_load,

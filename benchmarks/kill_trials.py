@@ -100,7 +100,9 @@ class Trial:
     seconds: float = 0.0
 
 
-def _read_until(proc, pattern: str, timeout: float) -> tuple[bool, list[str]]:
+def read_until(proc, pattern: str, timeout: float) -> tuple[bool, list[str]]:
+    """Read `proc`'s stderr line by line until a line matches `pattern` (regex), the stream
+    ends or `timeout` seconds pass: (matched, the lines read). tests/test_faults.py uses it."""
     seen, deadline = [], time.time() + timeout
     while time.time() < deadline:
         line = proc.stderr.readline()
@@ -129,7 +131,7 @@ def run_trial(index: int, kind: str, rng: random.Random, work: Path, corpus: Pat
             time.sleep(rng.uniform(0.2, 8.0))
         elif kind == "random":
             target = rng.randint(1, 60)
-            found, seen = _read_until(proc, rf"^step {target}/", 300)
+            found, seen = read_until(proc, rf"^step {target}/", 300)
             if not found:
                 raise RuntimeError(f"never saw step {target}: {''.join(seen)[-500:]}")
             time.sleep(rng.uniform(0, 0.04))

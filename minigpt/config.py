@@ -149,6 +149,7 @@ class TrainConfig:
     precision: str = setting("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere",
                        choices=("auto", "fp32", "bf16"))
     compile: str = setting("auto", "torch.compile: auto = on for CUDA only", choices=("auto", "true", "false"))
+    threads: int = setting(0, "CPU threads training uses (torch intra-op); 0 = torch's default (OMP_NUM_THREADS, else the cores); on a machine busy with other work, 1 (docs/cli.md#threads)", min=0)
     keep_checkpoints: int = setting(1, "committed checkpoints kept, newest first; older ones are deleted after each save", min=1)
     head_scores_interval: str = setting("eval", "score every head on the built-in probes every N steps (metrics.jsonl, heads.png); eval = at each evaluation, off = never")
     stop_when_formed: list[str] = setting([], "end training at the first head-score measurement that finds, for each of these kinds (induction, previous, duplicate, first), a head scoring >= 0.9; [] = train to max_steps", choices=HEAD_KINDS)  # noqa: RUF009 - setting() returns a field(default_factory=...)
@@ -317,20 +318,9 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
-# Model fields added after 0.1 enter the hash only when set away from their default: weights
-# saved before a field existed carry a hash without it, and must still load.
-_HASHED_IF_CHANGED = ("norm_eps", "activation", "qk_norm", "head_init", "logit_softcap",
-                      "attn_dropout")
-
-
 def model_hash(model_cfg: ModelConfig) -> str:
-    """A short hash of the model's shape settings (stored with weights to catch mismatches)."""
-    values = dataclasses.asdict(model_cfg)
-    defaults = {fl.name: fl.default for fl in dataclasses.fields(ModelConfig)}
-    for name in _HASHED_IF_CHANGED:
-        if values[name] == defaults[name]:
-            del values[name]
-    blob = json.dumps(values, sort_keys=True).encode()
+    """A short hash of every model setting (stored with weights to catch mismatches)."""
+    blob = json.dumps(dataclasses.asdict(model_cfg), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

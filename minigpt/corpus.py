@@ -29,6 +29,7 @@ import numpy as np
 
 from minigpt.errors import MinigptError, WriteError
 from minigpt.events import CorpusProgress, OnEvent, no_events
+from minigpt.files import open_regular, read_problem
 from minigpt.paths import is_glob, resolve_path
 from minigpt.records import SUFFIXES, RecordScan, digest, iter_records, record_format, scan
 
@@ -52,7 +53,8 @@ def list_corpus(spec: str) -> list[Path]:
     if not spec.strip():
         raise MinigptError(f"data.corpus is empty: give a {_KINDS} file, a directory of them "
                            "or a glob (the bundled corpus is data/tinyshakespeare.txt)")
-    files = _glob_files(spec) if is_glob(spec) else _path_files(resolve_path(spec))
+    named = resolve_path(spec)  # a file literally named `we[ir]d.txt` is that file
+    files = _glob_files(spec) if is_glob(spec) and not named.exists() else _path_files(named)
     for q in files:
         if q.is_symlink() and not q.exists():
             raise MinigptError(f"data.corpus: {q} is a dangling symlink (to {os.readlink(q)}); "
@@ -84,13 +86,25 @@ def _path_files(p: Path) -> list[Path]:
                            "directory of them or a glob (bundled: data/tinyshakespeare.txt)")
     if not p.is_dir():
         return [p]
-    files = sorted((q for q in p.rglob("*") if q.name.lower().endswith(DIRECTORY_SUFFIXES)
+    files = sorted((q for q in _walk(p) if q.name.lower().endswith(DIRECTORY_SUFFIXES)
                     and not q.is_dir()), key=lambda q: q.relative_to(p).as_posix())
     if not files:
         raise MinigptError(f"data.corpus: directory {p} contains no corpus files "
                            "(.txt, .jsonl, .jsonl.gz, .json.gz, .parquet); add some or "
                            "point data.corpus at a file or a glob (dir/*.json)")
     return files
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Every entry under `root` (links to directories not followed, as rglob does); a
+    subdirectory that cannot be listed is an error, never silently left out of the corpus."""
+    def refuse(e: OSError) -> None:
+        raise MinigptError(f"data.corpus: cannot list {e.filename} ({read_problem(e)}); make "
+                           "it readable or move it out of the corpus directory")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=refuse):
+        for name in dirnames + filenames:
+            yield Path(dirpath) / name
 
 
 def _stat_key(path: Path) -> tuple:
@@ -106,19 +120,21 @@ def _memo(key: tuple, make: Callable[[], object]):
 
 def _open(path: Path):
     try:
-        return open(path, "rb")
+        return open_regular(path)
     except OSError as e:
-        raise MinigptError(f"data.corpus: cannot read {path}: {e.strerror}") from None
+        raise MinigptError(f"data.corpus: cannot read {path}: {read_problem(e)}") from None
 
 
 # --------------------------------------------------------------------------------------------
 # Record files: measured once per process (their document bytes are known only by reading).
 
 
-def scan_records(path: Path, text_field: str, invalid_utf8: str) -> RecordScan:
-    """`records.scan` of one JSON Lines or Parquet file, memoised per process."""
+def scan_records(path: Path, text_field: str, invalid_utf8: str,
+                 progress: Callable[[int], None] | None = None) -> RecordScan:
+    """`records.scan` of one JSON Lines or Parquet file, memoised per process; `progress(n)`
+    hears the file's bytes read while it is scanned."""
     return _memo(("scan", _stat_key(path), text_field, invalid_utf8),
-                 lambda: scan(path, text_field, invalid_utf8))
+                 lambda: scan(path, text_field, invalid_utf8, progress))
 
 
 def records_digest(path: Path, text_field: str, invalid_utf8: str, start: int, end: int) -> str:
@@ -315,7 +331,8 @@ def _scan_all(files: Sequence[Path], text_field: str, invalid_utf8: str, emit: O
         if q not in sizes:
             out.append(None)
             continue
-        out.append(scan_records(q, text_field, invalid_utf8))
+        out.append(scan_records(q, text_field, invalid_utf8, lambda n, at=done, size=sizes[q]:
+                                emit(CorpusProgress("scan", at + min(n, size), total))))
         done += sizes[q]
         emit(CorpusProgress("scan", done, total))
     return out

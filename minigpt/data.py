@@ -1,4 +1,4 @@
-"""Token data: the corpus tokenized once into a memory-mapped cache, or synthetic induction data.
+"""Token data: the corpus tokenized once into a memory-mapped cache, read as batches.
 
 Token cache (under `<cache dir>/tokens/`): `<key>.bin` holds every token of the corpus, each
 document preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32: the
@@ -12,27 +12,14 @@ Batches: `sample_offsets` draws start offsets from a caller-owned torch.Generato
 saves its state for an exact resume); `get_batch` turns offsets into x, y = tokens[o : o+T],
 tokens[o+1 : o+T+1], shapes (n, T) with T = block_size.
 
-Induction (`data.source: induction`): no corpus. An "offset" is a per-sequence seed; each row
-of block_size + 1 ids in [0, induction_vocab) is drawn from its seed. Two layouts:
-- induction_min_period = 0: a random block r of block_size // 2 ids repeated, x = [r, r] (plus
-  r[0] when block_size is odd); the second half is predictable from the first.
-- induction_min_period = m > 0: back-to-back pairs (s, s) of random segments, each segment's
-  length drawn from [m, induction_max_period or block_size // 2] (the last one shortened to fit,
-  at least 2; a tail too short for that stays random). The distance between a token and its
-  copy changes from pair to pair, so only content matching (an induction head) predicts the
-  copies: one fixed period, or a sequence repeated periodically, can be predicted by heads that
-  attend at fixed offsets, which is not induction.
-With induction_distinct, a row's new ids (segments and tail) are drawn without replacement, so
-every repeated id in a row is part of a copy, as in the induction probe: no chance repeats that
-an induction head would mispredict. Measured on configs/induction.yaml: without it the
-induction score sank from ~0.95 to 0.74-0.87 as training went on; with it 0.897-0.981.
+Induction (`data.source: induction`): no corpus; the rows are drawn from seeds (induction.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,9 +38,19 @@ from minigpt.corpus import (
     list_corpus,
     split_corpus,
 )
+from minigpt.device import batch_to
 from minigpt.errors import MinigptError
 from minigpt.events import CorpusProgress, DatasetReady, OnEvent, TokenizingFile, no_events
-from minigpt.files import atomic_file, atomic_write_bytes
+from minigpt.files import (
+    SMALL_CAP,
+    atomic_file,
+    atomic_write_bytes,
+    open_regular,
+    parse_json,
+    read_regular,
+    shown,
+)
+from minigpt.induction import InductionData
 from minigpt.paths import cache_root
 from minigpt.tokenizer import EOT, Tokenizer
 
@@ -67,14 +64,13 @@ _BATCH_BYTES = 8 * CHUNK_BYTES  # document bytes encoded together on tiktoken's 
 
 @dataclass
 class Dataset:
-    train: np.ndarray          # 1-D token ids (np.memmap, uint16 or uint32); empty for induction
+    """The tokenized corpus: `sample_offsets` and `get_batch` as the module docstring says
+    (induction.py's InductionData answers the same two calls)."""
+
+    train: np.ndarray          # 1-D token ids (np.memmap, uint16 or uint32)
     val: np.ndarray
-    bytes_per_token: float     # UTF-8 bytes / tokens on the val split (1.0 for induction)
+    bytes_per_token: float     # UTF-8 bytes / tokens on the val split
     block_size: int
-    induction_vocab: int = 0   # > 0: synthetic induction data, ids in [0, induction_vocab)
-    induction_min_period: int = 0  # > 0: pairs layout, segment lengths from [this, max_period]
-    induction_max_period: int = 0  # 0: block_size // 2
-    induction_distinct: bool = False  # new ids of a row drawn without replacement
 
     def _split(self, split: str) -> np.ndarray:
         if split not in ("train", "val"):
@@ -82,64 +78,23 @@ class Dataset:
         return self.train if split == "train" else self.val
 
     def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
-        """(n,) int64 offsets drawn from `generator` (advances it the same way for both sources).
-        Text: start positions in [0, len(split) - block_size). Induction: sequence seeds."""
+        """(n,) int64 start positions in [0, len(split) - block_size), drawn from `generator`."""
         arr = self._split(split)
-        high = 2**62 if self.induction_vocab else len(arr) - self.block_size
-        return torch.randint(high, (n,), generator=generator, dtype=torch.long)
+        return torch.randint(len(arr) - self.block_size, (n,), generator=generator,
+                             dtype=torch.long)
 
     def get_batch(self, split: str, offsets: torch.Tensor, device: torch.device | str = "cpu"
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y: (n, block_size) int64 on `device`; y[:, t] is the token after x[:, t]."""
         T = self.block_size
-        if self.induction_vocab:
-            rows = self._induction_rows(split, offsets)
-        else:
-            arr = self._split(split)
-            rows = torch.from_numpy(np.stack(
-                [arr[o: o + T + 1] for o in offsets.tolist()]).astype(np.int64))
-        x, y = rows[:, :-1], rows[:, 1:]
-        device = torch.device(device)
-        if device.type == "cuda":
-            return (x.pin_memory().to(device, non_blocking=True),
-                    y.pin_memory().to(device, non_blocking=True))
-        return x.contiguous().to(device), y.contiguous().to(device)
-
-    def _induction_rows(self, split: str, offsets: torch.Tensor) -> torch.Tensor:
-        """(n, block_size + 1) ids: row i is drawn from seed offsets[i] (module docstring)."""
-        self._split(split)
-        T1 = self.block_size + 1
-        half = max(1, self.block_size // 2)
-        lo, hi = self.induction_min_period, self.induction_max_period or half
-        salt = 0 if split == "train" else 1  # train and val draw from different streams
-        g = torch.Generator()
-        rows = torch.empty(len(offsets), T1, dtype=torch.long)
-        for i, seed in enumerate(offsets.tolist()):
-            g.manual_seed(int(seed) * 2 + salt)
-            # New ids: i.i.d. draws, or (distinct) a permutation's prefix: no id repeats by chance.
-            fresh = (torch.randperm(self.induction_vocab, generator=g) if self.induction_distinct
-                     else torch.randint(self.induction_vocab, (T1,), generator=g))
-            if not lo:  # [r, r]: one block of `half` ids repeated
-                rows[i] = fresh[:half].repeat(math.ceil(T1 / half))[:T1]
-                continue
-            # i.i.d.: each segment is the draws at its own positions; distinct: filled below
-            row = torch.empty(T1, dtype=torch.long) if self.induction_distinct else fresh.clone()
-            pos, used = 0, 0  # positions filled; ids of `fresh` consumed (distinct)
-            while (T1 - pos) // 2 >= 2:
-                n = min(int(torch.randint(lo, hi + 1, (1,), generator=g)), (T1 - pos) // 2)
-                if self.induction_distinct:
-                    row[pos: pos + n] = fresh[used: used + n]
-                    used += n
-                row[pos + n: pos + 2 * n] = row[pos: pos + n]  # the copy of this segment
-                pos += 2 * n
-            if self.induction_distinct:
-                row[pos:] = fresh[used: used + T1 - pos]  # a tail too short for a pair: new ids
-            rows[i] = row
-        return rows
+        arr = self._split(split)
+        rows = torch.from_numpy(np.stack(
+            [arr[o: o + T + 1] for o in offsets.tolist()]).astype(np.int64))  # (n, T + 1)
+        return batch_to(rows[:, :-1], rows[:, 1:], device)
 
 
 def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None = None
-                    ) -> Dataset:
+                    ) -> Dataset | InductionData:
     """The Dataset for `cfg.data`: induction data, or the tokenized corpus (from the cache when
     corpus, tokenizer and split settings are unchanged, else built and cached atomically).
     Raises one-line MinigptErrors for unusable corpora (nothing is cached then) and for splits
@@ -150,12 +105,15 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None 
         if dc.induction_vocab > tokenizer.n_vocab:
             raise MinigptError(f"data.induction_vocab: {dc.induction_vocab} exceeds the "
                                f"tokenizer's {tokenizer.n_vocab} ids; lower it")
-        empty = np.zeros(0, dtype=np.uint16)
-        on_event(DatasetReady(None, 0, 0, cached=False))
-        return Dataset(empty, empty, 1.0, T, induction_vocab=dc.induction_vocab,
-                       induction_min_period=dc.induction_min_period,
-                       induction_max_period=dc.induction_max_period,
-                       induction_distinct=dc.induction_distinct)
+        lo, hi = dc.induction_min_period, dc.induction_max_period or T // 2
+        rows = (f"segments of {lo}-{hi} random ids, each followed by its copy" if lo else
+                f"a block of {T // 2} random ids repeated")
+        on_event(DatasetReady(None, 0, 0, cached=False, synthetic=(
+            f"synthetic induction rows of {T + 1} ids from 0..{dc.induction_vocab - 1} ("
+            f"{rows}{', no id twice' if dc.induction_distinct else ''}), drawn fresh for "
+            "every batch")))
+        return InductionData(T, dc.induction_vocab, dc.induction_min_period,
+                             dc.induction_max_period, dc.induction_distinct)
 
     files = list_corpus(dc.corpus)
     cut = split_corpus(files, dc.val_fraction, dc.text_field, dc.invalid_utf8, on_event)
@@ -166,38 +124,67 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None 
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
     directory = cache_root(dc.cache_dir) / "tokens"
     bin_path, meta_path = directory / f"{key}.bin", directory / f"{key}.json"
-    meta = _read_meta(meta_path, bin_path)
+    meta = _read_meta(meta_path, bin_path, tokenizer.n_vocab)
     cached = meta is not None
+    where = files[0] if len(files) == 1 else dc.corpus
     if meta is None:
         with cache_writes(directory):
             meta = _build(cut, dc, tokenizer, bin_path, on_event, files)
+            try:
+                _check_splits(meta, T, where)
+            except MinigptError:
+                bin_path.unlink(missing_ok=True)  # a corpus too short is not cached
+                raise
             meta.update(key_src, split_at=cut.at)
             atomic_write_bytes(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
-
+    _check_splits(meta, T, where)
     tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
     n_train = meta["n_train"]
     train, val = tokens[:n_train], tokens[n_train:]
-    where = files[0] if len(files) == 1 else dc.corpus
-    for name, arr, fix in (("train", train, "lower data.val_fraction or use a larger corpus"),
-                           ("val", val, "raise data.val_fraction or use a larger corpus")):
-        if len(arr) < T + 1:
-            raise MinigptError(
-                f"data.corpus: {where} gives a {name} split of {len(arr)} tokens, but "
-                f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
     on_event(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
     return Dataset(train, val, meta["bytes_per_token"], T)
 
 
-def _read_meta(meta_path: Path, bin_path: Path) -> dict | None:
-    """The cache's metadata if the cache is complete and consistent, else None (rebuild)."""
+def _check_splits(meta: dict, T: int, where: object) -> None:
+    """Both splits hold at least block_size + 1 tokens, or a MinigptError saying what to do."""
+    larger = "or use a larger corpus"
+    for name, n, fix in (("train", meta["n_train"], f"lower data.val_fraction {larger}"),
+                         ("val", meta["n_tokens"] - meta["n_train"],
+                          f"raise data.val_fraction {larger}")):
+        if n < T + 1:
+            raise MinigptError(
+                f"data.corpus: {where} gives a {name} split of {n} tokens, but "
+                f"model.block_size={T} needs at least {T + 1}; lower model.block_size or {fix}")
+
+
+def _read_meta(meta_path: Path, bin_path: Path, n_vocab: int) -> dict | None:
+    """The cache's metadata if the cache is complete (None: missing or torn, rebuild it).
+    A complete cache damaged in place (metadata of the wrong type, an id past the vocabulary)
+    is a MinigptError naming the file: deleting it rebuilds it."""
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = parse_json(read_regular(meta_path, SMALL_CAP))
         itemsize = np.dtype(meta["dtype"]).itemsize
-        if bin_path.stat().st_size != meta["n_tokens"] * itemsize:
-            return None
-        return meta
+        with open_regular(bin_path) as fh:  # memory-mapped below: a regular file only
+            if os.fstat(fh.fileno()).st_size != meta["n_tokens"] * itemsize:
+                return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    bpt, n_train = meta.get("bytes_per_token"), meta.get("n_train")
+    damaged = (None if meta["dtype"] in ("uint16", "uint32") else f'dtype {shown(meta["dtype"])}')
+    if not damaged and (type(bpt) not in (int, float) or not 0 < bpt < 1e6):
+        damaged = f"bytes_per_token {shown(bpt)}"
+    if not damaged and (type(n_train) is not int or not 0 <= n_train <= meta["n_tokens"]):
+        damaged = f"n_train {shown(n_train)}"
+    if not damaged:
+        tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
+        top = max((int(tokens[i: i + (1 << 24)].max()) for i in range(0, len(tokens), 1 << 24)),
+                  default=0)
+        del tokens
+        damaged = f"token id {top}, past the tokenizer's {n_vocab}" if top >= n_vocab else None
+    if damaged:
+        raise MinigptError(f"the token cache {meta_path.with_suffix('')}.{{json,bin}} is damaged "
+                           f"({damaged}); delete both files and run again to rebuild them")
+    return meta
 
 
 def _build(cut: CorpusSplit, dc: DataConfig, tokenizer: Tokenizer, bin_path: Path,

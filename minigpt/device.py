@@ -2,18 +2,18 @@
 mixed precision is bf16 autocast where the hardware has it; how much memory a run may use;
 how many CPU threads decoding uses (`decode_threads`, the one policy, and `decoding_threads`,
 the block `minigpt sample` and `minigpt bench --suite sample` both decode in, so the bench
-times what sample runs)."""
+times what sample runs) and training uses (`training_threads`, train.threads)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
-from minigpt.errors import ArgumentError
+from minigpt.errors import ArgumentError, MinigptError
+from minigpt.files import read_file
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
@@ -57,6 +57,17 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else None
 
 
+def batch_to(x: torch.Tensor, y: torch.Tensor, device: torch.device | str
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch (x, y) of CPU token ids on `device`: through pinned memory, without waiting, to
+    CUDA; contiguous copies elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return (x.pin_memory().to(device, non_blocking=True),
+                y.pin_memory().to(device, non_blocking=True))
+    return x.contiguous().to(device), y.contiguous().to(device)
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """Mixed precision in `dtype` (weights stay fp32); None or fp32 = no autocast."""
     if dtype is None or dtype == torch.float32:
@@ -69,10 +80,10 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in read_file("/proc/meminfo", 1 << 20).decode().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+    except (MinigptError, ValueError, IndexError):
         pass
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -125,5 +136,21 @@ def decoding_threads(model: torch.nn.Module) -> Iterator[int]:
     try:
         torch.set_num_threads(threads)
         yield threads
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def training_threads(threads: int) -> Iterator[int]:
+    """Train on `threads` intra-op threads (train.threads; 0 = torch's current setting:
+    OMP_NUM_THREADS, else the cores); yields the count in use, and restores the caller's
+    setting afterwards. On a machine busy with other work a second thread spin-waits for a
+    time slice at every op: a 150-step `--config bytes` run beside another trainer took many
+    times longer on 2 threads than on 1 (docs/cli.md, "Threads")."""
+    before = torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)

@@ -17,7 +17,7 @@ from dataclasses import field
 from typing import Any
 
 from minigpt.errors import ConfigError
-from minigpt.files import parse_yaml
+from minigpt.files import parse_yaml, shown
 
 
 def setting(default: Any, help: str, **meta: Any) -> Any:
@@ -91,7 +91,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     convert = _to_list if typing.get_origin(tp) is list else _CONVERTERS.get(tp)
     out = _BAD if convert is None else convert(value, where)
     if out is _BAD:
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(repr(value))}")
     return out
 
 
@@ -107,15 +107,15 @@ def check_meta(value: Any, meta: dict, where: str) -> None:
     if choices is not None and value not in choices:
         hint = difflib.get_close_matches(str(value), choices, n=1)
         dym = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}{dym}")
+        raise ConfigError(f"{where}: {shown(repr(value))} is not one of {', '.join(choices)}{dym}")
     if "min" in meta and value < meta["min"]:
-        raise ConfigError(f"{where}: must be >= {meta['min']}, got {value}")
+        raise ConfigError(f"{where}: must be >= {meta['min']}, got {shown(repr(value))}")
     if "min_exclusive" in meta and value <= meta["min_exclusive"]:
-        raise ConfigError(f"{where}: must be > {meta['min_exclusive']}, got {value}")
+        raise ConfigError(f"{where}: must be > {meta['min_exclusive']}, got {shown(repr(value))}")
     if "max_exclusive" in meta and value >= meta["max_exclusive"]:
-        raise ConfigError(f"{where}: must be < {meta['max_exclusive']}, got {value}")
+        raise ConfigError(f"{where}: must be < {meta['max_exclusive']}, got {shown(repr(value))}")
     if "max" in meta and value > meta["max"]:
-        raise ConfigError(f"{where}: must be <= {meta['max']}, got {value}")
+        raise ConfigError(f"{where}: must be <= {meta['max']}, got {shown(repr(value))}")
 
 
 def unknown(name: str, known: list[str], what: str) -> ConfigError:

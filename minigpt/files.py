@@ -7,7 +7,14 @@ temp file behind, and raises WriteError (a one-line MinigptError naming the path
 
 Strict YAML (`parse_yaml`): YAML 1.2-style scalars (no `yes`/`on` booleans, no octal `0123`,
 `1e-3` is a float) and duplicate keys rejected, because PyYAML's YAML 1.1 defaults silently do
-otherwise.
+otherwise; nesting, alias expansion and integer length bounded, complex keys refused.
+
+The one door for files (`read_file`, `read_utf8`, `load_json`, `load_yaml`, `open_file`;
+`check_replaceable` for writes): every file minigpt reads that a user or another program could
+have put there goes through it. Reads take only regular files (a FIFO is never waited on, a
+device never read), hold at most a cap in memory, parse with depth, alias and integer-length
+limits, and fail as one ReadError / ConfigError line naming the file; writes never replace
+anything but a regular file. tests/test_security.py scans the package for reads outside it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import IO, Any
 
 import yaml
 
-from minigpt.errors import ArgumentError, ConfigError, WriteError
+from minigpt.errors import ArgumentError, ConfigError, MinigptError, WriteError
 
 
 def fsync_dir(path: Path) -> None:
@@ -61,17 +68,51 @@ def disk_error(e: OSError, path: Path) -> WriteError:
     return WriteError(msg, path, e.errno)
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def not_replaceable(path: str | Path) -> str | None:
+    """Why a write must not replace what is at `path` ("it is a FIFO, not a regular file"), or
+    None: nothing is there, or a regular file (a symlink to one included)."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # nothing there (or a dangling link): the write itself says what fails
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return (f"it is {_kind(st.st_mode)}, not a regular file, and is never replaced; give the "
+            "path of a new or regular file")
+
+
+def check_replaceable(path: Path) -> Path:
+    """`path`, if a write may replace what is there (`not_replaceable`); else WriteError. A
+    FIFO, a device, a socket or a directory is never replaced: a write to `--out /dev/null`
+    would otherwise put a regular file where the device was."""
+    why = not_replaceable(path)
+    if why is not None:
+        raise WriteError(f"will not write {_shorten(Path(path))}: {why}", path,
+                         errno_mod.EINVAL)
+    return path
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[bytes]]:
     """Open a temp file next to `path` for binary writing; on a clean exit it replaces `path`
     durably, on an exception it is deleted and `path` is untouched. OSError -> WriteError."""
-    path = Path(path)
+    path = check_replaceable(Path(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise disk_error(e, path) from None
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> what open() would give
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
@@ -96,17 +137,20 @@ def atomic_write_text(path: Path, text: str) -> Path:
 
 
 def read_text(path: str | Path, param: str) -> str:
-    """A UTF-8 text file's contents (a leading BOM is kept). ArgumentError(param, ...) naming
-    the file when it is missing, a directory, unreadable, not UTF-8 or binary (NUL bytes)."""
+    """A UTF-8 text file's contents (a leading BOM is kept), at most 16 MiB of it, a regular
+    file only (`read_regular`). ArgumentError(param, ...) naming the file when it is missing,
+    a directory, a FIFO or device, too large, unreadable, not UTF-8 or binary (NUL bytes)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular(path, SMALL_CAP)
     except FileNotFoundError:
         raise ArgumentError(param, "no such file", subject=path) from None
-    except IsADirectoryError:
-        raise ArgumentError(param, "is a directory; give a text file", subject=path) from None
-    except OSError as e:
+    except NotRegularFile as e:
+        if os.path.isdir(path):
+            raise ArgumentError(param, "is a directory; give a text file", subject=path) from None
         raise ArgumentError(param, f"cannot read it ({e.strerror})", subject=path) from None
+    except OSError as e:
+        raise ArgumentError(param, f"cannot read it ({read_problem(e)})", subject=path) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -144,10 +188,67 @@ _StrictLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+MAX_YAML_DEPTH = 64          # real configs nest 3 deep
+MAX_YAML_VALUES = 100_000  # values after alias expansion (a config holds ~100)
+MAX_INT_DIGITS = 400         # far past any size; Python refuses past 4300
+
+
+def _compose_node(loader: _StrictLoader, parent: Any, index: Any) -> Any:
+    """PyYAML's compose_node with a depth limit: nesting is an error line, not a stack."""
+    loader._depth = getattr(loader, "_depth", 0) + 1
+    try:
+        if loader._depth > MAX_YAML_DEPTH:
+            mark = loader.peek_event().start_mark
+            raise ConfigError(f"nested more than {MAX_YAML_DEPTH} deep at line {mark.line + 1}")
+        return yaml.SafeLoader.compose_node(loader, parent, index)
+    finally:
+        loader._depth -= 1
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values `root` stands for once every alias is expanded (an alias shares its
+    anchor's node, so a "billion laughs" document is small as nodes and huge as values);
+    linear in the number of distinct nodes."""
+    sizes: dict[int, int] = {}
+    order, stack = [], [root]
+    while stack:  # post-order without recursion
+        node = stack.pop()
+        if id(node) in sizes:
+            continue
+        sizes[id(node)] = -1
+        order.append(node)
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(x for pair in node.value for x in pair)
+    for node in reversed(order):
+        kids = (node.value if isinstance(node, yaml.SequenceNode) else
+                [x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode)
+                else [])
+        sizes[id(node)] = min(1 + sum(sizes[id(k)] for k in kids), MAX_YAML_VALUES + 1)
+    return sizes[id(root)]
+
+
+def _get_single_node(loader: _StrictLoader) -> Any:
+    node = yaml.SafeLoader.get_single_node(loader)
+    if node is not None and _expanded_size(node) > MAX_YAML_VALUES:
+        raise ConfigError(f"expands to more than {MAX_YAML_VALUES:,} values through aliases "
+                          "(&anchor / *alias); write the values out")
+    return node
+
+
+_StrictLoader.compose_node = _compose_node
+_StrictLoader.get_single_node = _get_single_node
+
+
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: set = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, (list, dict, set)):
+            raise ConfigError(f"a key at line {key_node.start_mark.line + 1} is a "
+                              f"{'list' if isinstance(key, list) else 'mapping'} (`? [a, b]`); "
+                              "keys must be plain names")
         if key in seen:
             raise ConfigError(
                 f"duplicate key {key!r} at line {key_node.start_mark.line + 1}: "
@@ -158,9 +259,16 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 # Decimal integers only: PyYAML would read `0123` as octal 83.
-_StrictLoader.add_constructor(
-    "tag:yaml.org,2002:int",
-    lambda loader, node: int(loader.construct_scalar(node).replace("_", ""), 10))
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    digits = loader.construct_scalar(node).replace("_", "")
+    if len(digits.lstrip("+-")) > MAX_INT_DIGITS:
+        raise ConfigError(f"an integer of {len(digits.lstrip('+-')):,} digits at line "
+                          f"{node.start_mark.line + 1}; no setting takes more than "
+                          f"{MAX_INT_DIGITS}")
+    return int(digits, 10)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
@@ -169,6 +277,8 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
         return yaml.load(text, Loader=_StrictLoader)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+    except ValueError as e:  # a constructor's (a float or timestamp PyYAML cannot read)
+        raise ConfigError(f"{source}: invalid YAML: {shown(str(e), 120)}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -277,11 +387,87 @@ def parse_json(data: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 (invalid byte at offset {e.start})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=json_int)
     except RecursionError:
         raise ValueError("nested too deeply (more than about 1000 levels)") from None
     except ValueError as e:
         raise ValueError(f"not valid JSON ({str(e).splitlines()[0][:120]})") from None
+
+
+def json_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(digits.lstrip('-')):,} digits; at most "
+                         f"{MAX_INT_DIGITS}")
+    return int(digits)
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """`value` (a str as is, anything else as its repr) for an error line: at most `limit`
+    characters, the middle cut ("...") so a huge value never floods the terminal."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    half = max(1, (limit - 5) // 2)
+    return f"{text[:half]} ... {text[-half:]}"
+
+
+# --------------------------------------------------------------------------------------------
+# The reader every file from elsewhere goes through: regular files only, at most `cap` bytes
+# held, parsed with limits, every failure one line naming the file.
+
+SMALL_CAP = 16 << 20   # configs, manifests, sidecars, cache metadata: a few KiB when real
+LARGE_CAP = 1 << 30    # metrics.jsonl (a million logged steps: ~150 MB)
+
+
+class ReadError(MinigptError):
+    """A file could not be read or parsed: one line naming it and why."""
+
+    def __init__(self, path: str | Path, problem: str):
+        self.path, self.problem = Path(path), problem
+        super().__init__(f"{_shorten(Path(path))}: {problem}")
+
+
+def read_file(path: str | Path, cap: int = SMALL_CAP) -> bytes:
+    """The bytes of the regular file `path`, at most `cap` of them (`read_regular`'s rules).
+    ReadError naming the file: missing, not a regular file, unreadable, larger than `cap`."""
+    try:
+        return read_regular(path, cap)
+    except OSError as e:
+        raise ReadError(path, f"cannot read it ({read_problem(e)})") from None
+
+
+def read_utf8(path: str | Path, cap: int = SMALL_CAP) -> str:
+    """`read_file` decoded as UTF-8; ReadError for a file that is not UTF-8."""
+    data = read_file(path, cap)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ReadError(path, f"not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def load_json(path: str | Path, cap: int = SMALL_CAP) -> Any:
+    """The JSON value of the file `path` (`read_file`, then `parse_json`'s limits); ReadError
+    naming the file for anything else."""
+    data = read_file(path, cap)
+    try:
+        return parse_json(data)
+    except ValueError as e:
+        raise ReadError(path, str(e)) from None
+
+
+def load_yaml(path: str | Path, cap: int = SMALL_CAP) -> Any:
+    """The strict YAML value of the UTF-8 file `path` (`read_utf8`, then `parse_yaml`'s
+    limits); ReadError / ConfigError naming the file."""
+    return parse_yaml(read_utf8(path, cap), str(_shorten(Path(path))))
+
+
+def open_file(path: str | Path) -> IO[bytes]:
+    """A regular file opened for streaming (corpora, hashing): `open_regular`'s rules, every
+    failure a ReadError naming the file."""
+    try:
+        return open_regular(path)
+    except OSError as e:
+        raise ReadError(path, f"cannot read it ({read_problem(e)})") from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 
 from minigpt.core.generate import truncate_prompt
 from minigpt.device import resolve_device
-from minigpt.errors import ArgumentError, ConflictError
+from minigpt.errors import ConflictError
 from minigpt.files import read_text_part
 from minigpt.run import LoadedRun, load_run
 from minigpt.tokenizer import Tokenizer
@@ -76,8 +76,8 @@ class Prompt:
 
 def read_prompt(tokenizer: Tokenizer, block_size: int, prompt: str | None = None,
                 prompt_file: Path | None = None, allow_special: bool = False) -> Prompt:
-    """The prompt from at most one of `prompt` / `prompt_file` (neither, or an empty
-    `prompt`: <|endoftext|> alone), encoded (`allow_special`: <|endoftext|> in the text is
+    """The prompt from at most one of `prompt` / `prompt_file` (neither, or an empty one:
+    <|endoftext|> alone), encoded (`allow_special`: <|endoftext|> in the text is
     the special token) and cut to its last `block_size` tokens."""
     if prompt is not None and prompt_file is not None:
         raise ConflictError(("prompt", "prompt_file"))
@@ -85,10 +85,6 @@ def read_prompt(tokenizer: Tokenizer, block_size: int, prompt: str | None = None
     if prompt_file is not None:
         budget = text_budget(tokenizer, block_size)
         text, size = read_text_part(prompt_file, "prompt_file", budget, tail=True)
-        if not text:
-            raise ArgumentError("prompt_file", "the file is empty; put a prompt in it, or "
-                                "leave out {name} to start from <|endoftext|>",
-                                subject=prompt_file)
         file_bytes = size if size > budget else None
     ids = tokenizer.encode(text, allow_special=allow_special) if text else [tokenizer.eot_id]
     kept, _ = truncate_prompt(ids, block_size)

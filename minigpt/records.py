@@ -20,11 +20,14 @@ import json
 import re
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError
+from minigpt.files import json_int, open_file
+
+Progress = Callable[[int], None]  # bytes of the file read so far
 
 JSONL, PARQUET = "jsonl", "parquet"
 SUFFIXES = {".jsonl": JSONL, ".json": JSONL, ".jsonl.gz": JSONL, ".json.gz": JSONL,
@@ -41,11 +44,16 @@ def record_format(path: Path) -> str | None:
 
 
 def iter_records(path: Path, text_field: str, invalid_utf8: str = "error", start: int = 0,
-                 end: int | None = None) -> Iterator[tuple[str, int]]:
+                 end: int | None = None, progress: Progress | None = None
+                 ) -> Iterator[tuple[str, int]]:
     """(text, UTF-8 bytes of the text) of records [start, end) of `path` (default: all), in
-    order. Records before `start` are counted, not checked."""
-    read = _parquet if record_format(path) == PARQUET else _jsonl
-    for text, where in read(path, text_field, invalid_utf8, start, end):
+    order. Records before `start` are counted, not checked. `progress(n)`: the file's bytes
+    read so far (compressed bytes for a .gz; JSON Lines only), every 256 KiB or so."""
+    if record_format(path) == PARQUET:
+        texts = _parquet(path, text_field, invalid_utf8, start, end)
+    else:
+        texts = _jsonl(path, text_field, invalid_utf8, start, end, progress)
+    for text, where in texts:
         if text.isascii():
             yield text, len(text)
             continue
@@ -73,12 +81,13 @@ class RecordScan:
 SNAPSHOT = 1024
 
 
-def scan(path: Path, text_field: str, invalid_utf8: str) -> RecordScan:
+def scan(path: Path, text_field: str, invalid_utf8: str, progress: Progress | None = None
+         ) -> RecordScan:
     """Read every record once, checking each (a bad one is a one-line MinigptError naming the
     line or row). What the split needs later comes from this pass: each record's length, and
     the digest's state every SNAPSHOT records (for the digest of the first k records)."""
     h, lengths, states = _hash(), array("Q"), []
-    for text, n in iter_records(path, text_field, invalid_utf8):
+    for text, n in iter_records(path, text_field, invalid_utf8, progress=progress):
         if len(lengths) % SNAPSHOT == 0:
             states.append(h.copy())
         _add(h, text, n)
@@ -116,26 +125,70 @@ def _add(h, text: str, n: int) -> None:
 # JSON Lines.
 
 
-def _jsonl(path: Path, field: str, invalid_utf8: str, start: int, end: int | None
-           ) -> Iterator[tuple[str, str]]:
+MAX_RECORD_BYTES = 64 << 20  # one JSON Lines record (line); a book is a few MB
+_READ_BYTES = 256 << 10  # decompressed bytes read at a time
+_NONSPACE = re.compile(rb"\S")
+
+
+def _jsonl(path: Path, field: str, invalid_utf8: str, start: int, end: int | None,
+           progress: Progress | None = None) -> Iterator[tuple[str, str]]:
     index, line_no = 0, 0
     try:
-        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz")
-              else open(path, "rb")) as fh:
-            for line_no, raw in enumerate(fh, 1):
+        with open_file(path) as raw, (gzip.GzipFile(fileobj=raw, mode="rb")
+                                      if path.name.lower().endswith(".gz") else raw) as fh:
+            for line_no, line in _lines(fh, raw, path, progress):
                 if end is not None and index >= end:
                     return
-                if line_no == 1 and raw.startswith(_BOM):
-                    raw = raw[3:]
-                if not raw.strip():
-                    continue  # a blank line (the end of the file, say) is not a record
                 index += 1
                 if index > start:
-                    yield _text(path, line_no, raw, field, invalid_utf8), f"line {line_no}"
+                    yield _text(path, line_no, line, field, invalid_utf8), f"line {line_no}"
     except (OSError, EOFError, zlib.error) as e:  # unreadable, or a damaged / truncated gzip
         why = getattr(e, "strerror", None) or str(e) or type(e).__name__
         raise MinigptError(f"{path}: cannot read it after line {line_no} ({why}); "
                            "fix or remove the file") from None
+
+
+def _lines(fh, raw, path: Path, progress: Progress | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of each line of `fh` that is not blank, read _READ_BYTES at a time
+    (decompressed): a line longer than MAX_RECORD_BYTES is an error, never held whole, and a
+    run of blank lines costs a scan in C, not a Python step per line. `progress(n)` after each
+    read gets the bytes read from the file itself (`raw`: compressed bytes for a .gz)."""
+    line_no, tail = 1, b""  # tail: the start of a line not yet ended
+    while True:
+        block = fh.read(_READ_BYTES)
+        if progress is not None:
+            progress(raw.tell())
+        data = tail + block if tail else block
+        last = data.rfind(b"\n") if block else len(data) - 1
+        head, tail = data[: last + 1], data[last + 1:]
+        if not block and head and not head.endswith(b"\n"):
+            head += b"\n"  # the last line, without its newline
+        if len(tail) > MAX_RECORD_BYTES:
+            raise _too_long(path, line_no + head.count(b"\n"))
+        i = 0 if head.strip() else len(head)  # (strip: a blank block at C speed)
+        if i:
+            line_no += head.count(b"\n")
+        while (m := _NONSPACE.search(head, i)) is not None:
+            s = max(i, head.rfind(b"\n", i, m.start()) + 1)
+            e = head.find(b"\n", m.start())
+            line_no += head.count(b"\n", i, s)
+            line = head[s:e]
+            if line_no == 1 and line.startswith(_BOM):
+                line = line[3:]
+            if len(line) > MAX_RECORD_BYTES:
+                raise _too_long(path, line_no)
+            if line.strip():
+                yield line_no, line
+            line_no += 1
+            i = e + 1
+        line_no += head.count(b"\n", i) if i < len(head) else 0
+        if not block:
+            return
+
+
+def _too_long(path: Path, line_no: int) -> MinigptError:
+    return MinigptError(f"{path}: line {line_no} is longer than {MAX_RECORD_BYTES >> 20} MiB; "
+                        "a JSON Lines record is one document of at most that size")
 
 
 def _text(path: Path, line_no: int, raw: bytes, field: str, invalid_utf8: str) -> str:
@@ -146,12 +199,14 @@ def _text(path: Path, line_no: int, raw: bytes, field: str, invalid_utf8: str) -
         raise MinigptError(f"{where} is not valid UTF-8 (byte {e.start + 1} of the line); fix "
                            "the file or set data.invalid_utf8: replace") from None
     try:
-        record = json.loads(line)
+        record = json.loads(line, parse_int=json_int)
     except json.JSONDecodeError as e:
         raise MinigptError(f"{where} is not JSON ({e.msg} at column {e.colno}); a JSON Lines "
                            "file holds one JSON object per line") from None
     except RecursionError:
         raise MinigptError(f"{where} is JSON nested too deeply to read") from None
+    except ValueError as e:  # an integer too long to convert
+        raise MinigptError(f"{where}: {e}") from None
     if not isinstance(record, dict):
         raise MinigptError(f"{where} is a JSON {_json_type(record)}, not an object; a JSON "
                            f"Lines corpus holds one object per line, its text under \"{field}\"")
@@ -189,6 +244,7 @@ def _pyarrow():
 def _parquet(path: Path, field: str, invalid_utf8: str, start: int, end: int | None
              ) -> Iterator[tuple[str, str]]:
     pa, pq = _pyarrow()
+    open_file(path).close()  # the file door's check: a regular file (pyarrow opens it then)
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
@@ -200,6 +256,9 @@ def _parquet(path: Path, field: str, invalid_utf8: str, start: int, end: int | N
             cols = ", ".join(f'"{c}"' for c in schema.names[:8]) or "none"
             raise MinigptError(f"{path}: no column \"{field}\" (its columns: {cols}); set "
                                "data.text_field to the column that holds the text")
+        if schema.names.count(field) > 1:
+            raise MinigptError(f"{path}: {schema.names.count(field)} columns are named "
+                               f"\"{field}\"; give the text one column (rename the others)")
         kind = schema.field(field).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
                 or pa.types.is_string_view(kind)):

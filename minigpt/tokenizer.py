@@ -47,7 +47,7 @@ from minigpt.events import (
     TrainingBPE,
     no_events,
 )
-from minigpt.files import atomic_write_bytes
+from minigpt.files import atomic_write_bytes, parse_json, read_file, shown
 from minigpt.paths import cache_root, resolve_path
 from minigpt.records import record_format
 
@@ -55,6 +55,7 @@ EOT = "<|endoftext|>"
 RANKS_FILE = "tokenizer.tiktoken"
 SIDECAR_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
+RANKS_CAP = 256 << 20  # a .tiktoken file (o200k_base: 3.6 MB)
 
 # Split patterns, as tiktoken ships them: gpt4 = cl100k_base's, gpt2 = r50k_base's.
 PATTERNS = {
@@ -82,6 +83,28 @@ NAMED_ENCODINGS: dict[str, list[tuple[str, str]]] = {
 # --------------------------------------------------------------------------------------------
 
 
+MAX_ID_GAPS = 1 << 16  # unused ids a vocabulary may have (cl100k_base: 2)
+
+
+def check_ids(ranks: dict[bytes, int], special_tokens: dict[str, int], what: str) -> None:
+    """Ids tiktoken can take without a panic or a huge table: integers, none negative, no two
+    tokens with one id, at most MAX_ID_GAPS unused ids below the largest (an id of 10^9 would
+    make tables of a billion entries). MinigptError naming `what`."""
+    seen: dict[int, object] = {}
+    for tok, r in [*ranks.items(), *special_tokens.items()]:
+        if type(r) is not int or r < 0:
+            raise MinigptError(f"{what}: token {shown(tok, 40)} has id {shown(r, 40)}; ids are "
+                               "integers >= 0")
+        if r in seen:
+            raise MinigptError(f"{what}: tokens {shown(seen[r], 40)} and {shown(tok, 40)} "
+                               f"share the id {r}; each id names one token")
+        seen[r] = tok
+    top = max(seen, default=-1)
+    if top + 1 - len(seen) > MAX_ID_GAPS:
+        raise MinigptError(f"{what}: the largest id is {top:,} but there are only "
+                           f"{len(seen):,} tokens; ids must be (nearly) contiguous from 0")
+
+
 def rank_file_bytes(ranks: dict[bytes, int]) -> bytes:
     """tiktoken's rank-file format: `<base64 token> <rank>\\n`, in rank order."""
     lines = [base64.b64encode(tok) + b" " + str(r).encode()
@@ -100,8 +123,16 @@ class Tokenizer:
                  name: str):
         if EOT not in special_tokens:
             raise MinigptError(f"tokenizer {name}: has no {EOT} special token")
-        self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
-                                          special_tokens=special_tokens)
+        check_ids(ranks, special_tokens, f"tokenizer {name}")
+        try:
+            self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                                              special_tokens=special_tokens)
+        except BaseException as e:  # tiktoken's Rust side panics (pyo3 PanicException)
+            if type(e).__name__ != "PanicException":
+                raise
+            raise MinigptError(f"tokenizer {name}: tiktoken refused its ranks "
+                               f"({shown(str(e).splitlines()[0] if str(e) else e, 120)})"
+                               ) from None
         self.name = name
         self.pattern = pattern
         self.special_tokens = dict(special_tokens)
@@ -204,14 +235,11 @@ def _read_sidecar(path: Path) -> dict:
         return MinigptError(f"{path}: corrupt tokenizer sidecar ({why}); re-save the tokenizer "
                             "or retrain")
 
+    data = read_file(path)
     try:
-        side = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise MinigptError(f"{path}: cannot read the tokenizer sidecar ({e.strerror})") from None
-    except ValueError as e:  # not UTF-8 (UnicodeDecodeError) or not JSON (JSONDecodeError)
-        raise corrupt(e.__class__.__name__) from None
-    except RecursionError:
-        raise corrupt("nested too deeply") from None
+        side = parse_json(data)
+    except ValueError as e:  # not UTF-8, not JSON, nested too deeply, a huge integer
+        raise corrupt(str(e)) from None
     if not isinstance(side, dict):
         raise corrupt(f"a JSON {type(side).__name__}, not an object")
     for key in ("name", "pattern", "hash"):
@@ -230,19 +258,24 @@ def _read_ranks(path: Path) -> dict[bytes, int]:
     reads, local ones too, into its download cache ($TMPDIR/data-gym-cache), which would write
     outside the run and cache directories on every load."""
     line_no = 0
+    ranks: dict[bytes, int] = {}
     try:
-        ranks: dict[bytes, int] = {}
-        for line_no, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+        for line_no, line in enumerate(read_file(path, RANKS_CAP).splitlines(), 1):
             if line:
                 token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
-    except OSError as e:
-        raise MinigptError(f"{path}: cannot read the tiktoken rank file ({e.strerror})") from None
+                if len(rank) > 12:  # no vocabulary has a trillion tokens
+                    raise ValueError(rank)
+                tok = base64.b64decode(token, validate=True)
+                if tok in ranks:
+                    raise MinigptError(f"{path}: line {line_no} repeats the token of rank "
+                                       f"{ranks[tok]}; each token appears once")
+                ranks[tok] = int(rank)
     except ValueError:  # also binascii.Error (bad base64)
         raise MinigptError(f"{path}: not a tiktoken rank file (line {line_no} is not "
                            "'<base64 token> <rank>')") from None
     if not ranks:
         raise MinigptError(f"{path}: empty tiktoken rank file")
+    check_ids(ranks, {}, str(path))
     return ranks
 
 
@@ -383,8 +416,7 @@ def _named(name: str) -> Tokenizer:
         path = os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()) if cache else ""
         ok = bool(path) and os.path.isfile(path)
         if ok:
-            with open(path, "rb") as fh:
-                ok = hashlib.sha256(fh.read()).hexdigest() == sha
+            ok = hashlib.sha256(read_file(path, RANKS_CAP)).hexdigest() == sha
         if not ok:
             raise MinigptError(
                 f"tokenizer.encoding: {name} is not in tiktoken's local cache ({cache or 'off'}); "

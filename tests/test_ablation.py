@@ -139,6 +139,21 @@ def test_chunks_give_the_same_effects(monkeypatch):
     assert torch.allclose(whole.effect, split.effect, atol=1e-6)
 
 
+def test_inspect_passes_its_seed_to_the_resample_ablation():
+    """inspect-heads --seed orders the resample reference of a text too (issue 32): the same
+    seed gives the same effects, another seed other ones."""
+    from minigpt.heads.inspection import inspect
+    from minigpt.heads.probes import ProbeInput
+
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=40)
+    model = GPT.from_config(cfg, seed=5).eval()
+    ids = torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(3)).tolist()
+    inp = ProbeInput(ids, [str(i) for i in ids], "text")
+    a, b, c = (inspect(model, inp, ablate="resample", seed=s).ablation.effect
+               for s in (1, 1, 2))
+    assert torch.equal(a, b) and not torch.allclose(a, c)
+
+
 # --------------------------------------------------------------------------------------------
 # Through the installed command: the numbers are the library's, bad input is one line.
 

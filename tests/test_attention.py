@@ -1,7 +1,9 @@
 """attention(): the lecture's worked examples, the two paths' agreement, RoPE and scaling.
 
-Numbers come from /work/shared/seeds: 000/003 (lecture: cat/sat/mat), 002 (Q&A: causal masking),
-004 (notebook: heads, sinusoidal, RoPE).
+Numbers come from the course's documents, named by title: "CS498: Algorithmic Engineering,
+Lecture 25: Multi-Head Attention & Positional Encoding" (cat/sat/mat), "Transformer Series (6/9)
+— Multi-Head Attention & Causal Masking" (causal masking), and "Notebook 2: Multi-Head
+Attention & Positional Encoding" (heads, sinusoidal, RoPE).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def as_heads(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64)[None, None]
 
 
-# Lecture 000/003: Q, K, V for cat, sat, mat (d_k = 2), unscaled softmax(QK^T) V.
+# Lecture 25: Q, K, V for cat, sat, mat (d_k = 2), unscaled softmax(QK^T) V.
 Q = as_heads([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
 K = as_heads([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
 V = as_heads([[2.0, 0.0], [0.0, 2.0], [1.5, 0.5]])
@@ -69,7 +71,7 @@ def test_lecture_cat_sat_mat_causal(impl):
 
 
 def test_qa_seed_002_causal_rows_from_raw_scores():
-    """Seed 002's raw score table for "The cat sat on", masked and softmaxed by our attention.
+    """Transformer Series (6/9)'s raw score table for "The cat sat on", masked and softmaxed by our attention.
 
     Its printed rows for "The" (1, 0, 0, 0) and "cat" (0.35, 0.65) are right. Its printed rows
     for "sat" (0.14, 0.26, 0.60) and "on" (0.08, 0.11, 0.22, 0.59) are WRONG: they are not the
@@ -190,7 +192,7 @@ def test_sinusoidal_table_matches_notebook_formula():
             w = pos / 10000 ** (2 * i / 4)
             assert pe[pos, 2 * i].item() == pytest.approx(math.sin(w), abs=1e-6)
             assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(w), abs=1e-6)
-    # d0/d1 oscillate at frequency 1, d2/d3 at 1/100 (notebook 004)
+    # d0/d1 oscillate at frequency 1, d2/d3 at 1/100 (Notebook 2)
     assert pe[1, 0].item() == pytest.approx(math.sin(1.0), abs=1e-6)
     assert pe[1, 2].item() == pytest.approx(math.sin(0.01), abs=1e-6)
 
@@ -229,3 +231,28 @@ def test_paths_agree_on_random_shapes(b, h, t_q, past, d, causal, seed):
     assert torch.allclose(probs.sum(-1), torch.ones(b, h, t_q), atol=1e-6)
     if causal:  # query i (absolute position past + i) never sees a later key
         assert (probs.masked_select(~causal_mask(t_q, past + t_q, past)) == 0).all()
+
+
+def test_the_compiled_rope_path_gives_the_same_model(monkeypatch):
+    """apply_rope takes the real-arithmetic path while torch.compile traces (inductor handles
+    complex numbers poorly) and the complex one in eager mode: a RoPE model's logits and
+    gradients agree whichever path it runs on."""
+    from minigpt.config import ModelConfig
+    from minigpt.core.gpt import GPT
+
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50,
+                            qk_norm=True))
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def run():
+        model.zero_grad()
+        logits, loss = model(idx, idx)
+        loss.backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager, g_eager = run()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced, g_traced = run()
+    assert torch.allclose(eager, traced, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_eager, g_traced, strict=True))
+

@@ -200,6 +200,8 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
         assert "sampling from" in r.stderr
     elif argv[0] == "inspect-heads":
         assert "explicit vs SDPA" in r.stderr + r.stdout
+        if "--json" not in argv:  # the table, whatever files were asked for (issue 34)
+            assert "head scores" in r.stdout, r.stdout
         for fmt, name in (("html", "attention.html"), ("png", "attention_grid.png")):
             if fmt in argv:
                 written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
@@ -227,7 +229,20 @@ def downloads(argv: list[str]) -> bool:
     return any(a.startswith("hf:") for a in argv)
 
 
-@pytest.mark.parametrize("argv", QUICK, ids=[" ".join(c) for c in QUICK])
+def first_of_each_kind(commands: list[list[str]]) -> list:
+    """Each command as a pytest param: the first of each kind (command name, and whether it
+    downloads) in the quick tier, the others slow (each is a process that imports torch; the
+    in-process CLI tests cover their flags)."""
+    seen, params = set(), []
+    for argv in commands:
+        kind = (argv[0], downloads(argv))
+        params.append(pytest.param(argv, id=" ".join(argv),
+                                   marks=[pytest.mark.slow] if kind in seen else []))
+        seen.add(kind)
+    return params
+
+
+@pytest.mark.parametrize("argv", first_of_each_kind(QUICK))
 def test_documented_command_works_on_a_trained_run(program, env, place, argv):
     if downloads(argv):  # offline: the real download path fails in one line, nothing else
         r = minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"}, ok=False)
@@ -360,6 +375,12 @@ def test_the_docs_in_order_from_an_empty_directory(program, env, tmp_path):
             assert "from step 3" in r.stderr and "step 5/5" in r.stderr
         if argv[0] == "bench":
             json.loads(r.stdout.strip().splitlines()[-1])  # the compact summary line
+        if argv[:3] == ["train", "--config", "induction"]:
+            # the README's sample command again, now that the newest run is the induction
+            # run: it samples the text run, and says it passed the other one over (issue 34)
+            again = minigpt(program, ["sample", "-p", "ROMEO:", "-n", "20"], cwd, env)
+            assert "passing over runs/induction" in again.stderr, again.stderr
+            assert "from the latest run trained on text, runs/default" in again.stderr
     assert {p.name for p in (cwd / "runs").iterdir()} >= {"default", "speedrun", "bytes",
                                                          "induction", "mine"}
 

@@ -134,7 +134,7 @@ def installed(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           check=False, timeout=600)
 
 
-@pytest.mark.parametrize("config", ["default", "speedrun"])
+@pytest.mark.parametrize("config", ["default", pytest.param("speedrun", marks=pytest.mark.slow)])
 def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, config):
     """Issue 26 (3): `--config FILE --set model.n_layer=2 ...`, then the same command with
     --resume appended. The command's settings are resolved as the command resolves them (the

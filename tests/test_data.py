@@ -280,7 +280,7 @@ def test_induction_batches_repeat(tmp_path):
                      "data": {"source": "induction", "induction_vocab": 20,
                               "corpus": str(tmp_path / "never-read.txt")}})
     ds = prepare_dataset(cfg, bytes_tokenizer())
-    assert ds.induction_vocab == 20 and len(ds.train) == 0 and ds.bytes_per_token == 1.0
+    assert ds.vocab == 20 and ds.bytes_per_token == 1.0
     g = torch.Generator().manual_seed(0)
     offsets = ds.sample_offsets("train", 8, g)
     x, y = ds.get_batch("train", offsets)
@@ -841,3 +841,95 @@ def test_special_token_text_in_a_record_stays_text(tmp_path):
     assert every.count(tok.eot_id) == len(docs)
     expected = [i for d in docs for i in [tok.eot_id, *tok.encode(d)]]
     assert every == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded reads of record files and caches (issue 32).
+
+
+def test_gzip_records_are_bounded_per_line_and_report_compressed_progress(tmp_path, monkeypatch):
+    """A line past MAX_RECORD_BYTES is one error, read no further than the cap; a run of
+    blank lines is skipped at C speed, line numbers kept; progress counts the compressed
+    bytes read, up to the file's size."""
+    import minigpt.records as rec
+    from minigpt.corpus import scan_records
+
+    monkeypatch.setattr(rec, "MAX_RECORD_BYTES", 1 << 20)
+    long = tmp_path / "long.jsonl.gz"
+    with gzip.open(long, "wb") as fh:
+        fh.write(b'{"text": "ok"}\n{"text": "' + b"a" * (3 << 20) + b'"}\n')
+    with pytest.raises(MinigptError, match=r"long.jsonl.gz: line 2 is longer than 1 MiB"):
+        list(iter_records(long, "text"))
+    blank = tmp_path / "blank.jsonl.gz"
+    with gzip.open(blank, "wb") as fh:
+        fh.write(b'{"text": "first"}\n' + b"\n" * (8 << 20) + b'  {"text": "last"}')
+    seen: list[int] = []
+    scan = scan_records(blank, "text", "error", seen.append)
+    assert scan.n_docs == 2
+    assert [w for _, w in rec._jsonl(blank, "text", "error", 0, None)] == [
+        "line 1", f"line {(8 << 20) + 2}"]
+    assert seen == sorted(seen) and len(seen) > 8 and seen[-1] == blank.stat().st_size
+
+
+def test_a_parquet_file_with_two_text_columns_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "two.parquet"
+    pq.write_table(pa.table([pa.array(["x"]), pa.array(["y"])], names=["text", "text"]), path)
+    with pytest.raises(MinigptError, match='two.parquet: 2 columns are named "text"'):
+        list(iter_records(path, "text"))
+
+
+def _tiny_data(tmp_path: Path, **over) -> Config:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    return from_dict({"data": {"corpus": str(corpus), "cache_dir": str(tmp_path / "cache"),
+                               "val_fraction": 0.1}, "tokenizer": {"vocab_size": 256},
+                      "model": {"block_size": 16, **over}})
+
+
+def test_a_token_cache_damaged_in_place_is_one_line(tmp_path):
+    cfg = _tiny_data(tmp_path)
+    tok = build_tokenizer(cfg)
+    prepare_dataset(cfg, tok)
+    (meta,) = (tmp_path / "cache" / "tokens").glob("*.json")
+    good = meta.read_text()
+    for key, value, needle in (("bytes_per_token", "x", "bytes_per_token x"),
+                               ("bytes_per_token", 0, "bytes_per_token 0"),
+                               ("n_train", -3, "n_train -3")):
+        meta.write_text(json.dumps({**json.loads(good), key: value}))
+        with pytest.raises(MinigptError, match=re.escape(needle)):
+            prepare_dataset(cfg, tok)
+    meta.write_text(good)
+    bin_ = meta.with_suffix(".bin")
+    data = bytearray(bin_.read_bytes())
+    data[:4] = b"\xff" * 4
+    bin_.write_bytes(bytes(data))
+    with pytest.raises(MinigptError, match="token id 65535, past the tokenizer's 257"):
+        prepare_dataset(cfg, tok)
+
+
+def test_a_split_too_short_for_the_context_is_not_cached(tmp_path):
+    cfg = _tiny_data(tmp_path, block_size=1000)
+    with pytest.raises(MinigptError, match="model.block_size=1000"):
+        prepare_dataset(cfg, build_tokenizer(cfg))
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+
+
+def test_a_file_named_like_a_glob_is_that_file_and_unlisted_subdirectories_are_errors(tmp_path):
+    weird = tmp_path / "we[ir]d.txt"
+    weird.write_text("hello\n")
+    assert list_corpus(str(weird)) == [weird]
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("a\n")
+    assert list_corpus(str(d)) == [d / "a.txt"]
+    if os.geteuid() == 0:
+        pytest.skip("root lists any directory; tests/test_hardening.py drops the capability")
+    (d / "sub").chmod(0)
+    try:
+        with pytest.raises(MinigptError, match="cannot list .*sub"):
+            list_corpus(str(d))
+    finally:
+        (d / "sub").chmod(0o755)

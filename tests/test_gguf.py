@@ -450,9 +450,8 @@ UNEXPORTABLE = [
 ]
 
 
-def test_bad_input_is_one_line_and_leaves_nothing(small_run, tmp_path):
-    """Every case through its own `minigpt export` process (run side by side): one `error:`
-    line naming the setting, flag or path, exit 2, and the directory as it was."""
+def bad_export_cases(small_run: Path, tmp_path: Path) -> list[tuple[list[str], list[str]]]:
+    """(export arguments, what the error line must say) for every way an export is refused."""
     cases = []  # (args, what the line must say)
     for i, (change, needle) in enumerate(UNEXPORTABLE):  # what llama.cpp cannot represent
         run = make_run(tmp_path / "runs" / str(i), bytes_tokenizer(),
@@ -482,6 +481,32 @@ def test_bad_input_is_one_line_and_leaves_nothing(small_run, tmp_path):
     if locked is not None:
         cases.append((export_cmd(small_run, locked / "m.gguf"),
                       [f"cannot write {locked / 'm.gguf'}"]))
+    return cases
+
+
+def test_bad_input_is_one_line_and_leaves_nothing(small_run, tmp_path):
+    """Every case through the command in this process (the one error path, `_Group.invoke`):
+    one `error:` line naming the setting, flag or path, exit 2, and the directory as it was."""
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    cases = bad_export_cases(small_run, tmp_path)
+    before = tree(tmp_path)
+    for args, needles in cases:
+        r = CliRunner().invoke(app, ["export", *args])
+        assert r.exit_code == 2, (args, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, r.stderr)
+        assert all(n in lines[0] for n in needles), (args, lines[0])
+    assert tree(tmp_path) == before
+    assert (tmp_path / "o" / "m.gguf").read_bytes() == b"mine"
+
+
+@pytest.mark.slow
+def test_bad_input_through_the_installed_command(small_run, tmp_path):
+    """The same table, every case through its own `minigpt export` process (side by side)."""
+    cases = bad_export_cases(small_run, tmp_path)
     before = tree(tmp_path)
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(lambda case: minigpt(*case[0]), cases))

@@ -11,6 +11,7 @@ prompts, an empty config) have their behaviour asserted separately. Property tes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -562,8 +563,6 @@ CASES = [
     Case("inspect-pickle", inspect("pickle"), ("pickle",), target="pickle"),
     Case("inspect-zip", inspect("zip"), ("zip",), target="zip"),
     # ---- prompts / texts
-    Case("sample-empty-prompt-file", sample("good", "--prompt-file", "@empty-prompt.txt"),
-         ("--prompt-file", "empty"), target="good"),
     Case("sample-prompt-file-not-utf8", sample("good", "--prompt-file", "@latin1-prompt.txt"),
          ("--prompt-file", "UTF-8"), target="good"),
     Case("sample-prompt-and-file", sample("good", "-p", "x", "--prompt-file", "@short.txt"),
@@ -1409,3 +1408,416 @@ def test_from_elsewhere_through_the_installed_command(case: Outside, world: Worl
     if case.check is not None:
         case.check(r, tmp_path)
     assert tree_hash(world.good) == before
+
+
+# --------------------------------------------------------------------------------------------
+# One door for files (issue 32): configs, run files, token caches, tokenizer files and
+# compressed corpora read with bounds; outputs that never replace a device or a FIFO; stdout
+# that is full or closed; a resume that fails before its first commit changes nothing. Every
+# case runs the installed `minigpt` (time and memory capped, as HOSTILE). The quick tier keeps
+# one case per cause; the rules themselves are checked in-process in tests/test_security.py,
+# tests/test_data.py and tests/test_tokenizer.py.
+
+
+@dataclass
+class Door:
+    root: Path
+    files: dict[str, Path]
+    runs: dict[str, Path]
+    caches: dict[str, Path]
+    unprivileged: list[str] | None
+
+
+def _tfrecord(payload: bytes) -> bytes:
+    """One TFRecord framing `payload` (CRCs zero: minigpt's reader does not check them)."""
+    return len(payload).to_bytes(8, "little") + b"\0" * 4 + payload + b"\0" * 4
+
+
+def build_door(root: Path, world: World) -> Door:
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files: dict[str, Path] = {}
+    runs: dict[str, Path] = {}
+    d = root / "files"
+    d.mkdir(parents=True)
+
+    def put(name: str, data: bytes) -> Path:
+        files[name] = d / name
+        files[name].write_bytes(data)
+        return files[name]
+
+    os.symlink("/dev/urandom", d / "urandom.yaml")
+    files["urandom.yaml"] = d / "urandom.yaml"
+    os.mkfifo(d / "fifo.yaml")
+    files["fifo.yaml"] = d / "fifo.yaml"
+    levels = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    put("alias.yaml", ("x:\n" + "".join(f"  {x}\n" for x in levels)
+                       + "train:\n  sample_prompts: [*a8, *a8]\n").encode())
+    put("complex-key.yaml", b"model:\n  ? [a, b]\n  : 1\n")
+    put("bigint.yaml", b"model:\n  n_layer: " + b"9" * 5000 + b"\n")
+    put("bigint.jsonl", b'{"text": "hello there", "id": ' + b"9" * 5000 + b"}\n")
+    # tokenizer.encoding files: hostile ranks
+    good = [f"{base64_of(bytes([b]))} {b}" for b in range(256)]
+    put("rank-billion.tiktoken", "\n".join(good + ["YWI= 1000000000"]).encode())
+    put("rank-trillion.tiktoken", "\n".join(good + ["YWI= 1000000000000"]).encode())
+    put("rank-negative.tiktoken", "\n".join(good + ["YWI= -5"]).encode())
+    put("rank-duplicate.tiktoken", "\n".join(good + ["YWI= 7"]).encode())
+    put("base64-invalid.tiktoken", "\n".join(good + ["!!!! 256"]).encode())
+    with gzip.open(d / "long-line.jsonl.gz", "wb", compresslevel=1) as fh:
+        fh.write(b'{"text": "' + b"a" * (80 << 20))  # one 80 MiB line, never ended
+    files["long-line.jsonl.gz"] = d / "long-line.jsonl.gz"
+    table = pa.table([pa.array(["x"] * 4), pa.array(["y"] * 4)], names=["text", "text"])
+    pq.write_table(table, d / "two-text.parquet")
+    files["two-text.parquet"] = d / "two-text.parquet"
+    weird = put("we[ir]d.txt", world.corpus.read_bytes())
+    files["weird"] = weird
+    sub = d / "corpus-dir"
+    (sub / "locked").mkdir(parents=True)
+    (sub / "a.txt").write_text(world.corpus.read_text())
+    (sub / "locked" / "b.txt").write_text(world.corpus.read_text())
+    (sub / "locked").chmod(0)
+    files["corpus-dir"] = sub
+    put("empty-prompt.txt", b"")
+    os.mkfifo(d / "out.png")
+    files["fifo-out"] = d / "out.png"
+    os.symlink("/dev/null", d / "null.png")
+    files["null-link"] = d / "null.png"
+
+    # Runs: a line nested 100,000 deep in metrics.jsonl; a manifest nested as deep; `latest`
+    # a regular file; copies of a resumable run whose TensorBoard directory is in the way.
+    deep = "[" * 100_000 + "]" * 100_000
+
+    def copy(name: str, src: Path) -> Path:
+        runs[name] = dst = root / "runs" / name
+        shutil.copytree(src, dst, symlinks=True)
+        return dst
+
+    log = copy("deep-metrics", world.runs["with-metrics"]) / "metrics.jsonl"
+    log.write_text(log.read_text() + deep + "\n")
+    weights_of(copy("deep-manifest", world.good)).with_name("manifest.json").write_text(deep)
+    latest = copy("latest-file", world.good) / "checkpoints" / "latest"
+    latest.unlink()
+    latest.write_text("step-000007\n")
+    trained = world.root / "runs" / "trained"
+    (copy("tb-file", trained) / "tensorboard").write_text("not a directory\n")
+    events = copy("tb-not-events", trained) / "tensorboard"
+    events.mkdir()
+    (events / "events.out.tfevents.1.host.1.0").write_bytes(_tfrecord(b"not an event"))
+    ro = copy("tb-read-only", trained) / "tensorboard"
+    ro.mkdir()
+    ro.chmod(0o555)
+    (copy("metrics-dir", trained) / "metrics.jsonl").unlink()
+    (runs["metrics-dir"] / "metrics.jsonl").mkdir()
+    return Door(root, files, runs, build_caches(root / "caches", world), unprivileged_prefix())
+
+
+def base64_of(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+def build_caches(root: Path, world: World) -> dict[str, Path]:
+    """A token cache of the world's corpus for TINY_SETS, and copies damaged in place: ids
+    overwritten with 0xFF, bytes_per_token "x" and 0."""
+    from minigpt.config import load_config
+    from minigpt.data import prepare_dataset
+    from minigpt.tokenizer import build_tokenizer
+
+    sets = {**TINY_SETS, "data.corpus": world.corpus, "data.cache_dir": root / "good"}
+    cfg = load_config(None, [f"{k}={v}" for k, v in sets.items()])
+    prepare_dataset(cfg, build_tokenizer(cfg))
+    caches = {"good": root / "good"}
+
+    def damaged(name: str, change: Callable[[Path, Path], None]) -> None:
+        caches[name] = dst = root / name
+        shutil.copytree(root / "good", dst)
+        (meta,) = (dst / "tokens").glob("*.json")
+        change(meta, meta.with_suffix(".bin"))
+
+    def ids_ff(meta: Path, bin_: Path) -> None:
+        data = bytearray(bin_.read_bytes())
+        data[10:20] = b"\xff" * 10
+        bin_.write_bytes(bytes(data))
+
+    def bpt(value: object) -> Callable[[Path, Path], None]:
+        def change(meta: Path, bin_: Path) -> None:
+            doc = json.loads(meta.read_text())
+            doc["bytes_per_token"] = value
+            meta.write_text(json.dumps(doc))
+        return change
+
+    damaged("ids-ff", ids_ff)
+    damaged("bpt-x", bpt("x"))
+    damaged("bpt-zero", bpt(0))
+    return caches
+
+
+@pytest.fixture(scope="module")
+def door(world, tmp_path_factory) -> Iterator[Door]:
+    d = build_door(tmp_path_factory.mktemp("door"), world)
+    yield d
+    (d.files["corpus-dir"] / "locked").chmod(0o755)  # so pytest can remove it
+
+
+@dataclass
+class DoorCase:
+    id: str
+    cause: str
+    args: Callable[[World, Door, Path], list[str]]
+    needles: tuple[str, ...] = ()          # the error line's; () with ok=True: exit 0
+    ok: bool = False
+    quick: bool = False
+    unprivileged: bool = False
+    target: str | None = None              # a door run that must stay byte-identical
+    stdout: str = "pipe"                   # "full": > /dev/full; "closed": >&-
+    check: Callable[[subprocess.CompletedProcess, World, Door, Path], None] | None = None
+
+
+def _train(**over) -> Callable[[World, Door, Path], list[str]]:
+    return lambda w, d, t: ["train", "--out", str(t / "new-run"),
+                            *w.tiny(**{k: _door_sub(d, v) for k, v in over.items()})]
+
+
+def _door_sub(d: Door, v: object) -> str:
+    """'@name' -> a door file's path; '%name' -> a door cache's path."""
+    v = str(v)
+    if v.startswith("@"):
+        return str(d.files[v[1:]])
+    return str(d.caches[v[1:]]) if v.startswith("%") else v
+
+
+def _config(name: str) -> Callable[[World, Door, Path], list[str]]:
+    return lambda w, d, t: ["train", "--print-config", "--config",
+                            name if name.startswith("/") else str(d.files[name])]
+
+
+def _resume(run: str) -> Callable[[World, Door, Path], list[str]]:
+    return lambda w, d, t: ["train", "--out", str(d.runs[run]), "--resume", "--set",
+                            "train.tensorboard=true", "--set", "train.max_steps=8"]
+
+
+def _still_char_device(path: str) -> Callable:
+    def check(r, w, d, t) -> None:
+        import stat
+
+        assert stat.S_ISCHR(os.stat(path).st_mode), f"{path} was replaced"
+    return check
+
+
+def _still_fifo(r, w, d, t) -> None:
+    import stat
+
+    assert stat.S_ISFIFO(os.lstat(d.files["fifo-out"]).st_mode), "the FIFO was replaced"
+
+
+def _runs_status(run: str, status: str) -> Callable:
+    def check(r, w, d, t) -> None:
+        listed = run_minigpt(["runs", str(d.runs[run]), "--json"], t)
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout)["runs"][0]["status"] == status
+    return check
+
+
+def _no_cache_entry(r, w, d, t) -> None:
+    assert not [p for p in (t / "cache").rglob("*.bin")], "a short split was cached"
+
+
+DOOR_CASES = [
+    # Configs that are not regular files: refused before a byte is read.
+    DoorCase("config-dev-zero", "config-not-regular", _config("/dev/zero"),
+             ("/dev/zero", "character device"), quick=True),
+    DoorCase("config-link-to-urandom", "config-not-regular", _config("urandom.yaml"),
+             ("urandom.yaml", "character device")),
+    DoorCase("config-fifo", "config-not-regular", _config("fifo.yaml"), ("fifo.yaml", "FIFO")),
+    # YAML: aliases, complex keys, integers past Python's limit; the line stays short.
+    DoorCase("yaml-alias-tree", "yaml-limits", _config("alias.yaml"),
+             ("alias.yaml", "aliases"), quick=True),
+    DoorCase("yaml-complex-key", "yaml-limits", _config("complex-key.yaml"),
+             ("complex-key.yaml", "line 2", "plain names")),
+    DoorCase("yaml-5000-digits", "integer-length", _config("bigint.yaml"),
+             ("bigint.yaml", "5,000 digits"), quick=True),
+    DoorCase("set-5000-digits", "integer-length", lambda w, d, t: [
+        "train", "--print-config", "--set", "model.n_layer=" + "9" * 5000],
+        ("model.n_layer", "5,000 digits")),
+    DoorCase("jsonl-5000-digits", "integer-length", _train(**{
+        "data.corpus": "@bigint.jsonl", "data.cache_dir": "%good"}),
+        ("bigint.jsonl: line 1", "5,000 digits")),
+    # Run files nested 100,000 deep.
+    DoorCase("runs-deep-metrics-line", "deep-json", lambda w, d, t: [
+        "runs", str(d.runs["deep-metrics"]), "--json"], ok=True, quick=True,
+        target="deep-metrics",
+        check=lambda r, w, d, t: json.loads(r.stdout)["runs"][0]["skipped_lines"] == 1 or
+        pytest.fail(r.stdout)),
+    DoorCase("curves-deep-metrics-line", "deep-json", lambda w, d, t: [
+        "curves", str(d.runs["deep-metrics"]), "--out", str(t / "c.png")], ok=True,
+        target="deep-metrics"),
+    DoorCase("sample-deep-manifest", "deep-json", lambda w, d, t: [
+        "sample", "--run", str(d.runs["deep-manifest"]), "-n", "2"],
+        ("manifest.json", "corrupted"), target="deep-manifest",
+        check=_runs_status("deep-manifest", "damaged")),
+    # tokenizer.encoding files with hostile ranks: refused before tiktoken sees them.
+    DoorCase("tiktoken-rank-billion", "tiktoken-ranks", _train(**{
+        "tokenizer.encoding": "@rank-billion.tiktoken"}),
+        ("rank-billion.tiktoken", "1,000,000,000", "contiguous"), quick=True),
+    DoorCase("tiktoken-rank-trillion", "tiktoken-ranks", _train(**{
+        "tokenizer.encoding": "@rank-trillion.tiktoken"}),
+        ("rank-trillion.tiktoken", "line 257")),
+    DoorCase("tiktoken-rank-negative", "tiktoken-ranks", _train(**{
+        "tokenizer.encoding": "@rank-negative.tiktoken"}),
+        ("rank-negative.tiktoken", "-5")),
+    DoorCase("tiktoken-rank-duplicate", "tiktoken-ranks", _train(**{
+        "tokenizer.encoding": "@rank-duplicate.tiktoken"}),
+        ("rank-duplicate.tiktoken", "share the id 7")),
+    DoorCase("tiktoken-base64-invalid", "tiktoken-ranks", _train(**{
+        "tokenizer.encoding": "@base64-invalid.tiktoken"}),
+        ("base64-invalid.tiktoken", "line 257")),
+    # Compressed and columnar corpora.
+    DoorCase("gz-line-past-the-cap", "compressed-corpus", _train(**{
+        "data.corpus": "@long-line.jsonl.gz", "tokenizer.vocab_size": 260}),
+        ("long-line.jsonl.gz: line 1", "longer than 64 MiB"), quick=True),
+    DoorCase("parquet-two-text-columns", "compressed-corpus", _train(**{
+        "data.corpus": "@two-text.parquet", "tokenizer.vocab_size": 260}),
+        ("two-text.parquet", '2 columns are named "text"')),
+    # Token caches damaged in place: one line, no run directory.
+    DoorCase("cache-ids-ff", "token-cache", _train(**{"data.cache_dir": "%ids-ff"}),
+             ("token cache", "past the tokenizer's 257", "delete"), quick=True),
+    DoorCase("cache-bytes-per-token-x", "token-cache", _train(**{"data.cache_dir": "%bpt-x"}),
+             ("token cache", "bytes_per_token x")),
+    DoorCase("cache-bytes-per-token-zero", "token-cache",
+             _train(**{"data.cache_dir": "%bpt-zero"}), ("token cache", "bytes_per_token 0")),
+    DoorCase("eval-batches-trillion", "huge-size", _train(**{
+        "train.eval_batches": 10**12}), ("train.eval_batches", "lower"), quick=True),
+    # Outputs that are not regular files are never replaced.
+    DoorCase("curves-out-fifo", "never-replace", lambda w, d, t: [
+        "curves", str(w.runs["with-metrics"]), "--out", str(d.files["fifo-out"])],
+        ("--out", "out.png", "a FIFO, not a regular file"), quick=True, check=_still_fifo),
+    DoorCase("bench-json-fifo", "never-replace", lambda w, d, t: [
+        "bench", "--quick", "--suite", "attention", "--seq-lens", "8", "--json",
+        str(d.files["fifo-out"])], ("--json", "out.png", "a FIFO"), check=_still_fifo),
+    DoorCase("curves-out-link-to-dev-null", "never-replace", lambda w, d, t: [
+        "curves", str(w.runs["with-metrics"]), "--out", str(d.files["null-link"])],
+        ("null.png", "character device"), check=_still_char_device("/dev/null")),
+    DoorCase("bench-json-dev-null", "never-replace", lambda w, d, t: [
+        "bench", "--quick", "--json", "/dev/null"], ("--json /dev/null", "character device"),
+        check=_still_char_device("/dev/null")),
+    # stdout full (> /dev/full) or closed (>&-): one line on stderr, exit 2.
+    *[DoorCase(f"{name}-stdout-{how}", "stdout", args,
+               ("stdout",), quick=(name, how) == ("print-config", "full"), stdout=how)
+      for how in ("full", "closed") for name, args in (
+          ("print-config", lambda w, d, t: ["train", "--print-config"]),
+          ("sample", lambda w, d, t: ["sample", "--run", str(w.good), "-n", "2"]),
+          ("inspect-heads", lambda w, d, t: ["inspect-heads", "--run", str(w.good),
+                                             "--json"]),
+          ("runs", lambda w, d, t: ["runs", str(w.runs["with-metrics"])]),
+          ("export", lambda w, d, t: ["export", "--run", str(w.good), "--out",
+                                      str(t / "exported")]))],
+    # A resume that fails before its first commit changes nothing (guarantee 3).
+    DoorCase("resume-tensorboard-a-file", "failed-resume", _resume("tb-file"),
+             ("tensorboard", "not a directory"), quick=True, target="tb-file",
+             check=_runs_status("tb-file", "stopped")),
+    DoorCase("resume-tensorboard-not-events", "failed-resume", _resume("tb-not-events"),
+             ("events.out.tfevents", "not a TensorBoard event file"), target="tb-not-events"),
+    DoorCase("resume-tensorboard-read-only", "failed-resume", _resume("tb-read-only"),
+             ("tensorboard", "permission denied"), target="tb-read-only", unprivileged=True),
+    DoorCase("resume-metrics-a-directory", "failed-resume", _resume("metrics-dir"),
+             ("metrics.jsonl", "a directory"), target="metrics-dir"),
+    # The minor ones.
+    DoorCase("empty-prompt-file-like-empty-prompt", "minor", lambda w, d, t: [
+        "sample", "--run", str(w.good), "-n", "2", "--seed", "0", "--json", "--prompt-file",
+        str(d.files["empty-prompt.txt"])], ok=True, quick=True,
+        check=lambda r, w, d, t: json.loads(r.stdout)["prompt_tokens"] == 1 or
+        pytest.fail(r.stdout)),
+    DoorCase("resume-latest-a-regular-file", "minor", lambda w, d, t: [
+        "train", "--out", str(d.runs["latest-file"]), "--resume"],
+        ("latest is a regular file", "ln -s"), target="latest-file",
+        check=_runs_status("latest-file", "damaged")),
+    DoorCase("inspect-seed-negative", "minor", lambda w, d, t: [
+        "inspect-heads", "--run", str(w.good), "--seed", "-1"], ("--seed", "2**64")),
+    DoorCase("inspect-seed-huge", "minor", lambda w, d, t: [
+        "inspect-heads", "--run", str(w.good), "--seed", str(10**23)], ("--seed", "2**64")),
+    DoorCase("num-samples-huge", "minor", lambda w, d, t: [
+        "sample", "--run", str(w.good), "--num-samples", str(10**12)],
+        ("--num-samples", "10,000")),
+    DoorCase("corpus-named-like-a-glob", "minor", _train(**{"data.corpus": "@weird"}), ok=True,
+             check=lambda r, w, d, t: (t / "new-run" / "checkpoints").is_dir() or
+             pytest.fail(r.stderr)),
+    DoorCase("corpus-dir-unreadable-subdir", "minor", _train(**{"data.corpus": "@corpus-dir"}),
+             ("corpus-dir/locked", "permission denied"), unprivileged=True),
+    DoorCase("working-directory-deleted", "minor", lambda w, d, t: ["runs"],
+             ("working directory no longer exists",)),
+    DoorCase("split-too-short-not-cached", "minor", _train(**{"model.block_size": 2000}),
+             ("model.block_size=2000",), check=_no_cache_entry),
+]
+
+
+def _door_run(case: DoorCase, args: list[str], cwd: Path, prefix: list[str]
+              ) -> subprocess.CompletedProcess:
+    """run_minigpt with stdout to /dev/full, closed, or captured; a deleted working
+    directory for the case that needs one."""
+    assert MINIGPT is not None, "the `minigpt` console script is not on PATH: pip install -e ."
+    env = {**os.environ, "MINIGPT_CACHE": str(cwd / "cache"), "OMP_NUM_THREADS": "1"}
+    gone = cwd / "gone"
+
+    def child() -> None:
+        _capped()
+        if case.stdout == "closed":
+            os.close(1)
+        if case.id == "working-directory-deleted":
+            os.rmdir(gone)
+
+    if case.id == "working-directory-deleted":
+        gone.mkdir()
+    with open("/dev/full", "w") if case.stdout == "full" else contextlib.nullcontext() as full:
+        r = subprocess.run([*prefix, MINIGPT, *args], check=False, env=env,
+                           cwd=gone if gone.exists() else cwd, stdin=subprocess.DEVNULL,
+                           stdout=full if full is not None else subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=CASE_TIMEOUT_S,
+                           preexec_fn=child)
+    if r.stdout is None:
+        r.stdout = ""
+    return r
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=c.id, marks=[] if c.quick else [pytest.mark.slow]) for c in DOOR_CASES])
+def test_one_door_for_files(case: DoorCase, door: Door, world: World, tmp_path: Path):
+    prefix: list[str] = []
+    if case.unprivileged:
+        if door.unprivileged is None:
+            pytest.skip("running as root without a way to drop CAP_DAC_OVERRIDE (setpriv)")
+        prefix = door.unprivileged
+    if case.cause == "failed-resume":
+        pytest.importorskip("tensorboard")
+    target = door.runs[case.target] if case.target else None
+    before = tree_hash(world.good), tree_hash(target) if target else None
+    r = _door_run(case, case.args(world, door, tmp_path), tmp_path, prefix)
+    assert "Traceback" not in r.stdout + r.stderr, r.stderr[-2000:]
+    if case.ok:
+        assert r.returncode == 0, r.stderr[-2000:]
+    else:  # progress lines (data:, sampling from ...) may come first; one error line, last
+        assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-2000:]}"
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert lines and lines[-1].startswith("error: "), r.stderr[-2000:]
+        assert not any(x.lower().startswith("error") for x in lines[:-1]), r.stderr[-2000:]
+        line = lines[-1]
+        for needle in case.needles:
+            assert needle in line, f"{needle!r} not in {line!r}"
+        assert len(line) < 600, line
+        assert not (tmp_path / "new-run").exists(), "a failed command left a run directory"
+    assert (tree_hash(world.good), tree_hash(target) if target else None) == before
+    if case.check is not None:
+        case.check(r, world, door, tmp_path)
+
+
+def test_door_table_covers_every_cause():
+    causes = {c.cause for c in DOOR_CASES}
+    assert causes == {"config-not-regular", "yaml-limits", "integer-length", "deep-json",
+                      "tiktoken-ranks", "compressed-corpus", "token-cache", "huge-size",
+                      "never-replace", "stdout", "failed-resume", "minor"}
+    assert {c.cause for c in DOOR_CASES if c.quick} == causes  # one of each in the quick tier
+    assert len({c.id for c in DOOR_CASES}) == len(DOOR_CASES)

@@ -140,9 +140,19 @@ def test_maps_are_causal_distributions_with_the_right_shape(pos):
 
 def test_explicit_vs_sdpa_check_uses_sdpa_even_for_an_explicit_run():
     model = tiny_model(attn_impl="explicit")
-    insp = ins.inspect(model, list(range(12)), ["x"] * 12)
+    insp = ins.inspect(model, prb.ProbeInput(list(range(12)), ["x"] * 12, "text"))
     assert insp.parity_ok and insp.parity_max_diff < 1e-4
     assert model.cfg.attn_impl == "explicit"  # restored
+
+
+def test_a_probes_token_strings_are_not_scored_as_delimiters():
+    """inspect() reads whether the strings are text from the input (`is_text`), not from its
+    label: the same ids and strings score a delimiter head as text and nothing as a probe."""
+    tokens, strs = list(range(12)), [" ", "a", ".", "b"] * 3
+    as_text = ins.inspect(tiny_model(), prb.ProbeInput(tokens, strs, "probe:lookalike"))
+    as_probe = ins.inspect(tiny_model(), prb.ProbeInput(tokens, strs, "text", is_text=False))
+    assert not torch.isnan(as_text.scores["delimiter"]).any()
+    assert torch.isnan(as_probe.scores["delimiter"]).all()
 
 
 def test_explicit_vs_sdpa_check_detects_a_broken_explicit_path(monkeypatch):
@@ -154,12 +164,12 @@ def test_explicit_vs_sdpa_check_detects_a_broken_explicit_path(monkeypatch):
         return logits + 0.01, maps
 
     monkeypatch.setattr(model, "forward_with_attention", skewed)
-    insp = ins.inspect(model, list(range(12)), ["x"] * 12)
+    insp = ins.inspect(model, prb.ProbeInput(list(range(12)), ["x"] * 12, "text"))
     assert insp.parity_max_diff == pytest.approx(0.01, rel=1e-3) and not insp.parity_ok
 
 
 def test_inspection_json_has_every_head_and_no_nan():
-    insp = ins.inspect(tiny_model(), list(range(12)), ["x"] * 12)
+    insp = ins.inspect(tiny_model(), prb.ProbeInput(list(range(12)), ["x"] * 12, "text"))
     doc = json.loads(json.dumps(insp.to_json(), allow_nan=False))
     assert len(doc["heads"]) == 4 and doc["heads"][0]["induction"] is None
     assert doc["heads"][0]["dominant"] in (*sc.SCORE_NAMES, "diffuse", "mixed")
@@ -264,13 +274,6 @@ def test_select_heads_and_formats():
         output.parse_formats(["gif"])
 
 
-def test_visible_token():
-    assert ins.visible_token(" a\n\tb\r") == "·a↵→b␍"
-    assert ins.visible_token("\x01\x7f") == "\\x01\\x7f"
-    assert ins.visible_token("") == "∅"
-    assert ins.visible_token("abcdefghij", 5) == "abcd…"
-
-
 # --------------------------------------------------------------------------------------------
 # Files
 
@@ -281,7 +284,7 @@ def insp() -> ins.Inspection:
     tokens = list(range(60, 80))
     strs = ["<script>window.__pwned=1</script>", "</script><b>x", " ", "\n", "$x$", "&amp;"]
     strs = (strs * 4)[:20]
-    return ins.inspect(model, tokens, strs, source="test", run="runs/x", step=3)
+    return ins.inspect(model, prb.ProbeInput(tokens, strs, "test"), run="runs/x", step=3)
 
 
 def test_out_dir_must_be_writable(tmp_path):
@@ -340,7 +343,7 @@ def test_head_png_text_lies_inside_the_image(tokens):
 
     from minigpt.heads.heatmap import head_figure
 
-    insp = ins.inspect(tiny_model(), tokens, [chr(t) for t in tokens], source="text",
+    insp = ins.inspect(tiny_model(), prb.ProbeInput(tokens, [chr(t) for t in tokens], "text"),
                        run="r", step=1)
     if len(tokens) == 6:  # the case that overflowed: all eight scores in the title
         assert not any(math.isnan(v) for v in insp.head_scores(0, 1).values())

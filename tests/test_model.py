@@ -219,7 +219,7 @@ def test_head_hook_applies_through_the_kv_cache():
 
 
 def test_learned_positions_beyond_block_size_is_a_clear_error():
-    """Callers crop (sample.py, inspect-heads), so this is a broken invariant: ValueError."""
+    """Callers crop (core/generate.py, inspect-heads), so this is a broken invariant: ValueError."""
     model = build(pos_encoding="learned", block_size=8)
     with pytest.raises(ValueError, match="block_size=8"):
         model(tokens(1, 9))
@@ -559,6 +559,15 @@ def test_zero_head_starts_uniform_and_leaves_the_other_weights_alone():
     with pytest.raises(Exception, match="model.head_init"):  # tied: refused by the config
         from minigpt.config import from_dict
         from_dict({"model": {"head_init": "zero"}})
+
+
+def test_a_bad_attention_spec_fails_in_attention_the_one_place_it_is_checked():
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        model(idx, attn=AttnSpec("flash"))
+    with pytest.raises(ValueError, match="need impl='explicit'"):
+        model(idx, attn=AttnSpec("sdpa", return_probs=True))
 
 
 def test_a_leaf_layer_replaced_by_another_module_is_still_called():

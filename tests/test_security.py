@@ -81,7 +81,7 @@ def forbidden_calls(source: str, filename: str = "<src>") -> list[str]:
 
 
 def test_package_never_deserialises_code():
-    files = sorted(PACKAGE_DIR.glob("*.py"))
+    files = sorted(PACKAGE_DIR.rglob("*.py"))
     assert len(files) > 10  # the whole package is scanned
     found = [hit for p in files for hit in forbidden_calls(p.read_text(), p.name)]
     assert found == []
@@ -109,6 +109,91 @@ def test_the_scanner_catches_what_it_looks_for():
     assert len(hits) == 8, hits
     assert forbidden_calls("yaml.load(t, Loader=_StrictLoader)\nnp.load(p, allow_pickle=False)"
                            ) == []
+
+
+# 1b. One door for files (issue 32): outside minigpt/files.py nothing opens, reads or parses a
+# file by itself. Each exception is listed with why it is not a read of a file from elsewhere
+# (or is one the door has already checked); a new one fails the test until it is listed.
+
+FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "json.load",
+              "json.loads", "yaml.load", "yaml.safe_load", "yaml.load_all",
+              "yaml.safe_load_all", "yaml.full_load", "np.load", "np.fromfile", "np.memmap",
+              "gzip.open", "os.open", "safe_open", "ParquetFile", "load_tiktoken_bpe",
+              "torch.load", "read_parquet", "fdopen"}
+
+DOOR_EXCEPTIONS = {
+    ("records.py", "json.loads"): "one JSON Lines record, already cut to MAX_RECORD_BYTES, "
+                                  "parsed with files.json_int and RecursionError caught (its "
+                                  "error names the column)",
+    ("records.py", "ParquetFile"): "pyarrow opens the path after files.open_file checked it",
+    ("hf/weights.py", "safe_open"): "memory-maps a shard that hub.model_file let through and "
+                                    "whose header read_header checked",
+    ("data.py", "np.memmap"): "maps the token cache after open_regular checked it and its size "
+                              "against the metadata",
+    ("train/outputs.py", "open"): "appends to metrics.jsonl, which this session rewrote or "
+                                  "created (atomic_write_text) just before",
+    ("train/tensorboard.py", "open"): "creates a new event file exclusively ('xb'): never "
+                                      "replaces or reads anything",
+    ("run/lock.py", "open"): "the run lock, opened after files.check_replaceable",
+    ("run/safetensors_io.py", "json.loads"): "the header of bytes safetensors just serialised",
+    ("run/checkpoint.py", "read_bytes"): "the files this save itself just wrote, to hash them",
+    ("cli/main.py", "os.open"): "/dev/null onto a failed stdout",
+    ("cli/sample.py", "os.open"): "/dev/null onto a stdout whose reader left",
+    ("bench/timing.py", "open"): "the kernel's /proc/self/status, clear_refs and cpuinfo",
+}
+
+
+def file_calls(source: str) -> set[str]:
+    """The FILE_CALLS names called in `source` ('open', 'json.loads', 'read_bytes', ...)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = node.func
+        if isinstance(fn, ast.Name):  # a bare read_text() is minigpt.files' own
+            name = fn.id if fn.id in ("open", "safe_open", "load_tiktoken_bpe") else ""
+        elif isinstance(fn, ast.Attribute):
+            base = fn.value.id if isinstance(fn.value, ast.Name) else ""
+            name = f"{base}.{fn.attr}" if f"{base}.{fn.attr}" in FILE_CALLS else fn.attr
+        else:
+            continue
+        if name in FILE_CALLS:
+            found.add(name)
+    return found
+
+
+def test_every_file_goes_through_the_door():
+    """Outside files.py, only the listed calls touch a file directly; every listed exception is
+    still there (an entry that no longer applies is removed)."""
+    seen = set()
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        if rel == "files.py":
+            continue
+        for call in file_calls(path.read_text()):
+            assert (rel, call) in DOOR_EXCEPTIONS, (
+                f"minigpt/{rel} calls {call}() itself: read through minigpt.files (read_file, "
+                "load_json, load_yaml, open_file) or list why not in "
+                "DOOR_EXCEPTIONS")
+            seen.add((rel, call))
+    assert seen == set(DOOR_EXCEPTIONS)
+
+
+def test_the_door_scanner_catches_what_it_looks_for():
+    bad = textwrap.dedent("""
+        import json, yaml, gzip, numpy as np
+        from pathlib import Path
+        a = open("x")
+        b = Path("x").read_text()
+        c = json.load(fh)
+        d = yaml.safe_load(t)
+        e = gzip.open("x.gz")
+        f = np.memmap("x")
+        g = json.dumps({})   # writing a string, fine
+        h = "open('x') in a string is fine"
+    """)
+    assert file_calls(bad) == {"open", "read_text", "json.load", "yaml.safe_load", "gzip.open",
+                               "np.memmap"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,3 +688,84 @@ def test_a_tokenizer_with_too_many_special_tokens_is_refused_before_tiktoken_bui
     del added["<|t0|>"]
     ranks, specials = ranks_from_hf(vocab, [], added, "tokenizer.json", vocab_size=10**6)
     assert len(ranks) == 256 and len(specials) == MAX_SPECIAL_TOKENS
+
+
+# --------------------------------------------------------------------------------------------
+# 7. The file door (issue 32; minigpt/files.py): the rules every read and write goes through,
+# checked in-process. The same causes through the installed command:
+# tests/test_hardening.py::test_one_door_for_files.
+
+
+def test_the_reader_refuses_what_is_not_a_regular_file_with_one_line(tmp_path):
+    from minigpt.files import ReadError, load_json, load_yaml, read_file
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    os.symlink("/dev/urandom", tmp_path / "random.yaml")
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device"),
+                       (tmp_path / "random.yaml", "a character device"),
+                       (tmp_path, "a directory"), (tmp_path / "missing", "no such file")):
+        for reader in (read_file, load_json, load_yaml):
+            with pytest.raises(ReadError, match=kind) as e:
+                reader(path)
+            assert str(path) in str(e.value) and "\n" not in str(e.value)
+    big = tmp_path / "big.json"
+    big.write_bytes(b"[" + b"1," * 1000 + b"1]")
+    with pytest.raises(ReadError, match="larger than 1000 bytes"):
+        load_json(big, cap=1000)
+
+
+def test_json_and_yaml_limits_are_one_line_errors():
+    from minigpt.errors import ConfigError
+    from minigpt.files import MAX_YAML_VALUES, parse_json, parse_yaml
+
+    with pytest.raises(ValueError, match="5,000 digits"):
+        parse_json(b'{"n": ' + b"9" * 5000 + b"}")
+    assert parse_json(b'{"n": ' + b"9" * 400 + b"}")["n"] == int("9" * 400)
+    laughs = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    cases = {"\n".join(laughs): "aliases", "? [a, b]\n: 1\n": "plain names",
+             "n: " + "9" * 5000: "5,000 digits", "[" * 100 + "]" * 100: "nested more than 64",
+             "t: 2001-13-45\n": "invalid YAML"}
+    for text, needle in cases.items():
+        with pytest.raises(ConfigError, match=needle) as e:
+            parse_yaml(text, "c.yaml")
+        assert str(e.value).startswith("c.yaml: ") and len(str(e.value)) < 300
+    # Aliases that stay small are fine: a config may reuse a value.
+    ok = parse_yaml("p: &p [a, b]\nq: [*p, *p]\n")
+    assert ok["q"] == [["a", "b"], ["a", "b"]]
+    assert MAX_YAML_VALUES >= 10_000
+
+
+def test_a_huge_value_is_never_echoed_whole():
+    from minigpt.config import load_config
+    from minigpt.errors import ConfigError
+    from minigpt.files import shown
+
+    assert shown("x" * 10_000, 80) == "x" * 37 + " ... " + "x" * 37
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.n_layer=[" + "1, " * 50_000 + "1]"])
+    assert len(str(e.value)) < 400
+
+
+def test_writes_never_replace_a_fifo_or_a_device(tmp_path):
+    import stat
+
+    from minigpt.errors import WriteError
+    from minigpt.files import atomic_write_bytes, not_replaceable
+
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    os.symlink("/dev/null", tmp_path / "null.png")
+    for path, kind in ((fifo, "a FIFO"), (tmp_path / "null.png", "a character device")):
+        with pytest.raises(WriteError, match=kind):
+            atomic_write_bytes(path, b"data")
+        assert kind in not_replaceable(path)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and (tmp_path / "null.png").is_symlink()
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    regular = tmp_path / "ok.json"
+    regular.write_text("old")
+    assert not_replaceable(regular) is None and not_replaceable(tmp_path / "new") is None
+    atomic_write_bytes(regular, b"new")
+    assert regular.read_bytes() == b"new"

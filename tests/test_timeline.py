@@ -5,8 +5,6 @@ and `inspect-heads --checkpoint STEP`."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -158,17 +156,21 @@ def test_an_uncommitted_step_dir_is_never_kept(tmp_path):
     assert kept_steps(run) == [3, 6]
 
 
-def test_inspect_heads_checkpoint_through_the_real_command(tmp_path):
+def test_inspect_heads_checkpoint_through_the_command(tmp_path):
+    """`inspect-heads --checkpoint STEP` through the command in this process: the one error
+    path the console script runs (tests/test_cli_real.py shows exit codes and stderr survive
+    the process boundary for every command)."""
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
     run = tmp_path / "run"
     train(load_config(None, tiny_sets(tmp_path, **{"train.keep_checkpoints": 2})), run)
-    cmd = [sys.executable, "-m", "minigpt", "inspect-heads", "--run", str(run), "--probe",
-           "induction", "--device", "cpu", "--json"]
-    ok = subprocess.run([*cmd, "--checkpoint", "3"], capture_output=True, text=True,
-                        check=False)
-    assert ok.returncode == 0 and json.loads(ok.stdout)["step"] == 3
-    bad = subprocess.run([*cmd, "--checkpoint", "4"], capture_output=True, text=True,
-                        check=False)
-    assert bad.returncode == 2 and bad.stdout == ""
+    cmd = ["inspect-heads", "--run", str(run), "--probe", "induction", "--device", "cpu", "--json"]
+    ok = CliRunner().invoke(app, [*cmd, "--checkpoint", "3"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["step"] == 3
+    bad = CliRunner().invoke(app, [*cmd, "--checkpoint", "4"])
+    assert bad.exit_code == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [(
         f"error: --checkpoint 4: {run} keeps no checkpoint of that step; kept: 3, 6 "
         "(train.keep_checkpoints sets how many are kept)")]

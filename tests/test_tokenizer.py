@@ -345,3 +345,33 @@ def test_induction_source_refuses_a_corpus_bpe():
     """Checked once, when the config loads, before any tokenizer is built."""
     with pytest.raises(MinigptError, match="tokenizer.vocab_size: 256"):
         from_dict({"tokenizer": {"vocab_size": 512}, "data": {"source": "induction"}})
+
+
+@pytest.mark.parametrize("line,needle", [
+    ("YWI= 1000000000", "1,000,000,000"),   # a table of a billion entries otherwise
+    ("YWI= 1000000000000", "line 257"),     # OverflowError in tiktoken otherwise
+    ("YWI= -5", "-5"),
+    ("YWI= 7", "share the id 7"),           # tiktoken's Rust side panics otherwise
+    ("!!!! 256", "line 257"),               # invalid base64
+    ("YQ== 256", "line 257 repeats"),       # the token b"a" twice
+])
+def test_hostile_rank_files_are_one_line_naming_the_file(tmp_path, line, needle):
+    """A .tiktoken file named by tokenizer.encoding: every rank checked before tiktoken sees
+    it (issue 32)."""
+    ranks = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    path = tmp_path / "hostile.tiktoken"
+    path.write_text("\n".join([*ranks, line]) + "\n")
+    cfg = from_dict({"tokenizer": {"encoding": str(path)}})
+    with pytest.raises(MinigptError, match=re.escape(needle)) as e:
+        build_tokenizer(cfg)
+    assert "hostile.tiktoken" in str(e.value)
+
+
+def test_a_tokenizer_built_in_code_checks_its_ids_too():
+    from minigpt.tokenizer import EOT, PATTERNS, Tokenizer
+
+    ranks = {bytes([b]): b for b in range(256)}
+    with pytest.raises(MinigptError, match="share the id 5"):
+        Tokenizer(ranks, PATTERNS["gpt4"], {EOT: 5}, "t")
+    with pytest.raises(MinigptError, match="contiguous"):
+        Tokenizer(ranks, PATTERNS["gpt4"], {EOT: 10**9}, "t")

@@ -49,7 +49,7 @@ from minigpt.bench.train import (
 from minigpt.device import native_bf16, resolve_device
 from minigpt.errors import ArgumentError
 from minigpt.events import BenchEvent, OnEvent
-from minigpt.files import atomic_write_text
+from minigpt.files import atomic_write_text, not_replaceable
 
 SCHEMA = "minigpt-bench/1"
 SUITES = ("attention", "train", "sample")
@@ -304,6 +304,8 @@ def check_json_path(path: str | Path) -> Path:
         raise ArgumentError("json", f"directory {path.parent} does not exist; create it first")
     if not os.access(path.parent, os.W_OK):
         raise ArgumentError("json", f"directory {path.parent} is not writable")
+    if (why := not_replaceable(path)) is not None:  # a FIFO, /dev/null: never replaced
+        raise ArgumentError("json", why, subject=path)
     return path
 
 

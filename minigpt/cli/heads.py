@@ -16,9 +16,9 @@ from minigpt.cli.main import (
     RunOpt,
     app,
     out_console,
-    printable,
     say,
 )
+from minigpt.display import printable
 
 TextOpt = Annotated[str | None, typer.Option(
     "--text", help="Text to run through the model. Default: a built-in passage.")]
@@ -32,8 +32,8 @@ LayerOpt = Annotated[list[int] | None, typer.Option(
 HeadOpt = Annotated[list[int] | None, typer.Option(
     "--head", help="Head to show (repeatable). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="table (terminal), png, html, safetensors, json; repeatable or "
-    "comma-separated. Default: table.")]
+    "--format", help="Files to write as well: png, html, safetensors, json (table: none); "
+    "repeatable or comma-separated. The table is printed in every case, except with --json.")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", help="Directory for the files. Default: <run>/heads/.")]
 MaxTokensOpt = Annotated[int | None, typer.Option(
@@ -61,15 +61,17 @@ def inspect_heads_command(
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.core.heads import check_mode
+    from minigpt.core.sampling import check_seed
+    from minigpt.heads.flags import check_ablate, parse_formats
+
+    fmts = parse_formats(formats or [])  # the flags before torch loads
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
+    check_ablate(ablate)
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
     from minigpt.inputs import load_run_or_model
 
-    fmts = output.parse_formats(formats or [])
-    if ablate is not None:
-        check_mode(ablate)  # before loading anything
     loaded = load_run_or_model(run, model, device, checkpoint)
     if run is None and model is None:
         say(f"using the latest run: {loaded.run_dir}")
@@ -84,8 +86,8 @@ def inspect_heads_command(
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    insp = inspect(loaded.model, inp.tokens, inp.token_strs, source=inp.source,
-                   run=loaded.source, step=loaded.step, ablate=ablate, inp=inp)
+    insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                   seed=seed)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -100,7 +102,7 @@ def inspect_heads_command(
     if json_out:
         sys.stdout.write(json.dumps(insp.to_json(layers, heads), ensure_ascii=False) + "\n")
         sys.stdout.flush()
-    elif "table" in fmts:
+    else:  # the table is printed whatever files were asked for (--json: the JSON instead)
         _print_tables(insp, layers, heads)
 
 
@@ -148,8 +150,8 @@ def _heads_summary_table(insp, layers, heads):
     for name in ("L", "H", "type", *names):
         table.add_column(name, justify="left" if name == "type" else "right", no_wrap=True)
     if ablation is not None:
-        table.caption += (f"; ablate = nats/token lost with the head {ablation.mode}-ablated "
-                          "(red: the larger)")
+        table.caption += (f"; ablate = the loss added (nats/token) with the head "
+                          f"{ablation.mode}-ablated (red: the larger)")
         largest = max(float(ablation.effect.abs().max()), 1e-12)
     for la in layers:
         for h in heads:
@@ -176,31 +178,35 @@ def _heat(v: float):
 
 
 def _attention_table(insp, la: int, h: int, width: int):
-    """One head's weights (x100) as a T x T table: query rows, key columns, upper triangle blank.
-    Only the first tokens that fit the terminal are shown (the files show all of them)."""
+    """One head's weights (x100) as a table: query rows, key columns, future keys blank. When
+    the map does not fit the terminal, the last queries and the keys they attend to most
+    (`Inspection.window`), and the caption says what is left out."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    from minigpt.heads.inspection import visible_token
+    from minigpt.display import visible_token
 
     T = len(insp.tokens)
-    n = min(T, max(8, (width - 14) // 4))
+    rows, cols = insp.window(la, h, max(8, (width - 14) // 4))
     attn = insp.attention[la, h]
-    note = "" if n == T else f"; first {n} of {T} tokens (widen the terminal or use png/html)"
+    note = "" if len(rows) == T else (
+        f"; {T} tokens do not fit {width} columns: queries {rows[0]}..{rows[-1]} and the "
+        f"{len(cols)} keys they attend to most (gaps in the key numbers are keys left out; "
+        "widen the terminal or use --format png/html for all)")
     table = Table(title=f"layer {la} head {h}: {insp.dominant(la, h)}",
-                  caption=f"attention x100, rows = queries, columns = keys{note}",
+                  caption=f"attention x100, rows = queries, columns = keys, . = under 0.5, "
+                  f"blank = a future key{note}",
                   box=box.SIMPLE, padding=(0, 0), pad_edge=False, collapse_padding=True)
     table.add_column("query", no_wrap=True)
-    for j in range(n):
+    for j in cols:
         table.add_column(Text(f"{j}\n{visible_token(insp.token_strs[j], 3)}"), justify="right",
                          no_wrap=True, min_width=3)
-    for t in range(n):
+    for t in rows:
         cells = []
-        for j in range(n):
+        for j in cols:
             v = float(attn[t, j])
             cells.append(Text("") if j > t else
                          Text(f"{round(v * 100):3d}" if v >= 0.005 else "  .", style=_shade(v)))
         table.add_row(Text(f"{t:>3} {visible_token(insp.token_strs[t], 8)}"), *cells)
     return table
-

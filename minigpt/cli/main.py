@@ -10,13 +10,14 @@ line on stderr and exit code 2, with library parameter names shown as the flags 
 did-you-mean, on stderr, exit 2. Never a traceback for any of these.
 
 Names that come from elsewhere (run directories, file paths, error messages quoting them) reach
-the terminal through `printable`: a run named with an escape sequence cannot move the cursor,
+the terminal through `minigpt.display.printable`: a run named with an escape sequence cannot move the cursor,
 recolour the terminal or forge a line.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -26,7 +27,9 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from minigpt import __version__
+from minigpt.display import printable
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
+from minigpt.files import shown
 
 # Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
 err_console = Console(stderr=True, highlight=False)
@@ -43,18 +46,6 @@ def user_message(e: MinigptError) -> str:
     if isinstance(e, ConflictError):
         return e.render(flag_for)
     return e.render(flag_for(e.param)) if isinstance(e, ArgumentError) else str(e)
-
-
-# C0 and C1 controls, DEL, line/paragraph separators and the bidirectional overrides (which
-# reorder what a terminal shows): each is shown as \xNN or \uNNNN instead.
-_CONTROLS = {c: (f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}") for c in
-             [*range(0x20), *range(0x7F, 0xA0), 0x200E, 0x200F, 0x2028, 0x2029,
-              *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
-
-
-def printable(text: object) -> str:
-    """`text` safe to show on a terminal: every control character escaped (see _CONTROLS)."""
-    return str(text).translate(_CONTROLS)
 
 
 def say(text: str) -> None:
@@ -77,7 +68,7 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except MinigptError as e:
-            say(f"error: {user_message(e)}")
+            say(f"error: {shown(user_message(e), 1000)}")  # a huge value never floods
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             say("interrupted (Ctrl-C); anything already saved is kept")
@@ -119,7 +110,74 @@ ModelOpt = Annotated[str | None, typer.Option(
     "hf:REPO_ID[@REVISION] from the Hub (needs pip install 'minigpt-lab[hf]').")]
 
 
+class StdoutError(MinigptError):
+    """stdout cannot be written (a full disk, `> /dev/full`, an I/O error)."""
+
+
+class _GuardedStdout:
+    """sys.stdout, whose write failures are one `error:` line through the one error path (a
+    StdoutError) instead of an OSError traceback; a reader that leaves (BrokenPipeError) is
+    passed on as it is, for the command to end quietly. After a failure the descriptor points
+    at /dev/null, so the interpreter's last flush at exit fails no more."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def _failed(self, e: OSError) -> StdoutError:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+        return StdoutError(f"cannot write to stdout ({e.strerror or e}); free some space or "
+                           "send the output elsewhere")
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise self._failed(e) from None
+
+
 def main() -> None:
-    """Console entry point (`minigpt`, `python -m minigpt`)."""
-    app(prog_name="minigpt")
-    sys.exit(0)
+    """Console entry point (`minigpt`, `python -m minigpt`). stdout closed (`>&-`): one line,
+    exit 2, before anything runs; stdout that fails while a command writes: one line, exit 2
+    (`_GuardedStdout`)."""
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            sys.stderr.write("error: stdout is closed (>&-); give the output somewhere to go, "
+                             "e.g. > /dev/null to discard it\n")
+        sys.exit(2)
+    sys.stdout = _GuardedStdout(sys.stdout)
+    code: object = 0
+    try:
+        app(prog_name="minigpt")
+    except SystemExit as e:
+        code = e.code
+    except StdoutError as e:  # raised outside a command (the parser's help)
+        say(f"error: {e}")
+        sys.exit(2)
+    try:
+        sys.stdout.flush()  # what is still buffered: a failure here is the command's too
+    except StdoutError as e:
+        say(f"error: {e}")
+        sys.exit(2)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    sys.exit(code)

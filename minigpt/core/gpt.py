@@ -70,19 +70,14 @@ class AttnSpec:
     `head_hook`, if given, is called in every layer as `head_hook(layer, z)` with z the heads'
     outputs `[batch, head, query, d_head]` (each head's attention-weighted values, before W_O
     mixes the heads into the residual stream) and returns the z to use: the one place to read,
-    scale, zero or replace a single head's output (core/heads.py's ablation builds on it)."""
+    scale, zero or replace a single head's output (core/heads.py's ablation builds on it).
+    `impl` and `return_probs` are checked where they are used, by `attention()`."""
 
     impl: str = "sdpa"
     scale: float | None = None
     return_probs: bool = False
     causal: bool = True
     head_hook: Callable[[int, Tensor], Tensor] | None = None
-
-    def __post_init__(self) -> None:
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
-        if self.return_probs and self.impl != "explicit":
-            raise ValueError("attention probabilities need impl='explicit'")
 
 
 INSPECT = AttnSpec("explicit", return_probs=True)  # what inspect-heads runs
@@ -103,8 +98,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, ca
     keys after each query's absolute position `past_length + i`. `dropout_p` drops attention
     probabilities (pass 0 outside training). Probabilities come only from `impl="explicit"`.
     """
-    if impl not in IMPLS:
+    if impl not in IMPLS:  # the one check of `impl` and `return_probs` (AttnSpec has none)
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if return_probs and impl != "explicit":
+        raise ValueError("attention probabilities need impl='explicit'")
     t_q, t_k = q.shape[-2], k.shape[-2]
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -112,8 +109,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, ca
     needs_mask = causal and past_length < t_k - 1
     top_left = needs_mask and t_q == t_k and past_length == 0  # the training case
     if impl == "sdpa":
-        if return_probs:
-            raise ValueError("attention probabilities need impl='explicit'")
         mask = causal_mask(t_q, t_k, past_length, q.device) if needs_mask and not top_left else None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                              is_causal=top_left, scale=scale)
@@ -145,7 +140,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor | None = None) -
     x (..., D); cos/sin broadcast against (..., D/2), e.g. x (2, B, H, T, D) with (T, D/2).
     Eager mode treats pair (x_2i, x_2i+1) as the complex number x_2i + i x_2i+1 and multiplies
     it by cos + i sin: one fused op, ~3x faster on CPU (fwd+bwd) than the real arithmetic of
-    `apply_rope_real`, which torch.compile gets (inductor handles complex poorly). Half/bf16
+    `apply_rope_real`, which torch.compile gets (inductor handles complex poorly). Two paths
+    side by side, one result: tests/test_attention.py checks they agree, values and gradients,
+    alone and in a whole model. Half/bf16
     inputs are rotated in float32 (there is no complex bf16) and cast back. `rot`, if given, is
     the precomputed `cos + i sin` (Rotary keeps it, so decoding builds no complex per layer)."""
     if torch.compiler.is_compiling():

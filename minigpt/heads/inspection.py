@@ -29,32 +29,12 @@ from minigpt.core.heads import (
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 
-
-def visible_token(s: str, max_len: int = 0) -> str:
-    """A token's text for labels: whitespace made visible (space ·, newline ↵, tab →), other
-    control characters as \\xNN, shortened to `max_len` characters with … (0 = no limit)."""
-    out = []
-    for ch in s:
-        if ch == " ":
-            out.append("·")
-        elif ch == "\n":
-            out.append("↵")
-        elif ch == "\t":
-            out.append("→")
-        elif ch == "\r":
-            out.append("␍")
-        elif ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029":
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    text = "".join(out) or "∅"
-    if max_len and len(text) > max_len:
-        text = text[: max_len - 1] + "…"
-    return text
-
-
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
+
+# The order in which head kinds are worth showing first (`Inspection.most_distinctive`): the
+# circuits the lecture builds up to before the attention sinks most text heads park on.
+SHOW_FIRST = ("induction", "previous", "duplicate", "delimiter", "self", "first")
 
 
 @dataclass
@@ -76,6 +56,7 @@ class Inspection:
     step: int = 0
     notes: list[str] = field(default_factory=list)
     ablation: Ablation | None = None  # what each head carries (`ablate_heads`), if asked for
+    copy_start: int | None = None    # induction probe: the position its second copy starts at
 
     @property
     def n_layer(self) -> int:
@@ -94,6 +75,38 @@ class Inspection:
 
     def dominant(self, layer: int, head: int) -> str:
         return dominant_type(self.head_scores(layer, head))
+
+    def most_distinctive(self, pairs: Sequence[tuple[int, int]] | None = None
+                         ) -> tuple[int, int]:
+        """The head to show first, among `pairs` (None: all): of the kinds in SHOW_FIRST order
+        (induction first: the reason a student opens the induction probe), the first that some
+        head has as its dominant type, and of those heads the one scoring highest on it; no
+        head with a dominant pattern: the one with the highest pattern score."""
+        pairs = list(pairs) if pairs else [(la, h) for la in range(self.n_layer)
+                                           for h in range(self.n_head)]
+
+        def score(pair: tuple[int, int], kind: str) -> float:
+            v = float(self.scores[kind][pair])
+            return -1.0 if math.isnan(v) else v
+
+        for kind in SHOW_FIRST:
+            found = [p for p in pairs if self.dominant(*p) == kind]
+            if found:
+                return max(found, key=lambda p: score(p, kind))
+        return max(pairs, key=lambda p: max(score(p, k) for k in SHOW_FIRST))
+
+    def window(self, layer: int, head: int, n: int) -> tuple[list[int], list[int]]:
+        """Which queries and keys of map (layer, head) to show when only `n` of each fit (a
+        terminal): the last n queries (the ones with the most context; on the induction probe
+        the second copy, where induction heads differ from the rest) and the n keys they give
+        the most attention, in order. All of them when T <= n."""
+        T = len(self.tokens)
+        if T <= n:
+            return list(range(T)), list(range(T))
+        rows = list(range(T - n, T))
+        mass = self.attention[layer, head, rows].sum(0)  # (T,) attention each key receives
+        cols = sorted(torch.topk(mass, n, sorted=False).indices.tolist())
+        return rows, cols
 
     def head_row(self, layer: int, head: int, digits: int = 6) -> dict:
         """One head's numbers as JSON: layer, head, dominant type and every score rounded to
@@ -120,31 +133,32 @@ class Inspection:
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
-def inspect(model, tokens: Sequence[int], token_strs: Sequence[str], *,
-            device: torch.device | str | None = None, source: str = "text", run: str = "",
-            step: int = 0, ablate: str | None = None, inp: ProbeInput | None = None
-            ) -> Inspection:
-    """Attention maps and head scores of `model` on `tokens` (already within block_size), on
-    `device` (None: where the model's weights are). MinigptError if the attention or the
-    logits are not finite. `ablate` (a mode of heads.ablation) also measures what each head
-    carries, scored where `inp` (the `prepare_input` this came from) defines the loss."""
+def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
+            run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0) -> Inspection:
+    """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
+    on `device` (None: where the model's weights are). MinigptError if the attention or the
+    logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
+    head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
+    The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
+    orders the resample ablation's reference."""
+    tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
-    # probes are random ids: their "whitespace/punctuation" tokens are no sentence structure
-    strs_for_scores = None if source.startswith("probe:") else token_strs
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
     tol = 1e-4 if dev.type == "cpu" else 1e-2
     ablation = None
     if ablate is not None:
-        inp = inp or ProbeInput(list(tokens), list(token_strs), source)
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
-                                scored=inp.scored, minimum=inp.min_tokens)
-    return Inspection(tokens=list(tokens), token_strs=list(token_strs), attention=attn,
-                      scores=score_heads(attn, tokens, strs_for_scores), parity_max_diff=diff,
-                      parity_tol=tol, source=source, run=run, step=step, ablation=ablation)
+                                scored=inp.scored, minimum=inp.min_tokens, seed=seed)
+    scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
+    copy_start = (inp.positions[0] if inp.source == "probe:induction" and inp.positions
+                  else None)
+    return Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
+                      scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
+                      run=run, step=step, ablation=ablation, copy_start=copy_start)
 
 
 def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:

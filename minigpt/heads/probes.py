@@ -62,7 +62,9 @@ class ProbeInput:
 
     Where a loss is defined on this input (for ablation): `positions`, the query positions
     whose next-token prediction is scored (None: every one), described by `scored`;
-    `min_tokens`, the shortest input of this kind with a prediction to score."""
+    `min_tokens`, the shortest input of this kind with a prediction to score. `is_text` False:
+    a synthetic probe of random ids, whose whitespace or punctuation tokens are no sentence
+    structure (the delimiter score then does not apply)."""
 
     tokens: list[int]
     token_strs: list[str]
@@ -72,6 +74,7 @@ class ProbeInput:
     positions: list[int] | None = None
     scored: str = EVERY_PREDICTION
     min_tokens: int = 2
+    is_text: bool = True
 
     @property
     def truncated(self) -> bool:
@@ -120,7 +123,7 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
         ids = first + probe_tokens(probe, max_tokens - len(first), probe_pool(cfg, tokenizer),
                                    seed)
         inp = ProbeInput(ids, [tokenizer.token_str(i) for i in ids], f"probe:{probe}",
-                         min_tokens=len(first) + 2)
+                         min_tokens=len(first) + 2, is_text=False)
         if probe == "induction":  # only the second copy can be predicted, by copying
             half = (len(ids) - len(first)) // 2
             second = len(first) + half  # its first token predicts the second, and so on

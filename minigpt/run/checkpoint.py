@@ -32,7 +32,15 @@ import torch
 from minigpt import __version__
 from minigpt.config import Config, from_dict, model_hash, to_yaml
 from minigpt.errors import ArgumentError, MinigptError, WriteError
-from minigpt.files import disk_error, fsync_dir, parse_yaml, write_file_synced
+from minigpt.files import (
+    ReadError,
+    disk_error,
+    fsync_dir,
+    load_json,
+    load_yaml,
+    open_file,
+    write_file_synced,
+)
 from minigpt.run.layout import (
     CKPT_DIR,
     CONFIG_FILE,
@@ -310,8 +318,8 @@ def verify_checkpoint(ckpt_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> 
         raise MinigptError(f"{mpath} is missing: the checkpoint was never completed "
                            "(interrupted save?); it cannot be loaded")
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON
+        manifest = load_json(mpath)
+    except ReadError:  # unreadable, not UTF-8, not JSON within the limits (files.parse_json)
         manifest = None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     step = manifest.get("step") if isinstance(manifest, dict) else None
@@ -336,14 +344,13 @@ def verify_checkpoint(ckpt_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> 
             raise MinigptError(f"{path} is corrupted: its sha256 does not match {MANIFEST_FILE}; "
                                "restore it or retrain")
     cpath = ckpt_dir / CONFIG_FILE
-    cfg = from_dict(parse_yaml(cpath.read_text(encoding="utf-8", errors="replace"), str(cpath)),
-                    str(cpath))
+    cfg = from_dict(load_yaml(cpath), str(cpath))
     return Checkpoint(path=ckpt_dir, step=step, cfg=cfg, files=files)
 
 
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_file(path) as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

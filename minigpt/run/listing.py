@@ -8,10 +8,14 @@ Where each column comes from:
   checkpoint reached the config's train.max_steps; else the status in summary.md when it was
   written at that checkpoint's step (`interrupted`: Ctrl-C/SIGTERM, `stopped`: --stop-after);
   else `killed` (the trainer ended without writing its summary: kill -9, a crash, power loss).
-  `damaged` when the commit pointer is not a step directory.
+  `damaged` when the commit pointer is not a step directory (a regular file, a link out of
+  the run) or the committed checkpoint's manifest.json is not a JSON object.
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
   max steps: config.yaml's train.max_steps.
-- best val bits/byte: the lowest val_bpb in metrics.jsonl.
+- val bits/byte: the lowest val_bpb in metrics.jsonl with its step, and the last one (the
+  saved weights are the last step's, so the two differ once validation rises); for a run on
+  synthetic induction ids (which stand for no bytes), the share of copies the last
+  evaluation predicted (`copy_accuracy`) instead.
 - parameters: the tensors in the committed model.safetensors (tied weights stored once), from
   its header only.
 - wall time: the last `elapsed` in metrics.jsonl (training seconds over all sessions).
@@ -33,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError
-from minigpt.files import open_regular, parse_yaml, read_problem, read_regular
+from minigpt.files import ReadError, load_json, open_regular, parse_yaml, read_problem, read_regular
 from minigpt.run.checkpoint import latest_checkpoint_dir
 from minigpt.run.layout import (
     CKPT_DIR,
     CONFIG_FILE,
     LATEST,
     LOCK_NAME,
+    MANIFEST_FILE,
     METRICS_FILE,
     MODEL_FILE,
     SUMMARY_FILE,
@@ -66,11 +71,17 @@ class RunRow:
     last_change: float        # seconds since the epoch
     skipped_lines: int        # damaged metrics.jsonl lines left out
     problem: str | None = None  # "<path>: <why>" of a file that could not be read
+    best_step: int | None = None      # the evaluation of best_val_bpb
+    last_val_bpb: float | None = None  # the last evaluation's (the saved model's, once done)
+    last_step: int | None = None
+    copy_accuracy: float | None = None  # induction runs: the last evaluation's copies predicted
 
     def to_json(self) -> dict:
         return {"name": self.name, "path": str(self.path), "status": self.status,
                 "step": self.step, "max_steps": self.max_steps,
-                "best_val_bpb": self.best_val_bpb, "params": self.params,
+                "best_val_bpb": self.best_val_bpb, "best_step": self.best_step,
+                "last_val_bpb": self.last_val_bpb, "last_step": self.last_step,
+                "copy_accuracy": self.copy_accuracy, "params": self.params,
                 "wall_time_s": self.wall_time, "last_change": self.last_change,
                 "skipped_lines": self.skipped_lines, "problem": self.problem}
 
@@ -126,8 +137,9 @@ def read_run_metrics(run_dir: Path) -> tuple[list[dict], int]:
         raise Unreadable(path, f"larger than {MAX_METRICS_BYTES >> 20} MiB; not a metrics log")
     try:
         return read_metrics(path)
-    except OSError as e:  # replaced between the check and the read
-        raise Unreadable(path, read_problem(e)) from None
+    except ReadError as e:  # replaced between the check and the read
+        raise Unreadable(path, e.problem.removeprefix("cannot read it (").removesuffix(")")
+                         ) from None
 
 
 def read_row(run_dir: Path) -> RunRow:
@@ -148,13 +160,18 @@ def read_row(run_dir: Path) -> RunRow:
         records, bad = [], 0
         problems.append(str(e))
     evals = [r for r in records if r.get("kind") == "eval"]
-    bpbs = [r["val_bpb"] for r in evals if finite(r.get("val_bpb")) is not None]
+    scored = [(r["val_bpb"], r["step"]) for r in evals if finite(r.get("val_bpb")) is not None]
+    best = min(scored, key=lambda x: x[0]) if scored else (None, None)
+    last = scored[-1] if scored else (None, None)
+    copies = [r["copy_accuracy"] for r in evals if finite(r.get("copy_accuracy")) is not None]
     times = [r["elapsed"] for r in records if finite(r.get("elapsed")) is not None]
     max_steps = _max_steps(run_dir, problems)
     try:
         ckpt = latest_checkpoint_dir(run_dir)
         ckpt_step = int(ckpt.name.split("-")[1]) if ckpt is not None else None
         status = _status(run_dir, ckpt_step, max_steps, problems)
+        if ckpt is not None and status != "training" and not _manifest_ok(ckpt):
+            status = "damaged"
     except MinigptError:
         ckpt, ckpt_step, status = None, None, "damaged"
     except OSError as e:
@@ -164,10 +181,12 @@ def read_row(run_dir: Path) -> RunRow:
     return RunRow(name=run_dir.name, path=run_dir,
                   status="unreadable" if problems else status,
                   step=max([r["step"] for r in records] + [ckpt_step or 0]),
-                  max_steps=max_steps, best_val_bpb=min(bpbs) if bpbs else None,
+                  max_steps=max_steps, best_val_bpb=best[0],
                   params=params, wall_time=times[-1] if times else None,
                   last_change=_last_change(run_dir), skipped_lines=bad,
-                  problem=problems[0] if problems else None)
+                  problem=problems[0] if problems else None, best_step=best[1],
+                  last_val_bpb=last[0], last_step=last[1],
+                  copy_accuracy=copies[-1] if copies else None)
 
 
 def _text(path: Path, problems: list[str]) -> str | None:
@@ -185,6 +204,9 @@ def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None,
             problems: list[str]) -> str:
     if _lock_held(run_dir / LOCK_NAME, problems):
         return "training"
+    latest = run_dir / CKPT_DIR / LATEST
+    if latest.exists() and not latest.is_symlink() and not latest.is_dir():
+        return "damaged"  # a regular file where the commit pointer goes: not a step directory
     if ckpt_step is None:
         return "no checkpoint"
     if max_steps is not None and ckpt_step >= max_steps:
@@ -193,6 +215,15 @@ def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None,
     if found and int(found.group(2)) == ckpt_step:
         return found.group(1)
     return "killed"
+
+
+def _manifest_ok(ckpt: Path) -> bool:
+    """Whether the committed checkpoint's manifest.json reads as a JSON object (within the
+    file door's limits): what `sample --run` checks first."""
+    try:
+        return isinstance(load_json(ckpt / MANIFEST_FILE), dict)
+    except ReadError:
+        return False
 
 
 def _lock_held(path: Path, problems: list[str]) -> bool:
@@ -214,6 +245,32 @@ def _lock_held(path: Path, problems: list[str]) -> bool:
     except OSError as e:
         problems.append(f"{path}: {read_problem(e)}")
     return False
+
+
+def data_kind(run_dir: Path) -> dict:
+    """What a run was trained on, from its config.yaml: {"source": "text" | "induction",
+    "tokenizer": a phrase naming its tokens ("bytes", "BPE 1024 (gpt4)", "gpt2 encoding",
+    "synthetic ids 0..127")}; {} when config.yaml is missing or unreadable. For `sample`
+    (which picks the latest run trained on text) and `curves` (which refuses to overlay runs
+    whose tokens differ)."""
+    try:
+        cfg = parse_yaml(_text(Path(run_dir) / CONFIG_FILE, []) or "")
+        data, tok = cfg.get("data") or {}, cfg.get("tokenizer") or {}
+    except (MinigptError, AttributeError):
+        return {}
+    if not isinstance(data, dict) or not isinstance(tok, dict):
+        return {}
+    source = data.get("source", "text")
+    if source == "induction":
+        vocab = data.get("induction_vocab", 64)
+        tokens = f"synthetic ids 0..{vocab - 1}" if isinstance(vocab, int) else "synthetic ids"
+    elif tok.get("encoding"):
+        tokens = f"{tok['encoding']} encoding"
+    elif tok.get("vocab_size", 1024) == 256:
+        tokens = "bytes"
+    else:
+        tokens = f"BPE {tok.get('vocab_size', 1024)} ({tok.get('pattern', 'gpt4')})"
+    return {"source": str(source), "tokenizer": tokens}
 
 
 def _max_steps(run_dir: Path, problems: list[str]) -> int | None:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.files import disk_error
+from minigpt.files import check_replaceable, disk_error, parse_json, read_file
 from minigpt.run.layout import LOCK_NAME
 
 
@@ -36,6 +36,7 @@ class RunLock:
         self._fh = None
 
     def acquire(self) -> RunLock:
+        check_replaceable(self.path)  # a FIFO or a device there is never opened for writing
         try:
             fh = open(self.path, "a+")  # noqa: SIM115 - held until release()
         except OSError as e:
@@ -75,8 +76,8 @@ class RunLock:
 
     def _holder(self) -> int | None:
         try:
-            return int(json.loads(self.path.read_text() or "{}").get("pid", 0)) or None
-        except (OSError, ValueError, AttributeError):
+            return int(parse_json(read_file(self.path, 4096) or b"{}").get("pid", 0)) or None
+        except (MinigptError, ValueError, AttributeError, TypeError):
             return None
 
     def _busy(self, pid: int | None) -> MinigptError:

@@ -23,7 +23,7 @@ from minigpt.config import (
 )
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.fields import parse_value
-from minigpt.files import parse_yaml
+from minigpt.files import load_yaml
 from minigpt.run.checkpoint import Checkpoint, latest_checkpoint_dir, verify_checkpoint
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -47,7 +47,7 @@ RESUME_SAFE = {("run", "device")} | {
                            "sample_prompts", "precision", "compile", "micro_batch_size",
                            "keep_checkpoints", "head_scores_interval", "schedule",
                            "decay_fraction", "muon_lr", "muon_momentum", "muon_weight_decay",
-                           "tensorboard", "ema", "stop_when_formed")}
+                           "tensorboard", "ema", "stop_when_formed", "threads")}
 
 
 def run_dir_for(cfg: Config, out: str | Path | None) -> Path:
@@ -159,7 +159,7 @@ def _stored_config(run_dir: Path) -> Path | None:
 
 def _checked(path: Path, command: _Command) -> Config:
     """The stored config with the command's RESUME_SAFE changes (see resume_config)."""
-    raw = parse_yaml(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    raw = load_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: not a config mapping; the run directory is damaged")
     stored = from_dict(raw, str(path))
@@ -222,8 +222,10 @@ def open_run_dir(run_dir: Path, resume: bool, lock: RunLock,
     link = run_dir / CKPT_DIR / LATEST
     if link.exists() and not link.is_symlink():  # its next commit could not replace it
         target = ckpt_dir.name if ckpt_dir is not None else "its step-NNNNNN directory"
+        kind = "a directory" if link.is_dir() else "a regular file" if link.is_file() else \
+            "not a link"
         raise MinigptError(
-            f"{link} is a directory, not the symbolic link to the committed checkpoint (was the "
+            f"{link} is {kind}, not the symbolic link to the committed checkpoint (was the "
             f"run copied without its links, e.g. by zip?); make it a link to {target} again "
             f"(e.g. mv {link} {link}.copy && ln -s {target} {link}), then resume")
     if ckpt_dir is None:

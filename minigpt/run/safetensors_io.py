@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from minigpt.errors import MinigptError
+from minigpt.files import open_regular, parse_json, read_problem, read_regular
 
 # safetensors dtype codes and their sizes in bytes.
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
@@ -53,10 +55,10 @@ def sniff(path: Path, what: str) -> None:
     A PyTorch `.pt`/`.pth` file is a zip ('PK\\x03\\x04') or a raw pickle (protocol byte 0x80);
     minigpt never loads either, because unpickling runs arbitrary code."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # never a FIFO or a device
             head = fh.read(8)
     except OSError as e:
-        raise MinigptError(f"cannot read {path}: {e.strerror}") from None
+        raise MinigptError(f"cannot read {path}: {read_problem(e)}") from None
     if head.startswith(b"PK\x03\x04"):
         raise MinigptError(f"{path} is a zip archive (a PyTorch .pt/.pth?), not safetensors; "
                            f"{what} are loaded only from safetensors, never from pickles")
@@ -73,7 +75,7 @@ def read_header(path: Path, what: str) -> tuple[dict[str, dict], dict[str, str]]
     sniff(path, what)
     size = path.stat().st_size
     bad = f"{path} is not a valid safetensors file"
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         head = fh.read(8)
         if len(head) < 8:
             raise MinigptError(f"{bad} ({size} bytes: truncated or empty); {what} are damaged")
@@ -83,8 +85,8 @@ def read_header(path: Path, what: str) -> tuple[dict[str, dict], dict[str, str]]
                                f"truncated or not safetensors); {what} are damaged")
         raw = fh.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        header = parse_json(raw)
+    except ValueError:  # not UTF-8, not JSON, nested too deeply, a huge integer
         raise MinigptError(f"{bad} (header is not JSON); {what} are damaged") from None
     if not isinstance(header, dict):
         raise MinigptError(f"{bad} (header is not a JSON object)")
@@ -129,6 +131,6 @@ def check_against(header: dict[str, dict], expected: dict[str, torch.Tensor], pa
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read the tensors of a file whose header was already validated (CPU tensors)."""
     try:
-        return st_load(path.read_bytes())
+        return st_load(read_regular(path, os.stat(path).st_size))
     except (OSError, SafetensorError) as e:  # unreadable, or what the library refuses
         raise MinigptError(f"{path}: cannot read tensors ({e})") from None

@@ -12,8 +12,8 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import json
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import torch
 
 from minigpt.data import DATA_SPLIT  # recorded in every trainer_state.json (docs/data.md)
 from minigpt.errors import MinigptError
+from minigpt.files import LARGE_CAP, ReadError, load_json, parse_json, read_file
 
 
 def finite(x: Any) -> int | float | None:
@@ -143,9 +144,9 @@ def read_trainer_state(path: Path) -> tuple[TrainerState, RngStates]:
     """The state and RNG states of a checkpoint's trainer_state.json, to resume from. One-line
     MinigptError naming the file for anything missing or damaged."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON
-        raise MinigptError(f"{path} is missing or not valid JSON") from None
+        raw = load_json(path)
+    except ReadError as e:  # missing, not a regular file, not UTF-8, not JSON within limits
+        raise MinigptError(f"{path} is missing or not valid JSON ({e.problem})") from None
     if not isinstance(raw, dict) or not _is_int(raw.get("step"), 0, 2**63):
         raise MinigptError(f"{path} is not a minigpt trainer state (no valid 'step')")
     rng = parse_rng(raw.get("rng"))
@@ -170,25 +171,34 @@ def read_trainer_state(path: Path) -> tuple[TrainerState, RngStates]:
 # metrics.jsonl read back.
 
 
-def _record(line: str) -> dict | None:
-    """A metrics.jsonl line as a record: a JSON object with an integer `step`, else None."""
+def _record(line: str | bytes) -> dict | None:
+    """A metrics.jsonl line as a record: a JSON object with an integer `step`, else None (also
+    for a line past `parse_json`'s limits: nested 100,000 deep, a 5,000-digit number)."""
     try:
-        rec = json.loads(line)
+        rec = parse_json(line.encode("utf-8") if isinstance(line, str) else line)
     except ValueError:
         return None
     return rec if isinstance(rec, dict) and isinstance(rec.get("step"), int) else None
 
 
+def _metrics_text(path: Path) -> str | None:
+    """metrics.jsonl's text through the file door (None: no file); ReadError otherwise."""
+    try:
+        return read_file(path, LARGE_CAP).decode("utf-8", errors="replace")
+    except ReadError as e:
+        if not os.path.lexists(path):
+            return None
+        raise e from None
+
+
 def read_metrics(path: Path) -> tuple[list[dict], int]:
     """The records of a metrics.jsonl and the number of damaged lines skipped: a line that is
     not a JSON object with an integer `step` (a torn last line after kill -9, an edit, bit rot).
-    Blank lines are neither. A missing file is ([], 0). Never raises on content."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return [], 0
+    Blank lines are neither. A missing file is ([], 0). Never raises on content; a file that
+    is not a regular file or is larger than 1 GiB is a ReadError naming it."""
+    text = _metrics_text(Path(path))
     out, bad = [], 0
-    for line in text.splitlines():
+    for line in (text or "").splitlines():
         if not line.strip():
             continue
         rec = _record(line)
@@ -203,11 +213,7 @@ def metrics_upto(path: Path, step: int) -> tuple[list[str], list[dict]]:
     """The lines of metrics.jsonl (verbatim) and their records up to `step`: what a session
     resuming at `step` continues. Damaged lines and records after `step` are left out."""
     lines, records = [], []
-    try:
-        text = Path(path).read_bytes().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return [], []
-    for line in text.splitlines():
+    for line in (_metrics_text(Path(path)) or "").splitlines():
         rec = _record(line)
         if rec is not None and rec["step"] <= step:
             lines.append(line)

@@ -5,7 +5,10 @@ writes besides checkpoints is written by consumers of those events (outputs.py, 
 Reading order: `train` opens the run (for a resume: its checkpoint and trainer state, read
 once); `set_up` builds the session in named steps (batch geometry, tokenizer, data, model and
 optimizer, progress and RNG states, outputs) into one `Trainer`; `Trainer.run` loops over
-`step`, `evaluate` / `sample` and `save`.
+`step` (this rank's batches through core/step.py's `train_step`), `evaluate` (core/step.py's
+`evaluate`) / `sample` (core/generate.py) and `save`. The maths is core's; what stays here is the
+session: batches, the learning rate, the all-reduce, the divergence message, the weight
+average, events and checkpoints.
 
 Batches: every optimizer step draws the GLOBAL batch of `train.batch_size` offsets from one
 torch.Generator seeded by run.seed (identical on every rank); rank r takes the r-th contiguous
@@ -36,7 +39,7 @@ from minigpt.core import step as core_step
 from minigpt.core.generate import generate
 from minigpt.core.gpt import GPT
 from minigpt.data import Dataset, prepare_dataset
-from minigpt.device import amp_dtype, autocast, resolve_device
+from minigpt.device import amp_dtype, autocast, resolve_device, training_threads
 from minigpt.errors import ArgumentError, ConfigError, MinigptError, TrainingDiverged
 from minigpt.events import (
     CheckpointEvent,
@@ -48,6 +51,7 @@ from minigpt.events import (
     no_events,
 )
 from minigpt.heads.timeline import HeadWatch, all_formed
+from minigpt.induction import InductionData
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.lock import RunLock
@@ -55,6 +59,7 @@ from minigpt.run.resume import Resumed, claim_fresh, open_run_dir
 from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import Tokenizer, build_tokenizer
 from minigpt.train.clock import Clock
+from minigpt.train.copies import copy_metrics
 from minigpt.train.distributed import DistInfo, agree, all_reduce_sum, main_first, setup, teardown
 from minigpt.train.ema import WeightAverage
 from minigpt.train.optim import build_optimizer, lr_at, set_lr
@@ -91,9 +96,10 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
             raise ArgumentError("resume", f"the run is already at step {done} of "
                                 f"train.max_steps={cfg.train.max_steps}; raise it, e.g. --set "
                                 f"train.max_steps={cfg.train.max_steps * 2}")
-        trainer = set_up(cfg, run_dir, start, device, info, on_event,
-                         claim=None if resume else lock)
-        return trainer.run(stop_after)
+        with training_threads(cfg.train.threads if device.type == "cpu" else 0):
+            trainer = set_up(cfg, run_dir, start, device, info, on_event,
+                             claim=None if resume else lock)
+            return trainer.run(stop_after)
     finally:
         if trainer is not None:
             trainer.close()
@@ -192,7 +198,7 @@ def restore_progress(cfg: Config, info: DistInfo, start: Resumed | None
     return state, data_gen
 
 
-def validation_sample(data: Dataset, t: TrainConfig, seed: int) -> torch.Tensor:
+def validation_sample(data: Dataset | InductionData, t: TrainConfig, seed: int) -> torch.Tensor:
     """The offsets every evaluation uses, drawn once: evaluations compare like with like."""
     return data.sample_offsets("val", t.eval_batches * t.batch_size,
                                torch.Generator().manual_seed(seed + 1))
@@ -229,9 +235,9 @@ class Trainer:
     device: torch.device
     info: DistInfo
     tokenizer: Tokenizer
-    data: Dataset
+    data: Dataset | InductionData
     model: GPT
-    fwd: torch.nn.Module            # what `step` calls (forward_module)
+    fwd: torch.nn.Module            # what train_step runs forward (forward_module)
     optimizer: object               # torch.optim.AdamW or train.optim.OptimizerChain
     names: list[str]                # parameter names in optimizer order (checkpoints)
     average: WeightAverage          # .model: what evaluations, samples and checkpoints use
@@ -247,13 +253,16 @@ class Trainer:
     emit: Callable[[object], object]  # every event to the outputs, then the caller's on_event
     last_ckpt: Path | None          # the last committed checkpoint
     saved_step: int                 # the step it holds (-1: none yet)
+    last_eval: EvalEvent | None = None  # this session's last evaluation
 
     def run(self, stop_after: int | None) -> DoneEvent:
         t, state = self.cfg.train, self.state
         tokens_per_step = t.batch_size * self.cfg.model.block_size
         self.emit(StartEvent(self.run_dir, state.step, t.max_steps, self._params(),
                              str(self.device), self.info.world_size, tokens_per_step,
-                             self.tokenizer.n_vocab, self.data.bytes_per_token))
+                             self.tokenizer.n_vocab, self.data.bytes_per_token,
+                             torch.get_num_threads() if self.device.type == "cpu" else 0,
+                             self.cfg.data.source))
         clock = Clock(state.elapsed, state.step)
         reason, signame = "finished", ""
         self.model.train()
@@ -387,8 +396,14 @@ class Trainer:
         if val < s.best_val_loss:
             s.best_val_loss, s.best_val_bpb, s.best_step = val, bpb, step
         samples = self.sample()
-        self.emit(EvalEvent(step, val, math.exp(min(val, 700.0)), bpb, s.best_val_loss,
-                            s.best_val_bpb, clock.elapsed(), samples, s.tokens_seen))
+        copies = (math.nan, math.nan)
+        if self.cfg.data.source == "induction" and self.info.is_main:  # copies.py
+            copies = copy_metrics(self.average.model, self.data, self.eval_offsets, self.micro,
+                                  self.device)
+        self.last_eval = EvalEvent(step, val, math.exp(min(val, 700.0)), bpb, s.best_val_loss,
+                                   s.best_val_bpb, clock.elapsed(), samples, s.tokens_seen,
+                                   *copies, best_step=s.best_step)
+        self.emit(self.last_eval)
 
     # -- checkpoints and the end ------------------------------------------------------------
     def save(self, elapsed: float) -> None:
@@ -414,4 +429,4 @@ class Trainer:
                          self._params(), s.tokens_seen, wall, s.tokens_seen / max(wall, 1e-9),
                          s.best_val_loss if math.isfinite(s.best_val_loss) else math.nan,
                          s.best_val_bpb if math.isfinite(s.best_val_bpb) else math.nan,
-                         self.last_ckpt)
+                         self.last_ckpt, s.best_step, self.last_eval, self.cfg.data.source)

@@ -26,17 +26,19 @@ taking the same events in the same order, as the TensorBoard event files are (te
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 from minigpt.config import Config, to_yaml
+from minigpt.errors import WriteError
 from minigpt.events import CheckpointEvent, DoneEvent, EvalEvent, HeadScoresEvent, StepEvent
-from minigpt.files import atomic_write_bytes, atomic_write_text, disk_error
+from minigpt.files import atomic_write_bytes, atomic_write_text, check_replaceable, disk_error
 from minigpt.heads.timeline import draw_timeline
-from minigpt.run.curves import Series, write_curves
+from minigpt.run.curves import CURVES_FILE, Series, write_curves
 from minigpt.run.layout import CONFIG_FILE, HEADS_PNG, METRICS_FILE, SUMMARY_FILE
 from minigpt.run.state import json_safe, metrics_upto
-from minigpt.tokenizer import Tokenizer
+from minigpt.tokenizer import RANKS_FILE, SIDECAR_FILE, Tokenizer
 
 
 def metrics_record(event: object) -> dict | None:
@@ -46,9 +48,11 @@ def metrics_record(event: object) -> dict | None:
                 "grad_norm": event.grad_norm, "tokens_per_s": event.tokens_per_s,
                 "elapsed": event.elapsed, "tokens_seen": event.tokens_seen}
     if isinstance(event, EvalEvent):
+        copies = ({"copy_loss": event.copy_loss, "copy_accuracy": event.copy_accuracy}
+                  if math.isfinite(event.copy_loss) else {})  # induction runs only
         return {"kind": "eval", "step": event.step, "val_loss": event.val_loss,
                 "val_ppl": event.val_ppl, "val_bpb": event.val_bpb, "elapsed": event.elapsed,
-                "tokens_seen": event.tokens_seen}
+                "tokens_seen": event.tokens_seen, **copies}
     if isinstance(event, HeadScoresEvent):
         return {"kind": "heads", "step": event.step, "seconds": event.seconds,
                 "scores": event.scores}
@@ -72,6 +76,7 @@ class RunOutputs:
         fresh = resumed_at is None
         self._kept: list[str] = []   # a resumed run's log lines up to the resumed step
         if not fresh:
+            self._check_writable()
             self._kept, records = metrics_upto(self.path, resumed_at)
             for r in records:
                 self._remember(r)
@@ -80,6 +85,17 @@ class RunOutputs:
         if fresh:
             self._write_run_files()
             self._open_log()
+
+    def _check_writable(self) -> None:
+        """A resumed session writes its files after its first commit: what would make those
+        writes fail (a directory or a FIFO where a file goes, a run directory that cannot be
+        written) is refused now, before anything changes (WriteError, one line)."""
+        for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CURVES_FILE, HEADS_PNG,
+                     RANKS_FILE, SIDECAR_FILE):
+            check_replaceable(self.run_dir / name)
+        if not os.access(self.run_dir, os.W_OK | os.X_OK):
+            raise WriteError(f"cannot write {self.run_dir} (permission denied); make the run "
+                             "directory writable, then resume", self.run_dir)
 
     def __call__(self, event: object) -> None:
         record = metrics_record(event)

@@ -64,3 +64,10 @@ def check_memory(cfg: Config, micro: int, device: torch.device) -> None:
             f"needs ~{gb(acts)} of activations, {gb(avail - weights)} available; lower "
             "train.micro_batch_size (gradient accumulation keeps train.batch_size) or "
             "train.batch_size, or model.block_size")
+    t = cfg.train
+    offsets = 8 * t.eval_batches * t.batch_size  # every evaluation's offsets, drawn at once
+    if weights + offsets > avail:
+        raise MinigptError(
+            f"train.eval_batches: {t.eval_batches:,} batches of {t.batch_size:,} sequences "
+            f"need ~{gb(offsets)} for their offsets alone, {gb(avail - weights)} available; "
+            "lower train.eval_batches (20 is the default)")

@@ -15,8 +15,11 @@ head's score stays in metrics.jsonl.
 Sessions and resume. Each session writes its own event file, records written and flushed as
 they come. A fresh session opens it at its StartEvent (its run directory exists by then). A
 resumed session, like metrics.jsonl, writes nothing before its first checkpoint is committed:
-its records wait in memory with the time each arrived. At its first CheckpointEvent the run's
-earlier event files are cut to the events of the steps up to the resumed step k (each file
+its records wait in memory with the time each arrived. At its StartEvent (before any commit)
+the directory and every event file in it are read and checked, and the cuts below planned in
+memory: a `tensorboard` that is a file or cannot be written, or a record that is no event, is
+one line with nothing changed. At its first CheckpointEvent the run's earlier event files are
+cut to the events of the steps up to the resumed step k (each file
 rewritten atomically; one left without data is removed), so records a killed session wrote
 past its last checkpoint are gone; then the session's own file opens with TensorBoard's
 "restarted at step k+1" marker (SessionLog START, which makes TensorBoard's readers drop
@@ -40,9 +43,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from minigpt.config import TrainConfig
-from minigpt.errors import ConfigError
+from minigpt.errors import ConfigError, MinigptError
 from minigpt.events import CheckpointEvent, DoneEvent, StartEvent
-from minigpt.files import atomic_write_bytes, disk_error
+from minigpt.files import LARGE_CAP, atomic_write_bytes, disk_error, read_file
 from minigpt.run.layout import TENSORBOARD_DIR
 from minigpt.train.outputs import metrics_record
 
@@ -58,7 +61,6 @@ _FILE_NUMBER = itertools.count()  # event files this process opened: unique name
 def require_tensorboard() -> SimpleNamespace:
     """The pieces of the `tensorboard` package the log uses, or a one-line ConfigError."""
     try:
-        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.record_writer import RecordWriter
@@ -67,7 +69,7 @@ def require_tensorboard() -> SimpleNamespace:
                           "extra: pip install 'minigpt-lab[tensorboard]' (or set "
                           "train.tensorboard: false)") from None
     return SimpleNamespace(Event=Event, SessionLog=SessionLog, Summary=Summary,
-                           RecordWriter=RecordWriter, RawEventFileLoader=RawEventFileLoader)
+                           RecordWriter=RecordWriter)
 
 
 def tensorboard_log(t: TrainConfig, run_dir: Path, *, fresh: bool,
@@ -105,6 +107,7 @@ class TensorBoardLog:
         self._held: list[bytes] | None = None if fresh else []  # until the first commit
         self._file = None
         self._writer = None
+        self._plan: list[tuple[Path, bytes | None]] = []  # a resume's cuts (`_plan_cut`)
         self.path: Path | None = None  # this session's event file, once open
 
     def __call__(self, event: object) -> None:
@@ -112,6 +115,8 @@ class TensorBoardLog:
             self.resumed_at = event.start_step
             if self.fresh:
                 self._open()
+            else:  # before the first commit: what it will do is checked, nothing written
+                self._plan = self._plan_cut(self.resumed_at)
         record = metrics_record(event)
         if record is not None:
             values = scalars(record)
@@ -120,7 +125,7 @@ class TensorBoardLog:
         elif isinstance(event, CheckpointEvent):
             if self._held is not None:  # the session's first commit: its records are the run's
                 held, self._held = self._held, None
-                self._cut(self.resumed_at)
+                self._apply(self._plan)
                 self._open(restart_at=self.resumed_at + 1)
                 for data in held:
                     self._write(data)
@@ -176,28 +181,66 @@ class TensorBoardLog:
         except OSError as e:
             raise disk_error(e, self.path) from None
 
-    def _cut(self, step: int) -> None:
-        """Cut every event file already in the directory to the events of steps <= `step`
-        (a torn last record goes too); a file left with no data is removed."""
-        tb = self.tb
-        for path in sorted(self.dir.glob("*tfevents*")) if self.dir.is_dir() else []:
-            if not path.is_file():
-                continue
-            records = list(tb.RawEventFileLoader(str(path)).Load())
-            keep = [r for r in records if tb.Event.FromString(r).step <= step]
-            if len(keep) == len(records) and path.stat().st_size == _size(records):
+    def _plan_cut(self, step: int) -> list[tuple[Path, bytes | None]]:
+        """What cutting every event file already in the directory to the events of steps <=
+        `step` takes (a torn last record goes too): (path, its new bytes, or None: remove it,
+        as it holds no data then), read and checked now, before a resumed session's first
+        commit, so that what `_apply` does after it cannot fail on what is there. A
+        `tensorboard` that is no directory, cannot be written, or holds a file that is not an
+        event file is one MinigptError line, and nothing is changed."""
+        tb, where = self.tb, self.dir
+        if os.path.lexists(where) and not where.is_dir():
+            raise MinigptError(f"{where} is not a directory, so the TensorBoard event files "
+                               "cannot go there; move it away or set train.tensorboard: false")
+        if not os.access(where if where.is_dir() else where.parent, os.W_OK | os.X_OK):
+            raise MinigptError(f"cannot write {where} (permission denied); make it writable "
+                               "or set train.tensorboard: false")
+        plan = []
+        for path in sorted(where.glob("*tfevents*")) if where.is_dir() else []:
+            data = read_file(path, LARGE_CAP)
+            records = _records(data)
+            try:
+                events = [tb.Event.FromString(r) for r in records]
+            except Exception:  # noqa: BLE001 - protobuf's DecodeError (its module varies)
+                events = None
+            if events is None or any(e.wall_time <= 0 for e in events):
+                raise MinigptError(f"{path} is not a TensorBoard event file (a record that is "
+                                   "not an event); move it out of the run directory")
+            keep = [r for r, e in zip(records, events, strict=True) if e.step <= step]
+            if len(keep) == len(records) and len(data) == _size(records):
                 continue
             if not any(tb.Event.FromString(r).HasField("summary") for r in keep):
-                try:
-                    path.unlink()
-                except OSError as e:
-                    raise disk_error(e, path) from None
+                plan.append((path, None))
                 continue
             buf = io.BytesIO()
             writer = tb.RecordWriter(buf)
             for r in keep:
                 writer.write(r)
-            atomic_write_bytes(path, buf.getvalue())
+            plan.append((path, buf.getvalue()))
+        return plan
+
+    def _apply(self, plan: list[tuple[Path, bytes | None]]) -> None:
+        for path, data in plan:
+            if data is not None:
+                atomic_write_bytes(path, data)
+                continue
+            try:
+                path.unlink()
+            except OSError as e:
+                raise disk_error(e, path) from None
+
+
+def _records(data: bytes) -> list[bytes]:
+    """The records of a TFRecord file's bytes (8-byte length, 4-byte CRC, the record, 4-byte
+    CRC each); a last record cut short (a killed writer) is left out."""
+    out, at = [], 0
+    while at + 12 <= len(data):
+        n = int.from_bytes(data[at: at + 8], "little")
+        if at + 16 + n > len(data):
+            break
+        out.append(data[at + 12: at + 12 + n])
+        at += 16 + n
+    return out
 
 
 def _size(records: list[bytes]) -> int:

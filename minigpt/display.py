@@ -1,0 +1,39 @@
+"""Untrusted text made safe to show: the one list of characters that must never reach a
+terminal (or a label) raw, and the two ways minigpt shows them.
+
+Text from elsewhere (run and file names, error messages quoting them, generated samples, token
+strings) may hold characters that a terminal obeys instead of showing: C0 controls (ESC starts
+an escape sequence that moves the cursor or recolours the screen, CR overwrites a line), DEL,
+C1 controls (U+009B is a one-character CSI on many terminals), the line and paragraph
+separators, and the bidirectional marks, embeddings, overrides and isolates (which reorder
+what is shown, so a line can read differently from what it holds). Each is shown escaped,
+`\\xNN` below U+0100 and `\\uNNNN` above.
+
+- `printable(text, keep="")`: every such character escaped except those in `keep` (a sample's
+  newlines and tabs, say, which are its layout, not a command).
+- `visible_token(s, max_len)`: a token's text for labels: whitespace made visible (space ·,
+  newline ↵, tab →, CR ␍), every other such character escaped.
+"""
+
+from __future__ import annotations
+
+CONTROLS = frozenset([*range(0x20), *range(0x7F, 0xA0), 0x200E, 0x200F, 0x2028, 0x2029,
+                      *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+_ESCAPED = {c: (f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}") for c in CONTROLS}
+_VISIBLE_WHITESPACE = {ord(" "): "·", ord("\n"): "↵", ord("\t"): "→", ord("\r"): "␍"}
+
+
+def printable(text: object, keep: str = "") -> str:
+    """`str(text)` with every character of CONTROLS escaped, except those in `keep`."""
+    table = _ESCAPED if not keep else {c: e for c, e in _ESCAPED.items() if chr(c) not in keep}
+    return str(text).translate(table)
+
+
+def visible_token(s: str, max_len: int = 0) -> str:
+    """A token's text for labels: whitespace made visible (space ·, newline ↵, tab →, CR ␍),
+    every other control escaped, shortened to `max_len` characters with … (0 = no limit);
+    the empty string is ∅."""
+    text = s.translate(_VISIBLE_WHITESPACE).translate(_ESCAPED) or "∅"
+    if max_len and len(text) > max_len:
+        text = text[: max_len - 1] + "…"
+    return text

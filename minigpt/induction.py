@@ -1,0 +1,93 @@
+"""Synthetic induction data (`data.source: induction`): no corpus; every row of token ids is
+drawn from a seed, so a batch is a function of its offsets, as the corpus's batches are.
+
+An "offset" is a per-sequence seed; each row of block_size + 1 ids in [0, data.induction_vocab)
+is drawn from its seed. Two layouts (data.induction_* in docs/config.md):
+- induction_min_period = 0: a random block r of block_size // 2 ids repeated, x = [r, r] (plus
+  r[0] when block_size is odd); the second half is predictable from the first.
+- induction_min_period = m > 0: back-to-back pairs (s, s) of random segments, each segment's
+  length drawn from [m, induction_max_period or block_size // 2] (the last one shortened to fit,
+  at least 2; a tail too short for that stays random). The distance between a token and its
+  copy changes from pair to pair, so only content matching (an induction head) predicts the
+  copies: one fixed period, or a sequence repeated periodically, can be predicted by heads that
+  attend at fixed offsets, which is not induction.
+With induction_distinct, a row's new ids (segments and tail) are drawn without replacement, so
+every repeated id in a row is part of a copy, as in the induction probe: no chance repeats that
+an induction head would mispredict. Measured on configs/induction.yaml: without it the
+induction score sank from ~0.95 to 0.74-0.87 as training went on; with it 0.897-0.981.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from minigpt.device import batch_to
+
+_SALT = {"train": 0, "val": 1}  # train and val draw from different streams
+
+
+@dataclass
+class InductionData:
+    """Rows of ids in [0, vocab), answering data.Dataset's `sample_offsets` and `get_batch`."""
+
+    block_size: int
+    vocab: int               # data.induction_vocab: ids in [0, vocab)
+    min_period: int = 0      # > 0: pairs layout, segment lengths from [this, max_period]
+    max_period: int = 0      # 0: block_size // 2
+    distinct: bool = False   # new ids of a row drawn without replacement
+    bytes_per_token: float = 1.0  # no text: bits per "byte" are bits per token
+
+    def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n,) int64 sequence seeds drawn from `generator`."""
+        _salt(split)
+        return torch.randint(2**62, (n,), generator=generator, dtype=torch.long)
+
+    def get_batch(self, split: str, offsets: torch.Tensor, device: torch.device | str = "cpu"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (n, block_size) int64 on `device`; y[:, t] is the token after x[:, t]."""
+        rows = self.rows(split, offsets)  # (n, block_size + 1)
+        return batch_to(rows[:, :-1], rows[:, 1:], device)
+
+    def rows(self, split: str, offsets: torch.Tensor) -> torch.Tensor:
+        """(n, block_size + 1) ids: row i is drawn from seed offsets[i] (module docstring)."""
+        salt = _salt(split)
+        T1 = self.block_size + 1
+        half = max(1, self.block_size // 2)
+        g = torch.Generator()
+        rows = torch.empty(len(offsets), T1, dtype=torch.long)
+        for i, seed in enumerate(offsets.tolist()):
+            g.manual_seed(int(seed) * 2 + salt)
+            # New ids: i.i.d. draws, or (distinct) a permutation's prefix: no id repeats by chance.
+            fresh = (torch.randperm(self.vocab, generator=g) if self.distinct
+                     else torch.randint(self.vocab, (T1,), generator=g))
+            if not self.min_period:  # [r, r]: one block of `half` ids repeated
+                rows[i] = fresh[:half].repeat(math.ceil(T1 / half))[:T1]
+            else:
+                rows[i] = self._pairs(fresh, g, T1, half)
+        return rows
+
+    def _pairs(self, fresh: torch.Tensor, g: torch.Generator, T1: int, half: int) -> torch.Tensor:
+        """One row of back-to-back pairs (s, s) of segments (module docstring)."""
+        lo, hi = self.min_period, self.max_period or half
+        # i.i.d.: each segment is the draws at its own positions; distinct: filled below
+        row = torch.empty(T1, dtype=torch.long) if self.distinct else fresh.clone()
+        pos, used = 0, 0  # positions filled; ids of `fresh` consumed (distinct)
+        while (T1 - pos) // 2 >= 2:
+            n = min(int(torch.randint(lo, hi + 1, (1,), generator=g)), (T1 - pos) // 2)
+            if self.distinct:
+                row[pos: pos + n] = fresh[used: used + n]
+                used += n
+            row[pos + n: pos + 2 * n] = row[pos: pos + n]  # the copy of this segment
+            pos += 2 * n
+        if self.distinct:
+            row[pos:] = fresh[used: used + T1 - pos]  # a tail too short for a pair: new ids
+        return row
+
+
+def _salt(split: str) -> int:
+    if split not in _SALT:
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    return _SALT[split]

@@ -1,0 +1,58 @@
+"""The one sanitiser of untrusted text (minigpt.display): every control a terminal obeys is
+escaped, in names and messages (`printable`), in generated samples printed by `minigpt train`
+(newlines and tabs kept), and in token labels (`visible_token`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from minigpt import events
+from minigpt.display import CONTROLS, printable, visible_token
+
+# One of each kind: ESC (C0), CR (C0, overwrites a line), DEL, CSI (C1), NEL (C1), the line
+# separator, a right-to-left override and isolate, a right-to-left mark.
+HOSTILE = {"\x1b": "\\x1b", "\r": "\\x0d", "\x7f": "\\x7f", "\x9b": "\\x9b", "\x85": "\\x85",
+           "\u2028": "\\u2028", "\u202e": "\\u202e", "\u2067": "\\u2067", "\u200f": "\\u200f"}
+
+
+@pytest.mark.parametrize(("char", "shown"), HOSTILE.items())
+def test_printable_escapes_every_kind_of_control(char, shown):
+    assert printable(f"run{char}[31mname") == f"run{shown}[31mname"
+    assert ord(char) in CONTROLS
+
+
+def test_printable_keeps_only_what_it_is_told_and_ordinary_text():
+    text = "a\nb\tc\x1b\u202ed"
+    assert printable(text) == "a\\x0ab\\x09c\\x1b\\u202ed"
+    assert printable(text, keep="\n\t") == "a\nb\tc\\x1b\\u202ed"
+    plain = "ROMEO: é ü ß 東京 😀 ·"  # printable non-ASCII stays as it is
+    assert printable(plain) == plain
+    assert printable(3) == "3"
+
+
+def test_every_control_is_escaped_and_nothing_else_below_u_0100():
+    for c in range(0x100):
+        out = printable(chr(c))
+        assert (out != chr(c)) == (c in CONTROLS), hex(c)
+    assert all(printable(chr(c)).isprintable() for c in CONTROLS)
+
+
+def test_visible_token():
+    assert visible_token(" a\n\tb\r") == "·a↵→b␍"
+    assert visible_token("\x01\x7f\x9b\u202e") == "\\x01\\x7f\\x9b\\u202e"
+    assert visible_token("") == "∅"
+    assert visible_token("abcdefghij", 5) == "abcd…"
+
+
+def test_train_prints_a_sample_with_its_controls_escaped(capsys):
+    """A generated sample is untrusted text: its layout (newlines, tabs) is kept, every other
+    control (here a C1 CSI and a right-to-left override) is escaped."""
+    from minigpt.cli.train import _TrainView
+
+    view = _TrainView()
+    view.tty = False  # plain lines on stderr
+    view.on_event(events.EvalEvent(10, 2.0, 7.4, 2.9, 2.0, 2.9, 1.0,
+                                   [("ROMEO:", " hi\x9b2J\n\tthere\u202etxt.exe\x1b[0m")], 640))
+    err = capsys.readouterr().err
+    assert "  | ROMEO: hi\\x9b2J\n  | \tthere\\u202etxt.exe\\x1b[0m" in err
+    assert not any(ord(ch) in CONTROLS - {0x0A, 0x09} for ch in err)
