@@ -123,9 +123,8 @@ def test_one_head_share_is_its_output_read_by_the_unembedding():
     la, h, D = 1, 2, model.cfg.head_dim
     w_o = model.blocks[la].attn.c_proj.weight[:, h * D:(h + 1) * D]  # (C, D)
     out = zs[la][0, h] @ w_o.T  # (T, C)
-    resid = model.ln_f  # the scale comes from the final residual, recomputed via a forward hook
-    final = []
-    handle = resid.register_forward_hook(lambda m, i, o: final.append(i[0]))
+    final = []  # the final residual: the last block's output, read with a forward hook
+    handle = model.blocks[-1].register_forward_hook(lambda m, i, o: final.append(o[0]))
     model(torch.tensor([ids]))
     handle.remove()
     x = final[0][0, pos]

@@ -33,8 +33,8 @@ LayerOpt = Annotated[list[int] | None, typer.Option(
 HeadOpt = Annotated[list[int] | None, typer.Option(
     "--head", help="Head to show (repeatable). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="table (terminal), png, html, safetensors, json; repeatable or "
-    "comma-separated. Default: table.")]
+    "--format", help="Files to write as well: png, html, safetensors, json (table: none); "
+    "repeatable or comma-separated. The table is printed in every case, except with --json.")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", help="Directory for the files. Default: <run>/heads/.")]
 MaxTokensOpt = Annotated[int | None, typer.Option(
@@ -91,17 +91,17 @@ def inspect_heads_command(
     answer: AnswerOpt = None, wrong: WrongOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.core.generate import check_seed
-    from minigpt.core.heads import check_mode
+    from minigpt.core.sampling import check_seed
+    from minigpt.heads.flags import check_ablate, parse_formats
+
+    fmts = parse_formats(formats or [])  # the flags before torch loads
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
+    check_ablate(ablate)
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
     from minigpt.inputs import load_run_or_model
 
-    fmts = output.parse_formats(formats or [])
-    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
-    if ablate is not None:
-        check_mode(ablate)  # before loading anything
     loaded = load_run_or_model(run, model, device, checkpoint)
     if run is None and model is None:
         say(f"using the latest run: {loaded.run_dir}")
@@ -136,7 +136,7 @@ def inspect_heads_command(
     if json_out:
         sys.stdout.write(json.dumps(insp.to_json(layers, heads), ensure_ascii=False) + "\n")
         sys.stdout.flush()
-    elif "table" in fmts:
+    else:  # the table is printed whatever files were asked for (--json: the JSON instead)
         _print_tables(insp, layers, heads)
 
 
@@ -255,7 +255,8 @@ def _caption(insp, headers: set[str]) -> str:
              "delim": "delim = delimiter", "ent": "ent = entropy (0 focused .. 1 uniform)"}
     parts = ["L = layer, H = head"] + [w for k, w in words.items() if k in headers]
     if "ablate" in headers:
-        parts.append(f"ablate = nats/token lost with the head {insp.ablation.mode}-ablated")
+        parts.append(f"ablate = the loss added (nats/token) with the head "
+                     f"{insp.ablation.mode}-ablated (red: the larger)")
     if "dla" in headers:
         parts.append("dla = the head's direct share of the logit")
     if "patch" in headers:
@@ -334,8 +335,9 @@ def _heat(v: float):
 
 
 def _attention_table(insp, la: int, h: int, width: int):
-    """One head's weights (x100) as a T x T table: query rows, key columns, upper triangle blank.
-    Only the first tokens that fit the terminal are shown (the files show all of them)."""
+    """One head's weights (x100) as a table: query rows, key columns, future keys blank. When
+    the map does not fit the terminal, the last queries and the keys they attend to most
+    (`Inspection.window`), and the caption says what is left out."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -343,22 +345,25 @@ def _attention_table(insp, la: int, h: int, width: int):
     from minigpt.display import visible_token
 
     T = len(insp.tokens)
-    n = min(T, max(8, (width - 14) // 4))
+    rows, cols = insp.window(la, h, max(8, (width - 14) // 4))
     attn = insp.attention[la, h]
-    note = "" if n == T else f"; first {n} of {T} tokens (widen the terminal or use png/html)"
+    note = "" if len(rows) == T else (
+        f"; {T} tokens do not fit {width} columns: queries {rows[0]}..{rows[-1]} and the "
+        f"{len(cols)} keys they attend to most (gaps in the key numbers are keys left out; "
+        "widen the terminal or use --format png/html for all)")
     table = Table(title=f"layer {la} head {h}: {insp.dominant(la, h)}",
-                  caption=f"attention x100, rows = queries, columns = keys{note}",
+                  caption=f"attention x100, rows = queries, columns = keys, . = under 0.5, "
+                  f"blank = a future key{note}",
                   box=box.SIMPLE, padding=(0, 0), pad_edge=False, collapse_padding=True)
     table.add_column("query", no_wrap=True)
-    for j in range(n):
+    for j in cols:
         table.add_column(Text(f"{j}\n{visible_token(insp.token_strs[j], 3)}"), justify="right",
                          no_wrap=True, min_width=3)
-    for t in range(n):
+    for t in rows:
         cells = []
-        for j in range(n):
+        for j in cols:
             v = float(attn[t, j])
             cells.append(Text("") if j > t else
                          Text(f"{round(v * 100):3d}" if v >= 0.005 else "  .", style=_shade(v)))
         table.add_row(Text(f"{t:>3} {visible_token(insp.token_strs[t], 8)}"), *cells)
     return table
-

@@ -42,6 +42,10 @@ from minigpt.heads.probes import ProbeInput
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
 
+# The order in which head kinds are worth showing first (`Inspection.most_distinctive`): the
+# circuits the lecture builds up to before the attention sinks most text heads park on.
+SHOW_FIRST = ("induction", "previous", "duplicate", "delimiter", "self", "first")
+
 
 @dataclass
 class Inspection:
@@ -65,6 +69,7 @@ class Inspection:
     dla: Attribution | None = None  # each head's direct share of the logit (heads.circuits)
     patch: Patching | None = None  # each head patched from a corrupted input
     composition: Composition | None = None  # Q/K/V composition from the weights
+    copy_start: int | None = None    # induction probe: the position its second copy starts at
 
     @property
     def n_layer(self) -> int:
@@ -83,6 +88,38 @@ class Inspection:
 
     def dominant(self, layer: int, head: int) -> str:
         return dominant_type(self.head_scores(layer, head))
+
+    def most_distinctive(self, pairs: Sequence[tuple[int, int]] | None = None
+                         ) -> tuple[int, int]:
+        """The head to show first, among `pairs` (None: all): of the kinds in SHOW_FIRST order
+        (induction first: the reason a student opens the induction probe), the first that some
+        head has as its dominant type, and of those heads the one scoring highest on it; no
+        head with a dominant pattern: the one with the highest pattern score."""
+        pairs = list(pairs) if pairs else [(la, h) for la in range(self.n_layer)
+                                           for h in range(self.n_head)]
+
+        def score(pair: tuple[int, int], kind: str) -> float:
+            v = float(self.scores[kind][pair])
+            return -1.0 if math.isnan(v) else v
+
+        for kind in SHOW_FIRST:
+            found = [p for p in pairs if self.dominant(*p) == kind]
+            if found:
+                return max(found, key=lambda p: score(p, kind))
+        return max(pairs, key=lambda p: max(score(p, k) for k in SHOW_FIRST))
+
+    def window(self, layer: int, head: int, n: int) -> tuple[list[int], list[int]]:
+        """Which queries and keys of map (layer, head) to show when only `n` of each fit (a
+        terminal): the last n queries (the ones with the most context; on the induction probe
+        the second copy, where induction heads differ from the rest) and the n keys they give
+        the most attention, in order. All of them when T <= n."""
+        T = len(self.tokens)
+        if T <= n:
+            return list(range(T)), list(range(T))
+        rows = list(range(T - n, T))
+        mass = self.attention[layer, head, rows].sum(0)  # (T,) attention each key receives
+        cols = sorted(torch.topk(mass, n, sorted=False).indices.tolist())
+        return rows, cols
 
     def head_row(self, layer: int, head: int, digits: int = 6) -> dict:
         """One head's numbers as JSON: layer, head, dominant type and every score rounded to
@@ -157,9 +194,11 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
                                 scored=inp.scored, minimum=inp.min_tokens, seed=seed)
     scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
+    copy_start = (inp.positions[0] if inp.source == "probe:induction" and inp.positions
+                  else None)
     insp = Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
                       scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
-                      run=run, step=step, ablation=ablation)
+                      run=run, step=step, ablation=ablation, copy_start=copy_start)
     if circuits is not None:
         measure_circuits(insp, model, circuits, inp.positions)
     return insp

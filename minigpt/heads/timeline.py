@@ -165,7 +165,9 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
         for kind, ls, color in styles:
             best = [max((v for v in r["scores"][kind][la] if v is not None), default=float("nan"))
                     for r in recs]
-            ax.plot(steps, best, ls, color=color, label=f"best {kind}", linewidth=1.5)
+            # markers: one measurement is a point (a line through one point draws nothing)
+            ax.plot(steps, best, ls, color=color, label=f"best {kind}", linewidth=1.5,
+                    marker="o" if len(steps) <= 40 else None, markersize=3)
         ax.axhline(FORMED, color="grey", linewidth=0.8, linestyle=":")
         ax.set_ylim(-0.02, 1.02)
         ax.set_ylabel(f"layer {la}")
