@@ -149,6 +149,7 @@ class TrainConfig:
     precision: str = setting("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere",
                        choices=("auto", "fp32", "bf16"))
     compile: str = setting("auto", "torch.compile: auto = on for CUDA only", choices=("auto", "true", "false"))
+    threads: int = setting(0, "CPU threads training uses (torch intra-op); 0 = torch's default (OMP_NUM_THREADS, else the cores); on a machine busy with other work, 1 (docs/cli.md#threads)", min=0)
     keep_checkpoints: int = setting(1, "committed checkpoints kept, newest first; older ones are deleted after each save", min=1)
     head_scores_interval: str = setting("eval", "score every head on the built-in probes every N steps (metrics.jsonl, heads.png); eval = at each evaluation, off = never")
     stop_when_formed: list[str] = setting([], "end training at the first head-score measurement that finds, for each of these kinds (induction, previous, duplicate, first), a head scoring >= 0.9; [] = train to max_steps", choices=HEAD_KINDS)  # noqa: RUF009 - setting() returns a field(default_factory=...)

@@ -105,7 +105,13 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None 
         if dc.induction_vocab > tokenizer.n_vocab:
             raise MinigptError(f"data.induction_vocab: {dc.induction_vocab} exceeds the "
                                f"tokenizer's {tokenizer.n_vocab} ids; lower it")
-        on_event(DatasetReady(None, 0, 0, cached=False))
+        lo, hi = dc.induction_min_period, dc.induction_max_period or T // 2
+        rows = (f"segments of {lo}-{hi} random ids, each followed by its copy" if lo else
+                f"a block of {T // 2} random ids repeated")
+        on_event(DatasetReady(None, 0, 0, cached=False, synthetic=(
+            f"synthetic induction rows of {T + 1} ids from 0..{dc.induction_vocab - 1} ("
+            f"{rows}{', no id twice' if dc.induction_distinct else ''}), drawn fresh for "
+            "every batch")))
         return InductionData(T, dc.induction_vocab, dc.induction_min_period,
                              dc.induction_max_period, dc.induction_distinct)
 

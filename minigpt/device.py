@@ -2,7 +2,7 @@
 mixed precision is bf16 autocast where the hardware has it; how much memory a run may use;
 how many CPU threads decoding uses (`decode_threads`, the one policy, and `decoding_threads`,
 the block `minigpt sample` and `minigpt bench --suite sample` both decode in, so the bench
-times what sample runs)."""
+times what sample runs) and training uses (`training_threads`, train.threads)."""
 
 from __future__ import annotations
 
@@ -136,5 +136,21 @@ def decoding_threads(model: torch.nn.Module) -> Iterator[int]:
     try:
         torch.set_num_threads(threads)
         yield threads
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def training_threads(threads: int) -> Iterator[int]:
+    """Train on `threads` intra-op threads (train.threads; 0 = torch's current setting:
+    OMP_NUM_THREADS, else the cores); yields the count in use, and restores the caller's
+    setting afterwards. On a machine busy with other work a second thread spin-waits for a
+    time slice at every op: a 150-step `--config bytes` run beside another trainer took many
+    times longer on 2 threads than on 1 (docs/cli.md, "Threads")."""
+    before = torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)

@@ -72,10 +72,11 @@ class CorpusProgress:
 @dataclass
 class DatasetReady:
     cache_path: Path | None    # None for induction
-    n_train: int
+    n_train: int               # 0 for induction: its rows are drawn from seeds, never stored
     n_val: int
     cached: bool               # True when an existing cache was reused
     corpus_files: tuple[Path, ...] = ()  # the resolved corpus files (empty for induction)
+    synthetic: str = ""        # induction: what its rows are, in words
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -92,6 +93,8 @@ class StartEvent:
     tokens_per_step: int     # batch_size * block_size
     n_vocab: int
     bytes_per_token: float
+    threads: int = 0         # CPU intra-op threads training runs on (0: not on CPU)
+    data_source: str = "text"  # data.source: text, or induction (synthetic ids, no bytes)
 
 
 @dataclass
@@ -124,6 +127,10 @@ class EvalEvent:
     elapsed: float
     samples: list[tuple[str, str]]  # (prompt, generated text)
     tokens_seen: int
+    # data.source induction (train/copies.py): loss and top-1 accuracy on the copy positions
+    copy_loss: float = math.nan
+    copy_accuracy: float = math.nan
+    best_step: int = 0       # the step of best_val_loss
 
 
 @dataclass
@@ -132,6 +139,7 @@ class HeadScoresEvent:
     step: int
     seconds: float           # how long the measurement took
     scores: dict[str, list]  # {score name: n_layer x n_head}
+    circuit: dict | None = None  # the induction circuit's K-composition and best DLA head
 
 
 @dataclass
@@ -165,23 +173,48 @@ class DoneEvent:
     best_val_loss: float     # nan if never evaluated
     best_val_bpb: float
     checkpoint: Path | None
+    best_step: int = 0       # the step of best_val_loss
+    last_eval: EvalEvent | None = None  # this session's last evaluation (the saved model's)
+    data_source: str = "text"  # data.source
 
     def summary_rows(self) -> list[tuple[str, str]]:
-        """The end-of-run figures (summary.md and the CLI's table share them)."""
-        def fmt(x: float) -> str:
-            return f"{x:.4f}" if math.isfinite(x) else "n/a"
-
-        return [
+        """The end-of-run figures (summary.md and the CLI's table share them): the best and the
+        last validation value side by side (the saved weights are the last step's)."""
+        last = self.last_eval
+        rows = [
             ("status", f"{self.reason} at step {self.step}/{self.max_steps}"),
             ("parameters", f"{self.params:,}"),
             ("tokens seen", f"{self.tokens_seen:,}"),
             ("wall time", f"{self.wall_time:.1f} s"),
             ("tokens/s", f"{self.tokens_per_s:,.0f}"),
-            ("best val loss", fmt(self.best_val_loss)),
-            ("best val bits/byte", fmt(self.best_val_bpb)),
-            ("run directory", str(self.run_dir)),
-            ("sample", f"minigpt sample --run {shlex.quote(str(self.run_dir))}"),
         ]
+        run = shlex.quote(str(self.run_dir))
+        if self.data_source == "induction":  # synthetic ids: no bytes, no text to sample
+            if last is not None and math.isfinite(last.copy_loss):
+                copies = (f"loss {last.copy_loss:.4f} nats/token, "
+                          f"{100 * last.copy_accuracy:.1f}% predicted, at step {last.step}")
+                rows.append(("copies (val)", copies))
+            rows += [("val loss, all positions", _best_last(self.best_val_loss, self.best_step,
+                                                             last and last.val_loss, last))]
+            return [*rows, ("run directory", str(self.run_dir)),
+                    ("next", f"minigpt inspect-heads --run {run} --probe induction")]
+        rows += [("val loss", _best_last(self.best_val_loss, self.best_step,
+                                         last and last.val_loss, last)),
+                 ("val bits/byte", _best_last(self.best_val_bpb, self.best_step,
+                                              last and last.val_bpb, last)),
+                 ("run directory", str(self.run_dir)),
+                 ("sample", f"minigpt sample --run {run}")]
+        return rows
+
+
+def _best_last(best: float, best_step: int, last: float | None, ev: EvalEvent | None) -> str:
+    """'best B at step S; last L at step N (saved)': the two differ once validation rises."""
+    if not math.isfinite(best):
+        return "n/a"
+    text = f"best {best:.4f}" + (f" at step {best_step}" if best_step else "")
+    if ev is not None and last is not None and math.isfinite(last) and ev.step != best_step:
+        text += f"; last {last:.4f} at step {ev.step} (the saved model)"
+    return text
 
 
 # -- bench ------------------------------------------------------------------------------------

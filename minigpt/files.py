@@ -68,6 +68,13 @@ def disk_error(e: OSError, path: Path) -> WriteError:
     return WriteError(msg, path, e.errno)
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def not_replaceable(path: str | Path) -> str | None:
     """Why a write must not replace what is at `path` ("it is a FIFO, not a regular file"), or
     None: nothing is there, or a regular file (a symlink to one included)."""
@@ -105,6 +112,7 @@ def atomic_file(path: Path) -> Iterator[IO[bytes]]:
     except OSError as e:
         raise disk_error(e, path) from None
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> what open() would give
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()

@@ -53,6 +53,7 @@ from minigpt.errors import ArgumentError, MinigptError
 from minigpt.files import check_new_path, new_output
 from minigpt.hf.arch import GPT2, export_kind
 from minigpt.hf.tokenizer import bpe_vocab
+from minigpt.hf.weights import zero_mlp
 from minigpt.run.checkpoint import model_tensors
 from minigpt.run.load import LoadedRun
 from minigpt.tokenizer import EOT, PATTERNS, Tokenizer
@@ -161,6 +162,8 @@ def gguf_tensors(loaded: LoadedRun, dtype: str = "f32") -> dict[str, np.ndarray]
     kind = export_kind(m)
     state = {k: v.detach().to("cpu", torch.float32) for k, v in
              model_tensors(loaded.model).items()}
+    if not m.mlp:  # attention-only: zero MLPs, the same function (hf.weights.zero_mlp)
+        state = {**zero_mlp(m), **state}
 
     def get(name: str, rows: int) -> torch.Tensor:
         return state[name] if name in state else torch.zeros(rows)  # bias=False: zeros

@@ -226,3 +226,66 @@ def test_bad_ablation_input_is_one_line(tiny_run, tmp_path, args, needle):
     r = run_cli("inspect-heads", "--run", str(tiny_run), *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [f"error: {needle}"]
+
+
+# --------------------------------------------------------------------------------------------
+# From the residual stream: the rows of layer l start at layer l and equal a full recompute.
+
+
+@pytest.mark.parametrize("shape", [
+    {"pos_encoding": "rope", "qk_norm": True},
+    {"pos_encoding": "learned", "bias": True, "activation": "gelu_tanh", "tie_weights": False},
+])
+def test_from_the_residual_stream_equals_the_whole_pass_per_head(shape):
+    """Every head, every mode, scored on a subset of positions: `ablate_heads` (rows started
+    from the clean residual stream at their layer, LM head at the scored positions only)
+    equals ablating that head alone in a whole forward pass (1e-5)."""
+    from minigpt.core.gpt import AttnSpec
+    from minigpt.core.heads import _resampled_outputs
+
+    cfg = ModelConfig(n_layer=4, n_head=4, n_embd=32, block_size=24, vocab_size=50, **shape)
+    model = GPT.from_config(cfg, seed=6).eval()
+    with torch.no_grad():  # norms and biases away from 1 and 0
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()))
+                   * 0.05)
+    ids = torch.randint(0, 50, (22,), generator=torch.Generator().manual_seed(8)).tolist()
+    pos = list(range(9, 21))
+    x, y = torch.tensor([ids]), torch.tensor(ids[1:])[pos]
+
+    def loss(spec) -> float:
+        return torch.nn.functional.cross_entropy(model(x, attn=spec)[0][0, pos], y).item()
+
+    with torch.no_grad():
+        reference = _resampled_outputs(model, x, 2)
+        for mode in MODES:
+            ab = ablate_heads(model, ids, mode, positions=pos, seed=2)
+            base = loss(AttnSpec())
+            assert ab.base_loss == pytest.approx(base, abs=1e-5)
+            for layer in range(4):
+                for head in range(4):
+                    def hook(i, z, layer=layer, head=head, mode=mode):
+                        if i != layer:
+                            return z
+                        z = z.clone()
+                        z[:, head] = {"zero": 0.0, "mean": z[:, head].mean(dim=1, keepdim=True),
+                                      "resample": reference[i][:, head]}[mode]
+                        return z
+                    want = loss(AttnSpec(head_hook=hook)) - base
+                    assert ab.effect[layer, head].item() == pytest.approx(want, abs=1e-5)
+            assert ab.effect.abs().max() > 1e-3
+
+
+def test_residual_stream_and_from_layer_are_the_forward_pass():
+    """`residual_stream` holds what enters each block and leaves the last; `unembed` of the
+    last is the forward's logits; `from_layer(l, stream[l])` gives the last again."""
+    cfg = ModelConfig(n_layer=3, n_head=2, n_embd=16, block_size=12, vocab_size=30,
+                      logit_softcap=5.0)
+    model = GPT.from_config(cfg, seed=1).eval()
+    idx = torch.randint(0, 30, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        stream = model.residual_stream(idx)
+        assert len(stream) == 4 and all(s.shape == (2, 12, 16) for s in stream)
+        assert torch.equal(model.unembed(stream[-1]), model(idx)[0])
+        for layer in range(3):
+            assert torch.allclose(model.from_layer(layer, stream[layer]), stream[-1], atol=1e-6)

@@ -200,6 +200,8 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
         assert "sampling from" in r.stderr
     elif argv[0] == "inspect-heads":
         assert "explicit vs SDPA" in r.stderr + r.stdout
+        if "--json" not in argv:  # the table, whatever files were asked for (issue 34)
+            assert "head scores" in r.stdout, r.stdout
         for fmt, name in (("html", "attention.html"), ("png", "attention_grid.png")):
             if fmt in argv:
                 written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
@@ -375,6 +377,12 @@ def test_the_docs_in_order_from_an_empty_directory(program, env, tmp_path):
             assert "from step 3" in r.stderr and "step 5/5" in r.stderr
         if argv[0] == "bench":
             json.loads(r.stdout.strip().splitlines()[-1])  # the compact summary line
+        if argv[:3] == ["train", "--config", "induction"]:
+            # the README's sample command again, now that the newest run is the induction
+            # run: it samples the text run, and says it passed the other one over (issue 34)
+            again = minigpt(program, ["sample", "-p", "ROMEO:", "-n", "20"], cwd, env)
+            assert "passing over runs/induction" in again.stderr, again.stderr
+            assert "from the latest run trained on text, runs/default" in again.stderr
     assert {p.name for p in (cwd / "runs").iterdir()} >= {"default", "speedrun", "bytes",
                                                          "induction", "mine"}
 

@@ -118,7 +118,7 @@ def test_damaged_and_null_records_are_skipped_or_gaps(tmp_path, trained_runs):
     assert s.step[-1] == 7 and math.isnan(s.loss[-1])  # non-finite loss (null): a gap
 
 
-def test_overlay_has_every_run_against_step_and_wall_time(trained_runs):
+def test_overlay_has_every_run_against_step_and_tokens_seen(trained_runs):
     runs = [read_series(trained_runs[n]["dir"]) for n in ("finished", "stopped")]
     fig = overlay_figure(runs)
     (by_step, by_time), (bpb_step, bpb_time) = [fig.axes[0:2], fig.axes[2:4]]
@@ -127,10 +127,10 @@ def test_overlay_has_every_run_against_step_and_wall_time(trained_runs):
         assert line_step.get_label() == s.name
         assert line_step.get_xydata().tolist() == [list(p) for p in zip(s.step, s.loss,
                                                                         strict=True)]
-        assert line_time.get_xydata().tolist() == [list(p) for p in zip(s.elapsed, s.loss,
+        assert line_time.get_xydata().tolist() == [list(p) for p in zip(s.tokens, s.loss,
                                                                         strict=True)]
     assert len(bpb_step.get_lines()) == len(bpb_time.get_lines()) == 2
-    assert "wall time" in bpb_time.get_xlabel()
+    assert "tokens seen" in bpb_time.get_xlabel()
 
 
 def test_curves_command_writes_the_overlay(trained_runs, tmp_path):

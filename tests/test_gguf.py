@@ -54,6 +54,9 @@ RUNS = {
               "rope_base": 500.0}, "gpt2"),
     "rope-bias-tied": ({"pos_encoding": "rope", "bias": True, "activation": "gelu_tanh"},
                        "gpt4"),
+    # attention-only (configs/induction.yaml): written with zero MLPs
+    "rope-attention-only": ({"pos_encoding": "rope", "bias": True, "tie_weights": False,
+                             "mlp": False}, "gpt2"),
 }
 TEXTS = {
     "ascii": "Hello world! It's a test, isn't it? You'll see: we've WON; they'd (ok) [x] {y}.",
@@ -443,7 +446,6 @@ UNEXPORTABLE = [
     ({"pos_encoding": "sinusoidal"}, "model.pos_encoding"),
     ({"pos_encoding": "none"}, "model.pos_encoding"),
     ({"norm": "rmsnorm"}, "model.norm"),
-    ({"mlp": False}, "model.mlp"),
     ({"activation": "relu2"}, "model.activation"),
     ({"qk_norm": True}, "model.qk_norm"),
     ({"logit_softcap": 30.0}, "model.logit_softcap"),

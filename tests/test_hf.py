@@ -385,6 +385,9 @@ def test_hub_model_offline_from_the_cache_and_not_cached(hf_dirs, offline_hub):
     r = CliRunner().invoke(app, ["sample", "--model", "hf:someone/not-cached"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: --model hf:someone/not-cached: download failed")
+    # the whole sentence: what happened and the fix, never a message cut mid-sentence
+    assert "HF_HUB_OFFLINE is set" in r.stderr
+    assert r.stderr.rstrip().endswith("or give a local model directory"), r.stderr
 
 
 def test_hub_without_the_extra_says_what_to_install(monkeypatch):

@@ -44,6 +44,9 @@ RUNS = {
     "rope": {"pos_encoding": "rope", "bias": False, "tie_weights": False, "rope_base": 500.0},
     "rope-bias-tied": {"pos_encoding": "rope", "bias": True, "activation": "gelu_tanh"},
     "learned-nobias": {"pos_encoding": "learned", "bias": False, "tie_weights": False},
+    # attention-only (as configs/induction.yaml trains): exported with zero MLPs
+    "rope-attention-only": {"pos_encoding": "rope", "bias": True, "tie_weights": False,
+                            "mlp": False},
 }
 TEXTS = [t.replace(EOT, "<|end of text|>") for t in MIXED] + [corpus()[-3000:]]
 
@@ -160,7 +163,6 @@ def test_without_the_rope_permutation_gpt_neox_disagrees(exported, bpe, tmp_path
     ({"pos_encoding": "sinusoidal"}, "model.pos_encoding"),
     ({"pos_encoding": "none"}, "model.pos_encoding"),
     ({"norm": "rmsnorm"}, "model.norm"),
-    ({"mlp": False}, "model.mlp"),
     ({"activation": "relu2"}, "model.activation"),
     ({"qk_norm": True}, "model.qk_norm"),
     ({"logit_softcap": 30.0}, "model.logit_softcap"),

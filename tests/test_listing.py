@@ -92,12 +92,12 @@ def test_runs_table_and_json(runs):
     r = CliRunner().invoke(app, ["runs", str(runs)])
     assert r.exit_code == 0, r.stderr
     header = next(x for x in r.stdout.splitlines() if "name" in x)
-    for column in ("name", "status", "step", "best val bits/byte", "parameters", "wall time",
-                   "last change"):
+    for column in ("name", "status", "step", "val bits/byte: best (step), last", "parameters",
+                   "wall time", "last change"):
         assert column in header
     finished = next(x for x in r.stdout.splitlines() if " finished " in x)
     row = read_row(runs / "finished")
-    assert "6/6" in finished and f"{row.best_val_bpb:.4f}" in finished
+    assert "6/6" in finished and f"{row.best_val_bpb:.4f} ({row.best_step})" in finished
     assert f"{row.params:,}" in finished
     assert "not-a-run" not in r.stdout
     j = CliRunner().invoke(app, ["runs", str(runs), "--json"])

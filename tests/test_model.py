@@ -569,3 +569,26 @@ def test_a_bad_attention_spec_fails_in_attention_the_one_place_it_is_checked():
     with pytest.raises(ValueError, match="need impl='explicit'"):
         model(idx, attn=AttnSpec("sdpa", return_probs=True))
 
+
+def test_a_leaf_layer_replaced_by_another_module_is_still_called():
+    """The forward runs nn.Linear and the norms as functions of their parameters (no module
+    call); a module put in their place (an adapter, a subclass) is called as a module."""
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=20)
+    model = GPT.from_config(cfg, seed=0).eval()
+    idx = torch.randint(0, 20, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(idx)[0]
+
+        class Doubled(torch.nn.Linear):
+            def forward(self, x):
+                return 2 * super().forward(x)
+
+        old, old_ln = model.blocks[1].mlp.c_fc, model.blocks[0].ln_1
+        new = Doubled(16, 64, bias=False)
+        new.weight.copy_(old.weight)
+        model.blocks[1].mlp.c_fc = new
+        model.blocks[0].ln_1 = torch.nn.Identity()
+        after = model(idx)[0]
+        model.blocks[1].mlp.c_fc, model.blocks[0].ln_1 = old, old_ln
+        assert torch.equal(model(idx)[0], before)
+    assert (after - before).abs().max() > 1e-3

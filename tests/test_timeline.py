@@ -78,6 +78,7 @@ def test_a_head_is_announced_once_when_it_crosses_the_threshold(monkeypatch):
          "duplicate": [[0.0, 0.0], [0.0, 0.0]], "first": [[0.0, 0.0], [0.0, 0.0]]},
     ])
     monkeypatch.setattr(timeline, "probe_scores", lambda *a, **k: next(script))
+    monkeypatch.setattr(timeline, "circuit_record", lambda *a, **k: None)
     earlier = [{"kind": "heads", "step": 100, "scores": {"previous": [[0.91, 0], [0, 0]]}}]
     watch = timeline.HeadWatch(None, None, None, earlier)  # formed before a resume: silent
     scores, events = watch.measure(200)
@@ -93,6 +94,30 @@ def test_draw_timeline_is_a_png_with_a_panel_per_layer():
         for s in (100, 200, 300)]
     png = timeline.draw_timeline(recs + [{"kind": "eval", "step": 300}])
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and timeline.draw_timeline([]) is None
+    for r in recs:  # with the circuit: one more panel, so a taller picture
+        r["circuit"] = {"previous_head": [0, 0], "induction_head": [1, 1],
+                        "k_composition": r["step"] / 1000, "k_baseline": 0.12,
+                        "dla_head": [1, 1], "dla": r["step"] / 20}
+    taller = timeline.draw_timeline(recs)
+    height = lambda png: int.from_bytes(png[20:24], "big")  # the PNG header's IHDR height
+    assert height(taller) > height(png)
+
+
+def test_the_circuit_record_finds_the_hand_built_induction_circuit():
+    """On the model of tests/test_circuits.py: L0H0 is the previous-token head, L1H0 the
+    induction head, their K-composition is above random weights', L1H0 writes the logit."""
+    from test_circuits import induction_circuit_model
+
+    model = induction_circuit_model()
+    cfg = load_config(None, ["data.source=induction", "data.induction_vocab=12",
+                             "model.block_size=16", "tokenizer.vocab_size=256"])
+    scores = timeline.probe_scores(model, cfg, bytes_tokenizer())
+    rec = timeline.circuit_record(model, cfg, bytes_tokenizer(), scores)
+    assert rec["previous_head"] == [0, 0] and rec["induction_head"] == [1, 0]
+    assert rec["k_composition"] > 2 * rec["k_baseline"] > 0
+    assert rec["dla_head"] == [1, 0] and rec["dla"] > 5
+    one_layer = {k: v[:1] for k, v in scores.items()}
+    assert timeline.circuit_record(model, cfg, bytes_tokenizer(), one_layer) is None
 
 
 # ---- in a training run ----------------------------------------------------------------------
@@ -107,7 +132,19 @@ def test_head_scores_never_change_the_training(tmp_path):
     strip = lambda run: [x for x in losses(run) if x[1] is not None or x[2] is not None]
     assert len(strip(on)) == 8 and strip(on) == strip(off)
     assert [r["step"] for r in heads_records(on)] == [2, 4, 6] and heads_records(off) == []
+    assert "circuit" not in heads_records(on)[-1]  # one layer: no circuit to measure
     assert (on / "heads.png").read_bytes()[:4] == b"\x89PNG" and not (off / "heads.png").exists()
+
+
+def test_a_two_layer_run_records_the_circuit(tmp_path):
+    run = tmp_path / "two"
+    train(load_config(None, tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 2,
+                                                   "train.head_scores_interval": 2})), run)
+    circuit = heads_records(run)[-1]["circuit"]
+    assert set(circuit) == {"previous_head", "induction_head", "k_composition", "k_baseline",
+                            "dla_head", "dla"}
+    assert circuit["induction_head"][0] == 1 and circuit["previous_head"][0] == 0
+    assert 0 < circuit["k_composition"] < 1 and 0 < circuit["k_baseline"] < 1
 
 
 def test_the_default_scores_heads_at_each_evaluation_and_resume_keeps_the_log(tmp_path):

@@ -140,3 +140,76 @@ def test_no_console_errors(page):
     # the log channel works: a deliberate error is seen (so the check above can fail)
     js(page, "console.error('minigpt-probe')")
     assert any("minigpt-probe" in e["message"] for e in page.get_log("browser"))
+
+
+# -- what a student needs to read the page (issue 34) -------------------------------------------
+
+
+def induction_probe_inspection() -> Inspection:
+    """An induction probe of 2 x 8 tokens: head (0, 0) attends to the previous token, head (1, 1)
+    is an induction head (query 8 + i -> key i + 1 in the second copy), the others sinks."""
+    half, T = 8, 16
+    prev = torch.zeros(T, T)
+    prev[0, 0] = 1
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1
+    sink = torch.zeros(T, T)
+    sink[:, 0] = 1
+    ind = sink.clone()
+    for t in range(half, T - 1):
+        ind[t] = 0
+        ind[t, t - half + 1] = 1
+    attn = torch.stack([torch.stack([prev, sink]), torch.stack([sink, ind])])
+    tokens = list(range(40, 40 + half)) * 2
+    strs = [chr(0x10 + i) for i in range(half)] * 2  # control bytes: labelled \xNN
+    return Inspection(tokens=tokens, token_strs=strs, attention=attn,
+                      scores=score_heads(attn, tokens), parity_max_diff=0.0, parity_tol=1e-4,
+                      source="probe:induction", copy_start=half)
+
+
+def test_screenshot_shows_the_colour_scale_and_the_glossary(page, tmp_path):
+    from minigpt.core.heads import SCORE_NAMES
+    from minigpt.heads.viewer import GLYPHS
+
+    page.set_window_size(1400, 1000)
+    shot = page.get_screenshot_as_png()
+    (tmp_path / "viewer.png").write_bytes(shot)
+    assert shot.startswith(b"\x89PNG") and len(shot) > 10_000
+    # the colour scale: a canvas beside the map, drawn from dark (0) at the bottom to bright (1)
+    box = js(page, "const r = document.getElementById('scale').getBoundingClientRect(); "
+                   "return [r.left, r.top, r.width, r.height]")
+    assert box[2] > 20 and box[3] > 100 and box[1] < 1000, box  # in the first screenful
+    top, bottom = js(page, """
+        const g = document.getElementById('scale').getContext('2d');
+        return [[...g.getImageData(5, 10, 1, 1).data], [...g.getImageData(5, 205, 1, 1).data]];""")
+    assert sum(top[:3]) > 2 * sum(bottom[:3])  # viridis: yellow at 1, dark violet at 0
+    assert "attention" in page.find_element("id", "scalebox").text
+    # the glossary: every score, the types that are not scores and every glyph, explained
+    terms = js(page, "return [...document.querySelectorAll('#glossary dt')]"
+                     ".map(e => e.textContent)")
+    for name in (*SCORE_NAMES, "dominant", "mixed", "diffuse", *GLYPHS):
+        assert name in terms, name
+    meanings = js(page, "return [...document.querySelectorAll('#glossary dd')]"
+                        ".map(e => e.textContent)")
+    assert all(m.strip() for m in meanings) and len(meanings) == len(terms)
+    # the explanation sits above the map, not under it
+    above = js(page, "return document.getElementById('explain').getBoundingClientRect().bottom <="
+                     " document.getElementById('map').getBoundingClientRect().top")
+    assert above and "query" in page.find_element("id", "explain").text
+
+
+def test_the_induction_probe_opens_on_the_induction_head_with_the_copy_marked(driver, tmp_path):
+    from minigpt.heads.viewer import write_html
+
+    path = write_html(induction_probe_inspection(), tmp_path / "attention.html")
+    driver.get(path.resolve().as_uri())
+    assert driver.find_element("id", "current").text == "layer 1, head 1: induction"
+    assert "position 8" in driver.find_element("id", "explain").text
+    # the dashed red line at the copy boundary: row 8's top edge, between two label columns
+    pixel = js(driver, """
+        const c = document.getElementById('map'), g = c.getContext('2d');
+        const cell = Math.max(3, Math.min(24, Math.floor(720 / 16))), label = 110;
+        return [...g.getImageData(label + 2, label + 8 * cell, 1, 1).data];""")
+    assert pixel[0] > 180 and pixel[1] < 120 and pixel[2] < 100, pixel
+    labels = js(driver, "return [...document.querySelectorAll('#tokens li')]"
+                        ".map(e => e.textContent)")
+    assert labels[0] == "\\x10"

@@ -1,5 +1,6 @@
 """`minigpt curves RUN [RUN...] --out FILE.png`: several runs' training curves overlaid,
-against step and against wall time (drawn by `minigpt.run.curves`)."""
+against step and against training tokens seen (drawn by `minigpt.run.curves`, which refuses
+to mix runs on text with runs on synthetic induction ids)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def curves_command(
     out: Annotated[Path, typer.Option(
         "--out", "-o", help="The picture to write (.png).")],
 ) -> None:
-    """Overlay several runs' train loss and val bits/byte, against step and wall time."""
-    from minigpt.run.curves import read_series, write_overlay
+    """Overlay several runs' train loss and val bits/byte, against step and tokens seen."""
+    from minigpt.run.curves import comparable, read_series, write_overlay
 
     dirs = [_find_run(r) for r in runs]
     names = [d.name for d in dirs]
@@ -29,7 +30,10 @@ def curves_command(
         if s.skipped:
             say(f"note: {s.run_dir / 'metrics.jsonl'}: skipped {s.skipped} damaged "
                 f"line{'s' if s.skipped != 1 else ''}")
-    path = write_overlay(series, out)
+    path = write_overlay(series, out)  # runs that cannot share a picture are refused
+    note = comparable(series)
+    if note:
+        say(f"note: {note}")
     say(f"wrote {path} ({len(series)} run{'s' if len(series) != 1 else ''})")
 
 

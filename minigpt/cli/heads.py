@@ -19,6 +19,7 @@ from minigpt.cli.main import (
     say,
 )
 from minigpt.display import printable
+from minigpt.errors import ArgumentError
 
 TextOpt = Annotated[str | None, typer.Option(
     "--text", help="Text to run through the model. Default: a built-in passage.")]
@@ -32,8 +33,8 @@ LayerOpt = Annotated[list[int] | None, typer.Option(
 HeadOpt = Annotated[list[int] | None, typer.Option(
     "--head", help="Head to show (repeatable). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="table (terminal), png, html, safetensors, json; repeatable or "
-    "comma-separated. Default: table.")]
+    "--format", help="Files to write as well: png, html, safetensors, json (table: none); "
+    "repeatable or comma-separated. The table is printed in every case, except with --json.")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", help="Directory for the files. Default: <run>/heads/.")]
 MaxTokensOpt = Annotated[int | None, typer.Option(
@@ -47,6 +48,32 @@ AblateOpt = Annotated[str | None, typer.Option(
     "head alone ablated minus the loss without (nats/token). zero: its output replaced by "
     "zeros; mean: by its mean over the input's positions; resample: by its output on the same "
     "tokens in a random order.")]
+DlaOpt = Annotated[bool, typer.Option(
+    "--dla", help="Also attribute the logit of the next token (or --target, or --answer minus "
+    "--wrong) to every head directly: its output through W_O and the unembedding, scaled by the "
+    "final norm of this run, averaged over the scored positions.")]
+CompositionOpt = Annotated[bool, typer.Option(
+    "--composition", help="Also score how much every head's output is read by the queries, "
+    "keys and values of each later head (Q/K/V composition, from the weights), beside the "
+    "score of random weights of the same shapes.")]
+PatchFromOpt = Annotated[str | None, typer.Option(
+    "--patch-from", metavar="TEXT|corrupted", help="Also patch every head from a corrupted "
+    "input of the same length: a text (with --text / --text-file), or `corrupted` with --probe "
+    "induction (its second copy's tokens replaced). Per head: the fraction of the metric's "
+    "change that patching it alone moves.")]
+DirectionOpt = Annotated[str, typer.Option(
+    "--patch-direction", help="noising: the clean run with one head's output from the "
+    "corrupted run (what it destroys); denoising: the corrupted run with one head's clean "
+    "output (what it restores).")]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", metavar="TOKEN", help="Attribute (and score the loss of) this token at every "
+    "scored position instead of the actual next token. One token of the vocabulary.")]
+AnswerOpt = Annotated[str | None, typer.Option(
+    "--answer", metavar="TOKEN", help="With --wrong: the metric of --dla and --patch-from "
+    "is logit[answer] - logit[wrong] at the last position (e.g. --answer ' Mary' --wrong "
+    "' John').")]
+WrongOpt = Annotated[str | None, typer.Option(
+    "--wrong", metavar="TOKEN", help="The token --answer is compared with (one token).")]
 CheckpointOpt = Annotated[int | None, typer.Option(
     "--checkpoint", metavar="STEP", help="Inspect the run's kept checkpoint of this step "
     "(train.keep_checkpoints sets how many are kept). Default: the latest.")]
@@ -59,19 +86,22 @@ def inspect_heads_command(
     formats: FormatOpt = None, out: OutOpt = None, max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = 0, json_out: JsonOpt = False, device: DeviceOpt = "auto",
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
+    dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
+    patch_direction: DirectionOpt = "noising", target: TargetOpt = None,
+    answer: AnswerOpt = None, wrong: WrongOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.core.generate import check_seed
-    from minigpt.core.heads import check_mode
+    from minigpt.core.sampling import check_seed
+    from minigpt.heads.flags import check_ablate, parse_formats
+
+    fmts = parse_formats(formats or [])  # the flags before torch loads
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
+    check_ablate(ablate)
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
     from minigpt.inputs import load_run_or_model
 
-    fmts = output.parse_formats(formats or [])
-    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
-    if ablate is not None:
-        check_mode(ablate)  # before loading anything
     loaded = load_run_or_model(run, model, device, checkpoint)
     if run is None and model is None:
         say(f"using the latest run: {loaded.run_dir}")
@@ -81,13 +111,16 @@ def inspect_heads_command(
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
+    circuits = _circuit_request(loaded, inp, max_tokens, seed, dla=dla, composition=composition,
+                                patch_from=patch_from, direction=patch_direction,
+                                target=target, answer=answer, wrong=wrong)
     if inp.truncated:
         has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
     insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
-                   seed=seed)
+                   seed=seed, circuits=circuits)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -96,19 +129,72 @@ def inspect_heads_command(
         ab = insp.ablation
         say(f"ablation ({ab.mode}): loss {ab.base_loss:.4f} nats/token over {ab.scored}; "
             "each head's effect = the loss with it alone ablated minus this one")
+    _say_circuits(insp)
     if out_dir is not None:
         for path in output.write_files(insp, out_dir, fmts, layers, heads):
             say(f"wrote {path}")
     if json_out:
         sys.stdout.write(json.dumps(insp.to_json(layers, heads), ensure_ascii=False) + "\n")
         sys.stdout.flush()
-    elif "table" in fmts:
+    else:  # the table is printed whatever files were asked for (--json: the JSON instead)
         _print_tables(insp, layers, heads)
 
 
+def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
+                     direction, target, answer, wrong):
+    """What of heads.circuits to measure (None: nothing), every token checked first."""
+    from minigpt.core.circuits import DIRECTIONS, check_composition, check_same_length
+    from minigpt.heads.inspection import CircuitRequest
+    from minigpt.heads.probes import corrupted_input, token_id
+
+    uses_metric = dla or patch_from is not None
+    for param, value in (("target", target), ("answer", answer), ("wrong", wrong)):
+        if value is not None and not uses_metric:
+            raise ArgumentError(param, "sets the metric of --dla and --patch-from; give one "
+                                "of them too")
+    if direction not in DIRECTIONS:
+        raise ArgumentError("patch_direction", f"'{direction}' is not a direction; valid: "
+                            f"{', '.join(DIRECTIONS)}")
+    if not (uses_metric or composition):
+        return None
+    if composition:
+        check_composition(loaded.cfg.model)
+    tok = loaded.tokenizer
+    req = CircuitRequest(dla=dla, composition=composition, direction=direction,
+                         target=None if target is None else token_id(tok, target, "target"),
+                         answer=None if answer is None else token_id(tok, answer, "answer"),
+                         wrong=None if wrong is None else token_id(tok, wrong, "wrong"))
+    if patch_from is not None:
+        req.patch_tokens, req.patch_source = corrupted_input(
+            loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,
+            eot_first=loaded.eot_first)
+        check_same_length(inp.tokens, req.patch_tokens)  # before any work
+    return req
+
+
+def _say_circuits(insp) -> None:
+    """One stderr line per circuit measurement: what it measured, on what."""
+    if insp.dla is not None:
+        d = insp.dla
+        say(f"dla: {d.what}; the model's value {d.logit:.4f}, the components add up to "
+            f"{d.total:.4f} (heads {float(d.heads.sum()):+.4f}, "
+            + ", ".join(f"{k} {v:+.4f}" for k, v in d.rows.items()) + ")")
+    if insp.patch is not None:
+        p = insp.patch
+        say(f"patch ({p.direction}, from {p.source}): {p.what}; clean {p.clean:.4f}, corrupted "
+            f"{p.corrupted:.4f}; each head's patch = the fraction of that change it "
+            + ("produces alone" if p.direction == "noising" else "restores alone"))
+        for note in p.notes:
+            say(f"note: {note}")
+
+
 def _print_tables(insp, layers: list[int], heads: list[int]) -> None:
-    """The score table of the selected heads, and each one's weights when there are few."""
-    out_console.print(_heads_summary_table(insp, layers, heads))
+    """The score tables of the selected heads (as many as the width needs), the composition
+    summary, and each head's weights when there are few."""
+    for table in _heads_tables(insp, layers, heads, out_console.width):
+        out_console.print(table)
+    if insp.composition is not None:
+        out_console.print(_composition_table(insp.composition))
     if len(layers) * len(heads) > 4:
         say("pick one head with --layer L --head H to see its attention weights")
         return
@@ -127,41 +213,112 @@ def _shade(v: float):
     return Style(bgcolor=Color.from_rgb(*rgb), color="white" if v > 0.45 else "black")
 
 
-def _heads_summary_table(insp, layers, heads):
-    """Layer x head rows with every score (shaded) and the dominant type."""
+SHORT = {"induction": "ind", "previous": "prev", "duplicate": "dup", "delimiter": "delim",
+         "entropy": "ent"}
+KEY_COLUMNS = ("L", "H", "type")  # every table starts with these: each row says which head
+
+
+def _head_columns(insp, layers, heads) -> list[tuple[str, list]]:
+    """(header, one cell per row) of every number column, in order: the scores (shaded), then
+    ablate, dla and patch when measured (heat-coloured, red = the larger)."""
     import math
 
-    from rich import box
-    from rich.table import Table
     from rich.text import Text
 
     from minigpt.core.heads import SCORE_NAMES
 
-    short = {"induction": "ind", "previous": "prev", "duplicate": "dup", "delimiter": "delim",
-             "entropy": "ent"}
-    title = printable(f"head scores ({insp.source}, {len(insp.tokens)} tokens)")
-    table = Table(title=Text(title, style="table.title"),
-                  caption="L = layer, H = head; ind = induction, prev = previous-token, dup = "
-                  "duplicate-token, first = attention to token 0, delim = delimiter, ent = "
-                  "entropy (0 focused .. 1 uniform); - = not applicable to this input",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    ablation = insp.ablation
-    names = [short.get(n, n) for n in SCORE_NAMES] + (["ablate"] if ablation is not None else [])
-    for name in ("L", "H", "type", *names):
-        table.add_column(name, justify="left" if name == "type" else "right", no_wrap=True)
-    if ablation is not None:
-        table.caption += (f"; ablate = nats/token lost with the head {ablation.mode}-ablated "
-                          "(red: the larger)")
-        largest = max(float(ablation.effect.abs().max()), 1e-12)
-    for la in layers:
-        for h in heads:
-            s = insp.head_scores(la, h)
-            cells = [Text("-") if math.isnan(v) else Text(f"{v:.2f}", style=_shade(v))
-                     for v in s.values()]
-            if ablation is not None:
-                effect = float(ablation.effect[la, h])
-                cells.append(Text(f"{effect:+.3f}", style=_heat(effect / largest)))
-            table.add_row(str(la), str(h), Text(insp.dominant(la, h), style="bold"), *cells)
+    pairs = [(la, h) for la in layers for h in heads]
+    cols = []
+    for name in SCORE_NAMES:
+        cells = []
+        for la, h in pairs:
+            v = float(insp.scores[name][la, h])
+            cells.append(Text("-") if math.isnan(v) else Text(f"{v:.2f}", style=_shade(v)))
+        cols.append((SHORT.get(name, name), cells))
+    for header, values, fmt in (
+            ("ablate", insp.ablation and insp.ablation.effect, "{:+.3f}"),
+            ("dla", insp.dla and insp.dla.heads, "{:+.3f}"),
+            ("patch", insp.patch and insp.patch.effect, "{:+.3f}")):
+        if values is None:
+            continue
+        largest = max(float(values.abs().max()), 1e-12)
+        cols.append((header, [Text(fmt.format(float(values[la, h])),
+                                   style=_heat(float(values[la, h]) / largest))
+                              for la, h in pairs]))
+    return cols
+
+
+def _caption(insp, headers: set[str]) -> str:
+    """What the abbreviations of the columns in `headers` mean."""
+    words = {"ind": "ind = induction", "prev": "prev = previous-token",
+             "dup": "dup = duplicate-token", "first": "first = attention to token 0",
+             "delim": "delim = delimiter", "ent": "ent = entropy (0 focused .. 1 uniform)"}
+    parts = ["L = layer, H = head"] + [w for k, w in words.items() if k in headers]
+    if "ablate" in headers:
+        parts.append(f"ablate = the loss added (nats/token) with the head "
+                     f"{insp.ablation.mode}-ablated (red: the larger)")
+    if "dla" in headers:
+        parts.append("dla = the head's direct share of the logit")
+    if "patch" in headers:
+        parts.append(f"patch = fraction of the clean -> corrupted change ({insp.patch.direction})")
+    return "; ".join(parts) + "; - = not applicable to this input"
+
+
+def _heads_tables(insp, layers, heads, width: int) -> list:
+    """The head table, cut into as many tables as `width` needs: each starts with L, H and
+    the dominant type and takes the next number columns that fit whole, so every row says
+    which head it is and every number is printed in full at any width."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    pairs = [(la, h) for la in layers for h in heads]
+    types = [insp.dominant(la, h) for la, h in pairs]
+    key = [[str(la) for la, _ in pairs], [str(h) for _, h in pairs], types]
+    key_w = sum(max(len(n), *(len(c) for c in cells)) + 2 for n, cells in zip(KEY_COLUMNS, key))
+    groups, used = [[]], key_w
+    for header, cells in _head_columns(insp, layers, heads):
+        w = max(len(header), *(len(c.plain) for c in cells)) + 2  # + padding and divider
+        if groups[-1] and used + w > width:
+            groups.append([])
+            used = key_w
+        groups[-1].append((header, cells))
+        used += w
+    tables = []
+    for i, group in enumerate(groups):
+        title = printable(f"head scores ({insp.source}, {len(insp.tokens)} tokens)"
+                          + (f", part {i + 1} of {len(groups)}" if len(groups) > 1 else ""))
+        table = Table(title=Text(title, style="table.title"), box=box.SIMPLE_HEAD,
+                      pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True,
+                      caption=_caption(insp, {h for h, _ in group}))
+        for name in KEY_COLUMNS + tuple(h for h, _ in group):
+            table.add_column(name, justify="left" if name == "type" else "right",
+                             no_wrap=True)
+        for r in range(len(pairs)):
+            table.add_row(key[0][r], key[1][r], Text(types[r], style="bold"),
+                          *(cells[r] for _, cells in group))
+        tables.append(table)
+    return tables
+
+
+def _composition_table(comp, top: int = 5):
+    """The strongest pairs of each composition kind, beside the random-weights baseline."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="composition (weights only): the strongest pairs of each kind",
+                  caption="from = the earlier head (layer.head) whose output the later head "
+                  "reads with its queries (q), keys (k) or values (v); random = the score of "
+                  "random weights of the same shapes", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("kind", "from", "to", "score", "random"):
+        table.add_column(name, justify="left" if name == "kind" else "right", no_wrap=True)
+    for kind in ("q", "k", "v"):
+        recs = sorted((r for r in comp.records() if r["kind"] == kind),
+                      key=lambda r: -r["score"])[:top]
+        for r in recs:
+            table.add_row(kind, f"L{r['from_layer']}.H{r['from_head']}",
+                          f"L{r['to_layer']}.H{r['to_head']}", f"{r['score']:.3f}",
+                          f"{r['baseline']:.3f}")
     return table
 
 
@@ -178,8 +335,9 @@ def _heat(v: float):
 
 
 def _attention_table(insp, la: int, h: int, width: int):
-    """One head's weights (x100) as a T x T table: query rows, key columns, upper triangle blank.
-    Only the first tokens that fit the terminal are shown (the files show all of them)."""
+    """One head's weights (x100) as a table: query rows, key columns, future keys blank. When
+    the map does not fit the terminal, the last queries and the keys they attend to most
+    (`Inspection.window`), and the caption says what is left out."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -187,22 +345,25 @@ def _attention_table(insp, la: int, h: int, width: int):
     from minigpt.display import visible_token
 
     T = len(insp.tokens)
-    n = min(T, max(8, (width - 14) // 4))
+    rows, cols = insp.window(la, h, max(8, (width - 14) // 4))
     attn = insp.attention[la, h]
-    note = "" if n == T else f"; first {n} of {T} tokens (widen the terminal or use png/html)"
+    note = "" if len(rows) == T else (
+        f"; {T} tokens do not fit {width} columns: queries {rows[0]}..{rows[-1]} and the "
+        f"{len(cols)} keys they attend to most (gaps in the key numbers are keys left out; "
+        "widen the terminal or use --format png/html for all)")
     table = Table(title=f"layer {la} head {h}: {insp.dominant(la, h)}",
-                  caption=f"attention x100, rows = queries, columns = keys{note}",
+                  caption=f"attention x100, rows = queries, columns = keys, . = under 0.5, "
+                  f"blank = a future key{note}",
                   box=box.SIMPLE, padding=(0, 0), pad_edge=False, collapse_padding=True)
     table.add_column("query", no_wrap=True)
-    for j in range(n):
+    for j in cols:
         table.add_column(Text(f"{j}\n{visible_token(insp.token_strs[j], 3)}"), justify="right",
                          no_wrap=True, min_width=3)
-    for t in range(n):
+    for t in rows:
         cells = []
-        for j in range(n):
+        for j in cols:
             v = float(attn[t, j])
             cells.append(Text("") if j > t else
                          Text(f"{round(v * 100):3d}" if v >= 0.005 else "  .", style=_shade(v)))
         table.add_row(Text(f"{t:>3} {visible_token(insp.token_strs[t], 8)}"), *cells)
     return table
-

@@ -21,7 +21,8 @@ def runs_command(
     json_out: Annotated[bool, typer.Option(
         "--json", help="One JSON document on stdout instead of the table.")] = False,
 ) -> None:
-    """List runs: status, step, best val bits/byte, parameters, wall time, last change."""
+    """List runs: status, step, best and last val bits/byte, parameters, wall time, last
+    change."""
     from minigpt.run.listing import list_runs
 
     rows = list_runs(directory)
@@ -50,17 +51,30 @@ def _runs_table(rows, directory: Path):
 
     table = Table(title=Text(printable(f"runs in {directory}"), style="table.title"))
     for name, justify in (("name", "left"), ("status", "left"), ("step", "right"),
-                          ("best val bits/byte", "right"), ("parameters", "right"),
-                          ("wall time", "right"), ("last change", "left")):
+                          ("val bits/byte: best (step), last", "right"),
+                          ("parameters", "right"), ("wall time", "right"),
+                          ("last change", "left")):
         table.add_column(name, justify=justify)
     for r in rows:
         table.add_row(Text(printable(r.name)), r.status,
-                      f"{r.step}/{r.max_steps if r.max_steps else '?'}",
-                      "-" if r.best_val_bpb is None else f"{r.best_val_bpb:.4f}",
+                      f"{r.step}/{r.max_steps if r.max_steps else '?'}", _val(r),
                       "-" if r.params is None else f"{r.params:,}",
                       "-" if r.wall_time is None else _duration(r.wall_time),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_change)))
     return table
+
+
+def _val(r) -> str:
+    """Best and last validation side by side (they differ once the model overfits); a run on
+    synthetic induction ids has no bytes: the copies its last evaluation predicted."""
+    if r.copy_accuracy is not None:
+        return f"copies {100 * r.copy_accuracy:.1f}%"
+    if r.best_val_bpb is None:
+        return "-"
+    best = f"{r.best_val_bpb:.4f} ({r.best_step})"
+    if r.last_step is None or r.last_step == r.best_step:
+        return best
+    return f"{best}, {r.last_val_bpb:.4f}"
 
 
 def _duration(seconds: float) -> str:

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from minigpt.cli.main import DeviceOpt, ModelOpt, RunOpt, app, say
+from minigpt.display import printable
 
 PromptOpt = Annotated[str | None, typer.Option(
     "-p", "--prompt", help="Text to continue. Default: start from <|endoftext|>.")]
@@ -59,15 +60,20 @@ def sample_command(
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""
     t_start = time.perf_counter()  # before torch is imported: "first token N s after start"
-    from minigpt import sample as smp
-    from minigpt.core.generate import Sampling, check_seed
-    from minigpt.device import decoding_threads
-    from minigpt.inputs import load_run_or_model, read_prompt
+    from minigpt.core.sampling import Sampling, check_seed
 
+    # The flags first: a typo is refused before torch loads (seconds on a busy laptop).
     how = Sampling(temperature, top_k, top_p, max_new_tokens, num_samples)  # validated
     if seed is not None:
         check_seed(seed)
-    loaded = load_run_or_model(run, model, device)  # neither: the latest run under runs/
+    from minigpt import sample as smp
+    from minigpt.device import decoding_threads
+    from minigpt.inputs import load_run_or_model, read_prompt
+
+    which = ""
+    if run is None and model is None:
+        run, which = _latest_text_run()
+    loaded = load_run_or_model(run, model, device)
     tok, block = loaded.tokenizer, loaded.model.cfg.block_size
     p = read_prompt(tok, block, prompt, prompt_file, allow_special)
     if p.cut:
@@ -76,14 +82,32 @@ def sample_command(
             f"last {block} tokens")
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     dev = next(loaded.model.parameters()).device
-    which = "the latest run, " if run is None and model is None else ""
     say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}")
+    if loaded.cfg.data.source == "induction":
+        say("note: this run was trained on synthetic induction data (random token ids, each "
+            "segment repeated), not on text: its output is ids shown as bytes; see it with "
+            "`minigpt inspect-heads --probe induction`")
     streaming = (sys.stdout.isatty() if stream is None else stream) and not json_out
-    view = _SampleView(p, seed, num_samples, json_out, streaming, t_start)
+    # On a terminal the prompt is shown first (dimmed), so the text reads from its start.
+    shown = ("" if json_out or not sys.stdout.isatty() else
+             ("…" + tok.decode(p.ids)) if p.cut else p.text)
+    view = _SampleView(p, seed, num_samples, json_out, streaming, t_start, shown)
     with _stdout_to_the_end(), decoding_threads(loaded.model):
         smp.sample(loaded.model, p.ids, tok.decode, how, seed=seed,
                    stops=[unescape_stop(s) for s in stop or []], stop_ids=[tok.eot_id],
                    use_kv_cache=not no_kv_cache, on_text=view.on_text, on_done=view.on_done)
+
+
+def _latest_text_run() -> tuple[Path, str]:
+    """The run `sample` uses without --run: the latest trained on text (a newer run on
+    synthetic induction ids is passed over, saying so), and how to name it in the log line."""
+    from minigpt.run.load import find_latest_text_run
+
+    run, passed = find_latest_text_run()
+    for d in passed:
+        say(f"note: passing over {d} (trained on synthetic induction data, not text); "
+            "give --run to sample it anyway")
+    return run, ("the latest run trained on text, " if passed else "the latest run, ")
 
 
 class _SampleView:
@@ -91,12 +115,21 @@ class _SampleView:
     document per sample) and one line of timings per sample on stderr."""
 
     def __init__(self, prompt, seed: int, num_samples: int, json_out: bool, streaming: bool,
-                 t_start: float):
+                 t_start: float, shown_prompt: str = ""):
         self.prompt, self.seed, self.n, self.json_out = prompt, seed, num_samples, json_out
-        self.streaming, self.t_start = streaming, t_start
+        self.streaming, self.t_start, self.shown = streaming, t_start, shown_prompt
+        self.started: set[int] = set()  # samples whose prompt is already shown
         self.t_gen = time.perf_counter()  # generation starts right after this is made
 
+    def _prompt_once(self, index: int) -> None:
+        """On a terminal, the prompt (dimmed: it is not generated) before sample `index`."""
+        if self.shown and index not in self.started:
+            self.started.add(index)
+            shown = printable(self.shown, keep="\n\t")  # a prompt file's escapes, shown
+            sys.stdout.write(f"\x1b[2m{shown}\x1b[0m")
+
     def on_text(self, index: int, piece: str) -> None:
+        self._prompt_once(index)
         if self.streaming:
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -110,6 +143,7 @@ class _SampleView:
                    "finish_reason": r.finish_reason, "seed": self.seed}
             sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
         else:
+            self._prompt_once(r.index)
             sys.stdout.write(("" if self.streaming else r.text) + "\n")
         sys.stdout.flush()
         since = ("" if r.index else

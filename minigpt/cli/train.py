@@ -42,7 +42,10 @@ def train_command(
         "later with --resume).")] = None,
 ) -> None:
     """Train a model; progress on stderr, everything saved in the run directory."""
-    from minigpt.config import to_yaml
+    from minigpt.config import load_config, to_yaml
+
+    if not resume:  # the config and --set checked before torch loads (the same check again
+        load_config(config, set_ or [])  # below, in train_config, costs a millisecond)
     from minigpt.run.resume import train_config
     from minigpt.train import train
 
@@ -61,6 +64,9 @@ def train_command(
         raise typer.Exit(code)
 
 
+RISING_EVALS = 3  # evaluations in a row above the best before the overfitting warning
+
+
 class _TrainView:
     """Renders train events: a rich progress bar on a terminal, plain lines otherwise."""
 
@@ -70,6 +76,10 @@ class _TrainView:
         self.progress = None
         self.task = None
         self.corpus_pass: dict[str, float] = {}  # stage -> when its progress was last shown
+        self.t0, self.start_step = time.monotonic(), 0  # for the ETA: this session's average
+        self.synthetic = False       # data.source induction: no bytes, the copies matter
+        self.not_best = 0            # evaluations in a row above the best one
+        self.warned = False
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -87,9 +97,13 @@ class _TrainView:
             render(self, e)
 
     def _start(self, e: events.StartEvent) -> None:
+        self.t0, self.start_step = time.monotonic(), e.start_step
+        self.synthetic = e.data_source == "induction"
         what = "resuming" if e.start_step else "training"
         self.line(f"{what} {e.run_dir}: {e.params:,} parameters, vocab {e.n_vocab}, "
                   f"{e.tokens_per_step:,} tokens/step, device {e.device}"
+                  + (f" ({e.threads} thread{'s' if e.threads != 1 else ''}: train.threads)"
+                     if e.threads else "")
                   + (f" x {e.world_size} processes" if e.world_size > 1 else "")
                   + (f", from step {e.start_step}" if e.start_step else ""))
         if self.tty:
@@ -99,35 +113,69 @@ class _TrainView:
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
-                TimeRemainingColumn,
             )
 
             self.progress = Progress(
                 TextColumn("step"), MofNCompleteColumn(), BarColumn(),
                 TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-                TextColumn("ETA"), TimeRemainingColumn(),
+                TextColumn("ETA {task.fields[eta]}"),
                 console=err_console, transient=False)
             self.progress.start()
             self.task = self.progress.add_task("train", total=e.max_steps,
-                                               completed=e.start_step, stats="")
+                                               completed=e.start_step, stats="", eta="?")
+
+    def eta(self, step: int, max_steps: int) -> str:
+        """Time left at this session's average speed so far (evaluations included, as they
+        recur): steady on a machine whose load comes and goes, unlike the last steps' speed."""
+        done, spent = step - self.start_step, time.monotonic() - self.t0
+        if done <= 0 or spent <= 0:
+            return "?"
+        left = round((max_steps - step) * spent / done)
+        return f"{left // 3600}h{left // 60 % 60:02d}m" if left >= 3600 else \
+            f"{left // 60}m{left % 60:02d}s"
 
     def _step(self, e: events.StepEvent) -> None:
         stats = f"loss {e.loss:.4f} | lr {e.lr:.2e} | {e.tokens_per_s:,.0f} tok/s"
+        eta = self.eta(e.step, e.max_steps)
         if self.progress is not None:
-            self.progress.update(self.task, completed=e.step, stats=stats)
+            self.progress.update(self.task, completed=e.step, stats=stats, eta=eta)
             return
-        rate = e.step / e.elapsed if e.elapsed > 0 else 0.0
-        eta = (e.max_steps - e.step) / rate if rate > 0 else math.nan
-        eta_s = f"{eta // 60:.0f}m{eta % 60:02.0f}s" if math.isfinite(eta) else "?"
         self.line(f"step {e.step}/{e.max_steps} | {stats} | grad norm {e.grad_norm:.3f} | "
-                  f"{e.elapsed:.1f}s | ETA {eta_s}")
+                  f"{e.elapsed:.1f}s | ETA {eta}")
 
     def _eval(self, e: events.EvalEvent) -> None:
-        self.line(f"eval step {e.step}: val loss {e.val_loss:.4f} | ppl {e.val_ppl:.2f} | "
-                  f"{e.val_bpb:.4f} bits/byte (best {e.best_val_bpb:.4f}) | {e.elapsed:.1f}s")
+        if self.synthetic:  # random ids: half the positions cannot be predicted, no bytes
+            copies = ("" if not math.isfinite(e.copy_loss) else
+                      f"on the copies: loss {e.copy_loss:.4f}, {100 * e.copy_accuracy:.1f}% "
+                      "predicted | ")
+            self.line(f"eval step {e.step}: {copies}val loss over all positions "
+                      f"{e.val_loss:.4f} (first occurrences cannot be predicted) | "
+                      f"{e.elapsed:.1f}s")
+        else:
+            self.line(f"eval step {e.step}: val loss {e.val_loss:.4f} | ppl {e.val_ppl:.2f} | "
+                      f"{e.val_bpb:.4f} bits/byte (best {e.best_val_bpb:.4f}) | "
+                      f"{e.elapsed:.1f}s")
+        self._rising(e)
         for prompt, text in e.samples:
             body = printable(prompt + text, keep="\n\t").replace("\n", "\n  | ")
             self.line(f"  | {body}")
+
+    def _rising(self, e: events.EvalEvent) -> None:
+        """One plain warning once validation has stayed above its best for RISING_EVALS
+        evaluations in a row: the model is overfitting, and the weights saved are the
+        latest, not the best. (Synthetic induction rows are drawn fresh for every batch:
+        nothing to overfit.)"""
+        if self.synthetic:
+            return
+        self.not_best = 0 if e.val_loss <= e.best_val_loss else self.not_best + 1
+        if self.not_best >= RISING_EVALS and not self.warned:
+            self.warned = True
+            self.line(f"warning: the validation loss has been above its best "
+                      f"({e.best_val_loss:.4f}, step {e.best_step}) for {self.not_best} "
+                      f"evaluations in a row (now {e.val_loss:.4f}): the model is overfitting "
+                      "its training data, and the weights saved are the latest step's, not "
+                      f"the best; fewer train.max_steps (about {e.best_step}), more data or "
+                      "more model.dropout would help")
 
     def _head_formed(self, e: events.HeadFormedEvent) -> None:
         self.line(f"L{e.layer}H{e.head} became {e.what} at step {e.step:,} "
@@ -157,6 +205,9 @@ class _TrainView:
                       f"{e.total / 1e6:,.0f} MB)")
 
     def _dataset_ready(self, e: events.DatasetReady) -> None:
+        if e.synthetic:
+            self.line(f"data: {e.synthetic}")
+            return
         self.line(f"data: {e.n_train:,} train / {e.n_val:,} val tokens"
                   + (" (cached)" if e.cached else ""))
         if e.corpus_files:  # say what the config's paths resolved to

@@ -6,6 +6,8 @@
   intervention point for every head experiment.
 - `generate.py`: sampling numerics (temperature, top-k, top-p) and `generate` on token ids.
 - `heads.py`: every number about a head: attention maps, pattern scores, ablation effects.
+- `circuits.py`: how heads work together: direct logit attribution, Q/K/V composition scores
+  (weights only), activation patching from a corrupted input.
 - `step.py`: one optimizer step (`train_step`) and one evaluation (`evaluate`).
 
 These files import only torch, the standard library, `minigpt.config` and `minigpt.errors`

@@ -296,6 +296,32 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+# The leaf layers (nn.Linear, the norms) run as functions of their parameters: the same op and
+# the same numbers as calling the module, without nn.Module.__call__, whose overhead is a fair
+# share of a one-token decode step on CPU (~10% at 4 x 128). Their modules stay, for the
+# parameter names and the initialisation; forward hooks belong on a Block, its attn or its mlp
+# (which are still called as modules), a head's output on `AttnSpec.head_hook`. A leaf replaced
+# by another kind of module (an adapter, a quantised layer) is called as a module.
+
+
+def linear(m: nn.Module, x: Tensor) -> Tensor:
+    """`m(x)`: x (..., in) -> (..., out); a module put in place of the nn.Linear (a subclass,
+    an adapter) is called as a module."""
+    if m.__class__ is nn.Linear:
+        return F.linear(x, m.weight, m.bias)
+    return m(x)
+
+
+def norm(m: nn.Module, x: Tensor) -> Tensor:
+    """`m(x)` for the norms `make_norm` builds (LayerNorm or RMSNorm over the last dim); any
+    other module is called as a module."""
+    if m.__class__ is nn.LayerNorm:
+        return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+    if m.__class__ is nn.RMSNorm:
+        return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
+    return m(x)
+
+
 class CausalSelfAttention(nn.Module):
     """Fused QKV projection -> split -> heads -> attention -> merge -> W_O (the blog's order)."""
 
@@ -313,7 +339,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise K, V);
         # one permute puts every head's q, k and v in the `[batch, head, position, d_head]` layout.
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
+        qkv = linear(self.c_attn, x).view(B, T, 3, self.n_head, self.head_dim)  # (B,T,3C) -> (B,T,3,H,D)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D), a view
         if rope is None and self.qk_norm is None:
             q, k, v = qkv.unbind(0)  # 3 x (B, H, T, D)
@@ -340,7 +366,7 @@ class CausalSelfAttention(nn.Module):
                              dropout_p=drop)  # z: every head's output, (B, H, T, D)
         if spec.head_hook is not None:  # the one place to read or change a single head
             z = spec.head_hook(layer, z)
-        y = self.c_proj(z.transpose(1, 2).reshape(B, T, C))  # merge heads: (B, T, H*D) -> (B, T, C)
+        y = linear(self.c_proj, z.transpose(1, 2).reshape(B, T, C))  # merge: (B,T,H*D) -> (B,T,C)
         return (F.dropout(y, self.resid_dropout) if self.training and self.resid_dropout
                 else y), probs
 
@@ -368,8 +394,8 @@ class MLP(nn.Module):
         self.act = ACTIVATIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.act(self.c_fc(x))  # (B, T, C) -> (B, T, 4C)
-        y = self.c_proj(h)  # (B, T, 4C) -> (B, T, C)
+        h = self.act(linear(self.c_fc, x))  # (B, T, C) -> (B, T, 4C)
+        y = linear(self.c_proj, h)  # (B, T, 4C) -> (B, T, C)
         return F.dropout(y, self.dropout) if self.training and self.dropout else y
 
 
@@ -385,10 +411,10 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, *, rope, cache: KVCache | None, layer: int,
                 spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
-        a, probs = self.attn(self.ln_1(x), rope=rope, cache=cache, layer=layer, spec=spec)
+        a, probs = self.attn(norm(self.ln_1, x), rope=rope, cache=cache, layer=layer, spec=spec)
         x = x + a
         if self.mlp is not None:
-            x = x + self.mlp(self.ln_2(x))
+            x = x + self.mlp(norm(self.ln_2, x))
         return x, probs
 
 
@@ -464,7 +490,7 @@ class GPT(nn.Module):
     def _embed(self, idx: Tensor, start: int) -> Tensor:
         """Token (+ absolute position) embeddings for positions [start, start + T): (B, T, C)."""
         T = idx.shape[1]
-        x = self.wte(idx)  # (B, T) -> (B, T, C)
+        x = F.embedding(idx, self.wte.weight)  # (B, T) -> (B, T, C)
         if self.wpe is not None:
             if start + T > self.cfg.block_size:  # callers crop (core/generate.py, inspect-heads)
                 raise ValueError(
@@ -521,16 +547,48 @@ class GPT(nn.Module):
                                  f" of {kv_cache.max_len} positions used, batch "
                                  f"{kv_cache.batch_size}); crop, reset() and prefill again")
         x = self._embed(idx, start)  # (B, T, C)
-        rope = self.rotary.tables(start, T) if self.rotary is not None else None
+        x, all_probs = self._blocks(x, 0, start, kv_cache, spec)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        return self.unembed(x), all_probs
+
+    def _blocks(self, x: Tensor, first: int, start: int, kv_cache: KVCache | None,
+                spec: AttnSpec, stream: list[Tensor] | None = None
+                ) -> tuple[Tensor, list[Tensor]]:
+        """Blocks `first`.. on the residual stream x (B, T, C) entering block `first`, at
+        positions [start, start + T). Appends to `stream` the residual entering each block."""
+        rope = self.rotary.tables(start, x.shape[1]) if self.rotary is not None else None
         all_probs = []
         for i, block in enumerate(self.blocks):
+            if i < first:
+                continue
+            if stream is not None:
+                stream.append(x)
             x, probs = block(x, rope=rope, cache=kv_cache, layer=i, spec=spec)
             if probs is not None:
                 all_probs.append(probs)
-        if kv_cache is not None:
-            kv_cache.advance(T)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, V)
-        return self._softcap(logits.float()), all_probs
+        return x, all_probs
+
+    def unembed(self, x: Tensor) -> Tensor:
+        """Final norm -> LM head (-> soft-cap) on the residual stream leaving the last block:
+        (..., C) -> logits (..., V) float32."""
+        logits = linear(self.lm_head, norm(self.ln_f, x))  # (..., C) -> (..., V)
+        return self._softcap(logits.float())
+
+    def residual_stream(self, idx: Tensor, *, attn: AttnSpec | None = None) -> list[Tensor]:
+        """The residual stream of the forward pass on idx (B, T) (no cache): n_layer + 1
+        tensors (B, T, C), the one entering each block and, last, the one leaving the last
+        block (`unembed` of it = the logits)."""
+        stream: list[Tensor] = []
+        x, _ = self._blocks(self._embed(idx, 0), 0, 0, None, attn or self._spec, stream)
+        return [*stream, x]
+
+    def from_layer(self, layer: int, x: Tensor, *, attn: AttnSpec | None = None) -> Tensor:
+        """The forward pass from block `layer` on: x (B, T, C) is the residual stream entering
+        it at positions 0..T-1 (e.g. `residual_stream(idx)[layer]`); returns the stream leaving
+        the last block (B, T, C), the same numbers as the whole pass gives when x is. What an
+        intervention at layer `layer` changes starts here: the layers below need no rerun."""
+        return self._blocks(x, layer, 0, None, attn or self._spec)[0]
 
     def _softcap(self, logits: Tensor) -> Tensor:
         """cap * tanh(logits / cap) with cap = cfg.logit_softcap (0 = logits unchanged)."""

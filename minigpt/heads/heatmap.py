@@ -51,24 +51,54 @@ def _cmap():
 
 
 def grid_png(insp: Inspection) -> bytes:
-    """All layers (rows) x heads (columns), each titled with its dominant type."""
+    """`grid_figure` as PNG bytes."""
+    return _png_bytes(grid_figure(insp))
+
+
+def grid_figure(insp: Inspection):
+    """All layers (rows) x heads (columns), each titled with its dominant type; token positions
+    on the outer axes, one colour bar for all maps, and the induction probe's copy boundary."""
     from matplotlib.figure import Figure
 
-    L, H = insp.n_layer, insp.n_head
-    fig = Figure(figsize=(2.2 * H + 0.6, 2.3 * L + 0.6), layout="constrained")
-    axes = fig.subplots(L, H, squeeze=False)
+    L, H, T = insp.n_layer, insp.n_head, len(insp.tokens)
+    fig = Figure(figsize=(2.2 * H + 1.4, 2.3 * L + 1.0), layout="constrained")
+    axes = fig.subplots(L, H, squeeze=False, sharex=True, sharey=True)
     cmap = _cmap()
+    ticks = _position_ticks(T)
+    im = None
     for layer in range(L):
         for head in range(H):
             ax = axes[layer][head]
-            ax.imshow(_masked(insp.attention[layer, head]), cmap=cmap, vmin=0.0, vmax=1.0,
-                      interpolation="nearest")
+            im = ax.imshow(_masked(insp.attention[layer, head]), cmap=cmap, vmin=0.0, vmax=1.0,
+                           interpolation="nearest")
             ax.set_title(f"L{layer} H{head}: {insp.dominant(layer, head)}", fontsize=9)
-            ax.set_xticks([])
-            ax.set_yticks([])
-    fig.suptitle(f"attention, {len(insp.tokens)} tokens ({insp.source}); rows = queries, "
-                 "columns = keys", fontsize=10)
-    return _png_bytes(fig)
+            ax.set_xticks(ticks)
+            ax.set_yticks(ticks)
+            ax.tick_params(labelsize=7)
+            _mark_copy(ax, insp)
+        axes[layer][0].set_ylabel(f"layer {layer}\nquery position", fontsize=8)
+    for head in range(H):
+        axes[-1][head].set_xlabel("key position", fontsize=8)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
+    copy = ("" if insp.copy_start is None else
+            f"; red lines: the probe's second copy starts at position {insp.copy_start}")
+    fig.suptitle(f"attention, {T} tokens ({insp.source}); rows = queries, columns = keys"
+                 f"{copy}", fontsize=10)
+    return fig
+
+
+def _position_ticks(T: int) -> list[int]:
+    """About five round token positions from 0 to T-1, for small maps."""
+    step = max(1, math.ceil(T / 5 / 4) * 4) if T > 8 else 1
+    return list(range(0, T, step))
+
+
+def _mark_copy(ax, insp: Inspection) -> None:
+    """Thin red lines where the induction probe's second copy starts (rows and columns)."""
+    if insp.copy_start is not None:
+        at = insp.copy_start - 0.5
+        ax.axhline(at, color="red", linewidth=0.8, alpha=0.8)
+        ax.axvline(at, color="red", linewidth=0.8, alpha=0.8)
 
 
 SCORES_PER_TITLE_LINE = 3  # "induction 0.97, previous 0.12, duplicate 0.30" ~ 3.5 in at 9 pt
@@ -105,7 +135,8 @@ def head_figure(insp: Inspection, layer: int, head: int):
     ax.set_xlabel("key")
     ax.set_ylabel("query")
     ax.set_title(head_title(insp, layer, head), fontsize=9)
-    fig.colorbar(im, ax=ax, shrink=0.8)
+    _mark_copy(ax, insp)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="attention weight")
     return fig
 
 
@@ -115,9 +146,9 @@ def head_png(insp: Inspection, layer: int, head: int) -> bytes:
 
 
 def ablation_png(insp: Inspection) -> bytes:
-    """The layer x head table of ablation effects (nats/token lost with the head ablated), on
-    a diverging colour scale centred at 0, each cell labelled with its effect and the head's
-    dominant type: what each head carries beside where it looks."""
+    """The layer x head table of ablation effects (nats/token the loss rises by with the head
+    ablated), on a diverging colour scale centred at 0, each cell labelled with its effect and
+    the head's dominant type: what each head carries beside where it looks."""
     from matplotlib.figure import Figure
 
     ab = insp.ablation
@@ -140,8 +171,9 @@ def ablation_png(insp: Inspection) -> bytes:
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(f"{ab.mode} ablation: loss {ab.base_loss:.3f} nats/token over {ab.scored}; "
-                 "cell = loss lost with that head ablated", fontsize=8, wrap=True)
-    fig.colorbar(im, ax=ax, shrink=0.8, label="nats/token")
+                 "cell = loss ADDED when that head alone is ablated (red: the head helps)",
+                 fontsize=8, wrap=True)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="loss added (nats/token)")
     return _png_bytes(fig)
 
 

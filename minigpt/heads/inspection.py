@@ -17,6 +17,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from minigpt.core.circuits import (
+    KIND_HELP,
+    Attribution,
+    Composition,
+    Patching,
+    composition_scores,
+    direct_logit_attribution,
+    make_metric,
+    patch_heads,
+)
 from minigpt.core.heads import (
     SCORE_HELP,
     SCORE_NAMES,
@@ -31,6 +41,10 @@ from minigpt.heads.probes import ProbeInput
 
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
+
+# The order in which head kinds are worth showing first (`Inspection.most_distinctive`): the
+# circuits the lecture builds up to before the attention sinks most text heads park on.
+SHOW_FIRST = ("induction", "previous", "duplicate", "delimiter", "self", "first")
 
 
 @dataclass
@@ -52,6 +66,10 @@ class Inspection:
     step: int = 0
     notes: list[str] = field(default_factory=list)
     ablation: Ablation | None = None  # what each head carries (`ablate_heads`), if asked for
+    dla: Attribution | None = None  # each head's direct share of the logit (heads.circuits)
+    patch: Patching | None = None  # each head patched from a corrupted input
+    composition: Composition | None = None  # Q/K/V composition from the weights
+    copy_start: int | None = None    # induction probe: the position its second copy starts at
 
     @property
     def n_layer(self) -> int:
@@ -71,6 +89,38 @@ class Inspection:
     def dominant(self, layer: int, head: int) -> str:
         return dominant_type(self.head_scores(layer, head))
 
+    def most_distinctive(self, pairs: Sequence[tuple[int, int]] | None = None
+                         ) -> tuple[int, int]:
+        """The head to show first, among `pairs` (None: all): of the kinds in SHOW_FIRST order
+        (induction first: the reason a student opens the induction probe), the first that some
+        head has as its dominant type, and of those heads the one scoring highest on it; no
+        head with a dominant pattern: the one with the highest pattern score."""
+        pairs = list(pairs) if pairs else [(la, h) for la in range(self.n_layer)
+                                           for h in range(self.n_head)]
+
+        def score(pair: tuple[int, int], kind: str) -> float:
+            v = float(self.scores[kind][pair])
+            return -1.0 if math.isnan(v) else v
+
+        for kind in SHOW_FIRST:
+            found = [p for p in pairs if self.dominant(*p) == kind]
+            if found:
+                return max(found, key=lambda p: score(p, kind))
+        return max(pairs, key=lambda p: max(score(p, k) for k in SHOW_FIRST))
+
+    def window(self, layer: int, head: int, n: int) -> tuple[list[int], list[int]]:
+        """Which queries and keys of map (layer, head) to show when only `n` of each fit (a
+        terminal): the last n queries (the ones with the most context; on the induction probe
+        the second copy, where induction heads differ from the rest) and the n keys they give
+        the most attention, in order. All of them when T <= n."""
+        T = len(self.tokens)
+        if T <= n:
+            return list(range(T)), list(range(T))
+        rows = list(range(T - n, T))
+        mass = self.attention[layer, head, rows].sum(0)  # (T,) attention each key receives
+        cols = sorted(torch.topk(mass, n, sorted=False).indices.tolist())
+        return rows, cols
+
     def head_row(self, layer: int, head: int, digits: int = 6) -> dict:
         """One head's numbers as JSON: layer, head, dominant type and every score rounded to
         `digits` (None = not applicable to this input). `--json`, scores.json and the viewer
@@ -80,6 +130,10 @@ class Inspection:
                **{n: (None if math.isnan(v) else round(v, digits)) for n, v in s.items()}}
         if self.ablation is not None:  # nats/token lost when this head alone is ablated
             row["ablation"] = round(float(self.ablation.effect[layer, head]), digits)
+        if self.dla is not None:  # its direct share of the logit
+            row["dla"] = round(float(self.dla.heads[layer, head]), digits)
+        if self.patch is not None:  # fraction of the metric's change patching it moves
+            row["patch"] = round(float(self.patch.effect[layer, head]), digits)
         return row
 
     def to_json(self, layers: Sequence[int] | None = None,
@@ -93,17 +147,40 @@ class Inspection:
                 "parity_max_abs_diff": self.parity_max_diff, "parity_ok": self.parity_ok,
                 "score_definitions": SCORE_HELP,
                 **({"ablation": self.ablation.to_json()} if self.ablation is not None else {}),
+                **({"dla": self.dla.to_json()} if self.dla is not None else {}),
+                **({"patch": self.patch.to_json()} if self.patch is not None else {}),
+                **({"composition_definitions": KIND_HELP,
+                    "composition": self.composition.records()}
+                   if self.composition is not None else {}),
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
 
+@dataclass
+class CircuitRequest:
+    """What of core.circuits inspect() also measures: `dla`, `composition`, and patching
+    from `patch_tokens` (described by `patch_source`) in `direction`; the metric's token
+    (`target`) or logit difference (`answer` - `wrong`), as token ids."""
+
+    dla: bool = False
+    composition: bool = False
+    patch_tokens: list[int] | None = None
+    patch_source: str = ""
+    direction: str = "noising"
+    target: int | None = None
+    answer: int | None = None
+    wrong: int | None = None
+
+
 def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
-            run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0) -> Inspection:
+            run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0,
+            circuits: CircuitRequest | None = None) -> Inspection:
     """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
     on `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
     head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
     The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
-    orders the resample ablation's reference."""
+    orders the resample ablation's reference. `circuits` adds direct logit attribution,
+    composition and patching (scored where the ablation is)."""
     tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
@@ -117,9 +194,30 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
                                 scored=inp.scored, minimum=inp.min_tokens, seed=seed)
     scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
-    return Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
+    copy_start = (inp.positions[0] if inp.source == "probe:induction" and inp.positions
+                  else None)
+    insp = Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
                       scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
-                      run=run, step=step, ablation=ablation)
+                      run=run, step=step, ablation=ablation, copy_start=copy_start)
+    if circuits is not None:
+        measure_circuits(insp, model, circuits, inp.positions)
+    return insp
+
+
+def measure_circuits(insp: Inspection, model, req: CircuitRequest,
+                     positions: Sequence[int] | None) -> None:
+    """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (core.circuits)."""
+    if req.composition:
+        insp.composition = composition_scores(model)
+    if not req.dla and req.patch_tokens is None:
+        return
+    metric = make_metric(len(insp.tokens), positions, target=req.target, answer=req.answer,
+                         wrong=req.wrong)
+    if req.dla:
+        insp.dla = direct_logit_attribution(model, insp.tokens, metric)
+    if req.patch_tokens is not None:
+        insp.patch = patch_heads(model, insp.tokens, req.patch_tokens, metric,
+                                 direction=req.direction, source=req.patch_source)
 
 
 def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:

@@ -1,5 +1,5 @@
-"""The files inspect-heads writes: which formats (`parse_formats`: `table` is the terminal, the
-rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and proven writable
+"""The files inspect-heads writes: which formats (`parse_formats`, in flags.py: `table` is the
+terminal, the rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and proven writable
 before any work), and writing them (`write_files`: PNG heatmaps from `heatmap.py`, the HTML
 viewer from `viewer.py`, the raw tensor and the scores JSON from here). Every file is written
 durably (`minigpt.files`: temp file, fsync, rename)."""
@@ -15,25 +15,11 @@ import torch
 
 from minigpt.errors import ArgumentError
 from minigpt.files import atomic_write_bytes
+from minigpt.heads.circuits_png import write_circuit_pngs
+from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
 from minigpt.heads.heatmap import write_pngs
 from minigpt.heads.inspection import Inspection
 from minigpt.heads.viewer import write_html
-
-FORMATS = ("table", "png", "html", "safetensors", "json")
-
-
-def parse_formats(values: Sequence[str]) -> list[str]:
-    """Format names (each may be comma-separated), validated against FORMATS; none given:
-    the table."""
-    out: list[str] = []
-    for value in values:
-        for name in (v.strip().lower() for v in value.split(",")):
-            if name not in FORMATS:
-                raise ArgumentError("format", f"'{name}' is not a format; valid: "
-                                   f"{', '.join(FORMATS)}")
-            if name not in out:
-                out.append(name)
-    return out or ["table"]
 
 
 def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None) -> Path | None:
@@ -68,6 +54,7 @@ def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Seq
     written: list[Path] = []
     if "png" in formats:
         written += write_pngs(insp, out, pairs)
+        written += write_circuit_pngs(insp, out)
     if "html" in formats:
         written.append(write_html(insp, out / "attention.html", pairs))
     if "safetensors" in formats:

@@ -145,3 +145,56 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
     ids = first + tokenizer.encode(text)
     return ProbeInput(ids[:max_tokens], [tokenizer.token_str(i) for i in ids[:max_tokens]],
                       source, len(ids), file_bytes, min_tokens=len(first) + 2)
+
+
+def token_id(tokenizer, text: str, param: str) -> int:
+    """The id of `text` when it is exactly one token of `tokenizer` (a leading space is part of
+    a GPT-2 word: " Mary"); ArgumentError naming `param` otherwise."""
+    ids = tokenizer.encode(text)
+    if len(ids) != 1:
+        shown = ", ".join(repr(tokenizer.token_str(i)) for i in ids[:6])
+        raise ArgumentError(param, f"{text!r} is {len(ids)} tokens ({shown or 'none'}), not "
+                            "one; give a single token of the model's vocabulary")
+    return ids[0]
+
+
+def corrupted_input(cfg, tokenizer, inp: ProbeInput, patch_from: str, *,
+                    max_tokens: int | None = None, seed: int = 0,
+                    eot_first: bool = False) -> tuple[list[int], str]:
+    """The corrupted input patched from (token ids, a description) for the clean `inp`: with
+    the induction probe, `patch_from` must be `corrupted` (the probe with its second copy's
+    tokens replaced by tokens of neither copy); with text, it is the corrupted text, read like
+    the clean one (the same `max_tokens`, <|endoftext|> first alike). The lengths are checked
+    by the caller (`circuits.check_same_length`)."""
+    if not inp.is_text:
+        if inp.source != "probe:induction" or patch_from != "corrupted":
+            raise ArgumentError("patch_from", "with a probe the corrupted input is "
+                                "`corrupted` (the induction probe with its second copy's tokens "
+                                "replaced); give --probe induction --patch-from corrupted, or "
+                                "a --text and a corrupted text")
+        first = 1 if eot_first else 0
+        ids = corrupt_second_copy(inp.tokens, first, probe_pool(cfg, tokenizer), seed)
+        return ids, "the induction probe with its second copy's tokens replaced"
+    if not patch_from.strip():
+        raise ArgumentError("patch_from", "the corrupted text is empty")
+    other = prepare_input(cfg, tokenizer, text=patch_from, max_tokens=max_tokens,
+                          eot_first=eot_first)
+    return other.tokens, f"text: {patch_from}"
+
+
+def corrupt_second_copy(tokens: Sequence[int], first: int, pool: Sequence[int],
+                        seed: int = 0) -> list[int]:
+    """The induction probe `tokens` (its two copies start at `first`) with every token of the
+    second copy replaced by a different one from `pool`, none of them in the first copy: the
+    same length and the same first copy, but nothing to copy."""
+    half = (len(tokens) - first) // 2
+    start = first + half
+    used = set(tokens[first:start])
+    spare = [t for t in pool if t not in used]
+    if len(spare) < 1:
+        raise ArgumentError("patch_from", "the probe's vocabulary has no token outside its "
+                            "first copy to corrupt the second copy with")
+    rng = random.Random(f"corrupt:{seed}")
+    fresh = rng.sample(spare, len(tokens) - start) if len(spare) >= len(tokens) - start else [
+        rng.choice(spare) for _ in range(len(tokens) - start)]
+    return list(tokens[:start]) + fresh

@@ -4,13 +4,22 @@ previous-token score against step, so a phase change is visible).
 
 The trainer calls `HeadWatch.measure(step)` every `train.head_scores_interval` steps and
 emits the HeadScoresEvent it returns (metrics.jsonl records it as `{"kind": "heads", "step",
-"seconds", "scores": {name: [[layer][head]]}}`); `draw_timeline` renders those records.
+"seconds", "scores": {name: [[layer][head]]}, "circuit": {...}}`); `draw_timeline` renders
+those records.
+
+`circuit` (models of two layers or more, `circuit_record`): the best induction head of the
+layers after the first, the best previous-token head of the layers before it, the
+K-composition of the two (how much the induction head's keys read what the previous-token head
+writes: heads.circuits) beside the score of random weights, and the head with the largest
+direct logit attribution on the induction probe's second copy: the circuit forming, not only
+the patterns.
 Measuring reads the model only: eval mode, no gradients, no random numbers drawn from the
 global generators, so a run with head scores trains exactly like one without.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import time
 import warnings
@@ -18,6 +27,12 @@ from collections.abc import Sequence
 
 import torch
 
+from minigpt.core.circuits import (
+    composition_baseline,
+    direct_logit_attribution,
+    k_composition,
+    make_metric,
+)
 from minigpt.core.heads import score_heads
 from minigpt.events import HeadFormedEvent, HeadScoresEvent
 from minigpt.heads.probes import probe_pool, probe_tokens
@@ -69,6 +84,39 @@ def all_formed(scores: dict[str, list], kinds: Sequence[str]) -> bool:
     return all(kind in found for kind in kinds)
 
 
+@functools.lru_cache(maxsize=8)
+def _k_baseline(n_head: int, n_embd: int, head_dim: int, centred: bool) -> float:
+    """Random weights' K-composition for these shapes (seeded: computed once per shape)."""
+    return composition_baseline(n_head, n_embd, head_dim, centred)["k"]
+
+
+def circuit_record(model: torch.nn.Module, cfg, tokenizer, scores: dict[str, list],
+                   seed: int = 0) -> dict | None:
+    """The induction circuit at this step (module docstring); None for a one-layer model."""
+    ind, prev = scores["induction"], scores["previous"]
+    if len(ind) < 2:
+        return None
+    m = cfg.model
+    baseline = _k_baseline(m.n_head, m.n_embd, m.head_dim, m.norm != "rmsnorm")
+
+    def best(rows, layers):
+        return max(((la, h) for la in layers for h in range(len(rows[la]))),
+                   key=lambda lh: rows[lh[0]][lh[1]] if rows[lh[0]][lh[1]] is not None else -1)
+
+    li, hi = best(ind, range(1, len(ind)))
+    lp, hp = best(prev, range(li))
+    length = min(cfg.model.block_size, MAX_PROBE_TOKENS) // 2 * 2
+    ids = probe_tokens("induction", length, probe_pool(cfg, tokenizer), seed)
+    dla = direct_logit_attribution(model, ids, make_metric(len(ids), range(length // 2,
+                                                                          length - 1)))
+    flat = int(dla.heads.flatten().argmax())
+    ld, hd = divmod(flat, dla.heads.shape[1])
+    return {"previous_head": [lp, hp], "induction_head": [li, hi],
+            "k_composition": round(k_composition(model, (lp, hp), (li, hi)), 6),
+            "k_baseline": round(baseline, 6), "dla_head": [ld, hd],
+            "dla": round(float(dla.heads[ld, hd]), 6)}
+
+
 class HeadWatch:
     """Measures a model's heads during training and reports each head that forms, once.
     `already` holds what formed before a resume (from the run's earlier records)."""
@@ -85,16 +133,19 @@ class HeadWatch:
         """Every head's scores at `step` and the heads that formed since the last measure."""
         t0 = time.perf_counter()
         scores = probe_scores(self.model, self.cfg, self.tokenizer)
+        circuit = circuit_record(self.model, self.cfg, self.tokenizer, scores)
         new = sorted(formed_heads(scores) - self.formed)
         self.formed |= set(new)
         formed = [HeadFormedEvent(step, la, h, kind, KIND_NAMES[kind], scores[kind][la][h])
                   for la, h, kind in new]
-        return HeadScoresEvent(step, round(time.perf_counter() - t0, 4), scores), formed
+        return HeadScoresEvent(step, round(time.perf_counter() - t0, 4), scores,
+                               circuit), formed
 
 
 def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     """PNG bytes: one panel per layer, the best induction and previous-token score (and the
-    best duplicate-token score, dashed) of that layer against step; None without records."""
+    best duplicate-token score, dashed) of that layer against step, and, when the records
+    have it, a panel for the circuit (`_draw_circuit`); None without records."""
     recs = sorted((r for r in records if r.get("kind") == "heads"), key=lambda r: r["step"])
     if not recs:
         return None
@@ -103,8 +154,10 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
 
     n_layer = len(recs[-1]["scores"]["induction"])
     steps = [r["step"] for r in recs]
-    fig = Figure(figsize=(7.5, 1.9 * n_layer + 1.0), layout="constrained")
-    axes = fig.subplots(n_layer, 1, squeeze=False, sharex=True)
+    circuit = any(r.get("circuit") for r in recs)
+    panels = n_layer + circuit
+    fig = Figure(figsize=(7.5, 1.9 * panels + 1.0), layout="constrained")
+    axes = fig.subplots(panels, 1, squeeze=False, sharex=True)
     styles = (("induction", "-", "tab:red"), ("previous", "-", "tab:blue"),
               ("duplicate", "--", "tab:green"))
     for la in range(n_layer):
@@ -112,11 +165,15 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
         for kind, ls, color in styles:
             best = [max((v for v in r["scores"][kind][la] if v is not None), default=float("nan"))
                     for r in recs]
-            ax.plot(steps, best, ls, color=color, label=f"best {kind}", linewidth=1.5)
+            # markers: one measurement is a point (a line through one point draws nothing)
+            ax.plot(steps, best, ls, color=color, label=f"best {kind}", linewidth=1.5,
+                    marker="o" if len(steps) <= 40 else None, markersize=3)
         ax.axhline(FORMED, color="grey", linewidth=0.8, linestyle=":")
         ax.set_ylim(-0.02, 1.02)
         ax.set_ylabel(f"layer {la}")
         ax.grid(alpha=0.3)
+    if circuit:
+        _draw_circuit(axes[-1][0], recs)
     fig.suptitle(title or "head scores on the built-in probes", fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, [*labels], loc="outside lower center", ncol=3, fontsize=8,
@@ -128,3 +185,27 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
         warnings.simplefilter("ignore")
         fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
+
+
+def _draw_circuit(ax, recs: Sequence[dict]) -> None:
+    """The K-composition of the best previous-token head into the best induction head (and
+    random weights' score, dotted) against step; the largest direct logit attribution of one
+    head on a second axis."""
+    pts = [(r["step"], r["circuit"]) for r in recs if r.get("circuit")]
+    steps = [s for s, _ in pts]
+    ax.plot(steps, [c["k_composition"] for _, c in pts], "-", color="tab:purple",
+            linewidth=1.5, label="K-composition prev -> ind")
+    ax.plot(steps, [c["k_baseline"] for _, c in pts], ":", color="tab:purple", linewidth=1.0,
+            label="random weights")
+    last = pts[-1][1]
+    ax.set_ylabel("K-comp")
+    ax.set_ylim(0, max(0.5, *(c["k_composition"] for _, c in pts)) * 1.05)
+    ax.grid(alpha=0.3)
+    twin = ax.twinx()
+    twin.plot(steps, [c["dla"] for _, c in pts], "--", color="tab:orange", linewidth=1.2)
+    twin.set_ylabel("best DLA (logit)", color="tab:orange", fontsize=8)
+    ax.set_title(f"circuit: L{last['previous_head'][0]}H{last['previous_head'][1]} (previous) "
+                 f"-> L{last['induction_head'][0]}H{last['induction_head'][1]} (induction) "
+                 f"K-composition (purple; dotted: random weights); dashed orange: the largest "
+                 f"direct logit attribution of one head (L{last['dla_head'][0]}"
+                 f"H{last['dla_head'][1]} at the end)", fontsize=7, wrap=True)

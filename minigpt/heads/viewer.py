@@ -43,13 +43,44 @@ def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
              for head in range(insp.n_head)] for layer in range(insp.n_layer)]
     scores = [insp.head_row(layer, head, digits=4)
               for layer in range(insp.n_layer) for head in range(insp.n_head)]
-    first = list(heads[0]) if heads else [0, 0]
+    first = list(insp.most_distinctive(heads))
     return {"n_layer": insp.n_layer, "n_head": insp.n_head, "T": T, "tokens": insp.tokens,
             "strs": insp.token_strs, "labels": [visible_token(s, 16) for s in insp.token_strs],
             "attn": attn, "scores": scores, "score_names": list(SCORE_NAMES),
             "score_help": SCORE_HELP, "run": insp.run, "step": insp.step,
             "source": insp.source, "parity": insp.parity_max_diff, "first": first,
+            "copy_start": insp.copy_start, "glossary": glossary(),
             "ablation": insp.ablation.to_json() if insp.ablation is not None else None}
+
+
+# What the page's words and glyphs mean (shown under the map; tests/test_viewer_browser.py).
+TYPE_HELP = {
+    "mixed": "no pattern score reaches 0.4 and the attention is not spread evenly",
+    "diffuse": "attention spread almost evenly over the visible keys (entropy >= 0.7)",
+    "local": "most attention on the query and the 3 tokens before it",
+    "n/a": "a single token: nothing to score",
+}
+GLYPHS = {
+    "·": "a space inside a token",
+    "↵": "a newline",
+    "→": "a tab",
+    "␍": "a carriage return",
+    "\\xNN": "any other control byte, by its hex code (random probe ids often are)",
+    "∅": "a token with no text",
+    "…": "a label shortened to fit",
+}
+
+
+def glossary() -> list[list[str]]:
+    """[term, meaning] pairs: every score column, the dominant types that are not scores, the
+    glyphs token labels use (`visible_token`) and the ablation column."""
+    return ([[n, SCORE_HELP[n]] for n in SCORE_NAMES]
+            + [["dominant", ("the pattern score (induction .. delimiter) that is highest and "
+                "at least 0.4; otherwise one of the types below")]]
+            + [[n, v] for n, v in TYPE_HELP.items()]
+            + [["ablation", ("how much the loss rises (nats/token) with this head alone "
+                "knocked out (--ablate)")]]
+            + [[g, v] for g, v in GLYPHS.items()])
 
 
 _CSS = """
@@ -65,6 +96,10 @@ th{background:#eee}tr.sel td{background:#ffe9a8}tbody tr{cursor:pointer}
 #tokens{display:flex;flex-wrap:wrap;gap:4px;list-style:none;padding:0}
 #tokens li{font-family:ui-monospace,monospace;background:#eef;padding:1px 4px;border-radius:3px}
 #tokens li.q{background:#fc6}
+#explain{max-width:60em}#mapbox{display:flex;gap:1em;align-items:flex-start}
+#scalebox{font-size:.85em;text-align:center}
+dl#glossary{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em;max-width:60em}
+dl#glossary dt{font-family:ui-monospace,monospace;font-weight:bold}dl#glossary dd{margin:0}
 """
 
 # Everything dynamic goes through textContent / title / fillText: never innerHTML.
@@ -124,6 +159,19 @@ _JS = r"""
         ctx.restore();
       }
     }
+    if (D.copy_start !== null) {  // the induction probe: where its second copy starts
+      const at = D.copy_start * CELL;
+      ctx.strokeStyle = "#e0301e";
+      ctx.lineWidth = 2;
+      ctx.setLineDash([6, 3]);
+      ctx.beginPath();
+      ctx.moveTo(LABEL, LABEL + at);
+      ctx.lineTo(LABEL + T * CELL, LABEL + at);
+      ctx.moveTo(LABEL + at, LABEL);
+      ctx.lineTo(LABEL + at, LABEL + T * CELL);
+      ctx.stroke();
+      ctx.setLineDash([]);
+    }
     canvas.dataset.layer = cur.layer;
     canvas.dataset.head = cur.head;
     const row = D.scores.find((r) => r.layer === cur.layer && r.head === cur.head);
@@ -155,7 +203,47 @@ _JS = r"""
     items[j].classList.add("q");
   }
 
+  function scale() {  // the colour scale: weight 0 (bottom) .. 1 (top)
+    const c = $("scale"), g = c.getContext("2d"), H = 200, W = 20, TOP = 8;
+    c.width = 70;
+    c.height = H + 2 * TOP;
+    for (let y = 0; y < H; y++) {
+      g.fillStyle = color(1 - y / (H - 1));
+      g.fillRect(0, TOP + y, W, 1);
+    }
+    g.strokeStyle = "#888";
+    g.strokeRect(0.5, TOP + 0.5, W, H);
+    g.fillStyle = "#222";
+    g.font = "12px sans-serif";
+    g.textBaseline = "middle";
+    [0, 0.25, 0.5, 0.75, 1].forEach((v) => {
+      const y = TOP + (1 - v) * (H - 1);
+      g.fillRect(W, y, 4, 1);
+      g.fillText(v.toFixed(2), W + 7, y);
+    });
+  }
+
+  function explain() {
+    let s = "Each row is a query token and each cell the share of its attention that goes to " +
+      "the key token of that column (rows sum to 1; future keys are blank). Row 0 can only " +
+      "see itself, so it is always 1.0. Hover a cell for its weight; pick a head above, or " +
+      "click a row of the score table below. Opened on the most distinctive head.";
+    if (D.copy_start !== null) {
+      s += " This is the induction probe: random tokens, then the same tokens again from " +
+        "position " + D.copy_start + " (dashed red lines). An induction head attends from " +
+        "each token of the second copy to the token after its first occurrence: a stripe " +
+        "below the line, " + (D.copy_start - 1) + " keys left of the diagonal.";
+    }
+    text($("explain"), s);
+  }
+
   function build() {
+    explain();
+    scale();
+    D.glossary.forEach((pair) => {
+      add($("glossary"), "dt", pair[0]);
+      add($("glossary"), "dd", pair[1]);
+    });
     text($("meta"), "run: " + (D.run || "(none)") + "   step: " + D.step + "   input: " +
          D.source + "   tokens: " + T + "   explicit vs SDPA logits max |diff|: " +
          D.parity.toExponential(2) + (D.ablation ? "\nablation (" + D.ablation.mode + "): " +
@@ -175,8 +263,8 @@ _JS = r"""
     ["layer", "head", "dominant"].concat(columns).forEach((n) => {
       const th = add(hr, "th", n);
       if (D.score_help[n]) th.title = D.score_help[n];
-      if (n === "ablation") th.title = "nats/token lost with the head " + D.ablation.mode +
-        "-ablated";
+      if (n === "ablation") th.title = "nats/token the loss rises by with the head " +
+        D.ablation.mode + "-ablated";
     });
     const body = add($("scores"), "tbody");
     D.scores.forEach((r) => {
@@ -211,11 +299,13 @@ def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
         "<h1>Attention heads</h1><div id=\"meta\"></div>\n"
         "<div id=\"controls\"><label>layer <select id=\"layer\"></select></label>"
         "<label>head <select id=\"head\"></select></label><strong id=\"current\"></strong></div>\n"
-        "<canvas id=\"map\"></canvas><div id=\"hover\"></div>\n"
-        "<p>Rows are queries, columns are keys; hover a cell for its weight. Click a row of the "
-        "score table to show that head.</p>\n"
+        "<p id=\"explain\"></p>\n"
+        "<div id=\"mapbox\"><canvas id=\"map\"></canvas>"
+        "<div id=\"scalebox\">attention<br>weight<br><canvas id=\"scale\"></canvas></div>"
+        "</div><div id=\"hover\"></div>\n"
         "<h2>Tokens</h2><ol id=\"tokens\"></ol>\n"
         "<h2>Head scores</h2><table id=\"scores\"></table>\n"
+        "<h2>What the names and signs mean</h2><dl id=\"glossary\"></dl>\n"
         "<script type=\"application/json\" id=\"viewer-data\">"
         f"{safe_json(viewer_data(insp, heads))}</script>\n"
         f"<script>{_JS}</script>\n</body></html>\n"
@@ -224,5 +314,6 @@ def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
 
 def write_html(insp: Inspection, path: Path,
                heads: Sequence[tuple[int, int]] | None = None) -> Path:
-    """Write the viewer to `path` (durably); `heads[0]` is the head shown first."""
+    """Write the viewer to `path` (durably); it opens on the most distinctive of `heads`
+    (`Inspection.most_distinctive`; None: of all heads)."""
     return atomic_write_bytes(path, render_html(insp, heads).encode("utf-8"))

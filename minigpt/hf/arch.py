@@ -185,8 +185,6 @@ def export_kind(m: ModelConfig) -> str:
                            "and rope (-> GPT-NeoX) positions export")
     if m.norm != "layernorm":
         raise MinigptError(f"model.norm is {m.norm!r}: GPT-2 and GPT-NeoX use LayerNorm")
-    if not m.mlp:
-        raise MinigptError("model.mlp is false: GPT-2 and GPT-NeoX blocks always have an MLP")
     if m.activation not in ("gelu", "gelu_tanh"):
         raise MinigptError(f"model.activation is {m.activation!r}: GPT-2 and GPT-NeoX export "
                            "gelu and gelu_tanh only")

@@ -3,10 +3,11 @@
 no custom code.
 
 learned positions -> GPT2LMHeadModel; rope -> GPTNeoXForCausalLM (full rotary, sequential
-residual, q/k rows permuted to NeoX's rotate-half layout); sinusoidal / none, RMSNorm,
-attention-only models, ReLU^2, QK-norm and logit soft-capping are refused, naming the setting
-(`arch.export_kind`). Biases a bias-free
-minigpt model lacks are written as zeros (the same function).
+residual, q/k rows permuted to NeoX's rotate-half layout); sinusoidal / none, RMSNorm, ReLU^2,
+QK-norm and logit soft-capping are refused, naming the setting (`arch.export_kind`). Biases a
+bias-free minigpt model lacks are written as zeros, and an attention-only model (model.mlp
+false, as configs/induction.yaml trains) gets MLPs whose weights are all zero: the same
+function, in the blocks GPT-2 and GPT-NeoX always have.
 
 The directory is written whole or not at all (`files.new_output`): every file goes into a
 temporary sibling directory `.NAME.PID-XXXXXXXX.tmp` (each fsynced), which is then renamed to

@@ -127,11 +127,36 @@ def download(repo: str, revision: str | None) -> Path:
     try:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=FILES))
     except _hub_errors() as e:  # offline, unknown repo or revision, HTTP and network errors
-        lines = str(e).strip().splitlines()
-        why = f"{type(e).__name__}: {lines[0][:160]}" if lines else type(e).__name__
-        raise ArgumentError("model", f"download failed ({why}); check the repository id and the "
-                            "network, or give a local model directory (HF_HUB_OFFLINE=1 uses "
-                            "only huggingface_hub's cache)", subject=name) from None
+        if _offline() and isinstance(e, FileNotFoundError):  # the cache miss
+            raise ArgumentError("model", "download failed: not in huggingface_hub's cache, and "
+                                "HF_HUB_OFFLINE is set, so nothing was downloaded; run once with "
+                                "the network and HF_HUB_OFFLINE unset to fetch it, or give a "
+                                "local model directory", subject=name) from None
+        raise ArgumentError("model", f"download failed ({type(e).__name__}: {_gist(str(e))}); "
+                            "check the repository id and the network, or give a local model "
+                            "directory (HF_HUB_OFFLINE=1 uses only huggingface_hub's cache)",
+                            subject=name) from None
+
+
+def _offline() -> bool:
+    """huggingface_hub's offline mode (HF_HUB_OFFLINE, read when it was imported)."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _gist(message: str, limit: int = 300) -> str:
+    """An error message on one line, whole sentences only: cut after the last sentence that
+    ends within `limit` characters (else at the last word, marked with ...)."""
+    text = " ".join(message.split())
+    if len(text) <= limit:
+        return text
+    end = text.rfind(". ", 0, limit)
+    if end > 0:
+        return text[:end + 1]
+    return text[:text.rfind(" ", 0, limit)] + " ..."
 
 
 def _hub_errors() -> tuple[type[BaseException], ...]:

@@ -258,12 +258,30 @@ def to_minigpt(kind: str, m: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Te
     return out
 
 
+def zero_mlp(m: ModelConfig) -> dict[str, Tensor]:
+    """The MLP an attention-only model (model.mlp false) exports with: both matrices and
+    biases zero, so each block adds exactly 0 where GPT-2 and GPT-NeoX run an MLP (GELU(0) =
+    0), and a unit LayerNorm in front of it (its output is multiplied by zeros)."""
+    C = m.n_embd
+    out = {}
+    for i in range(m.n_layer):
+        b = f"blocks.{i}."
+        out.update({f"{b}ln_2.weight": torch.ones(C), f"{b}ln_2.bias": torch.zeros(C),
+                    f"{b}mlp.c_fc.weight": torch.zeros(4 * C, C),
+                    f"{b}mlp.c_fc.bias": torch.zeros(4 * C),
+                    f"{b}mlp.c_proj.weight": torch.zeros(C, 4 * C),
+                    f"{b}mlp.c_proj.bias": torch.zeros(C)})
+    return out
+
+
 def from_minigpt(kind: str, m: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Hugging Face tensors (contiguous, CPU, float32) from minigpt's state dict; biases a
     bias-free minigpt model lacks are written as zeros (GPT-NeoX without attention_bias
-    has no attention biases at all)."""
+    has no attention biases at all), and an attention-only model's MLPs as zero MLPs
+    (`zero_mlp`): the same function."""
     out = {}
     prefix = "transformer." if kind == GPT2 else ""
+    state = {**zero_mlp(m), **state} if not m.mlp else state
     for ours, theirs, transposed in _pairs(kind, m):
         t = state.get(ours)
         if t is None:  # bias=False: a zero bias is the same function

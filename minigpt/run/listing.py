@@ -12,7 +12,10 @@ Where each column comes from:
   the run) or the committed checkpoint's manifest.json is not a JSON object.
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
   max steps: config.yaml's train.max_steps.
-- best val bits/byte: the lowest val_bpb in metrics.jsonl.
+- val bits/byte: the lowest val_bpb in metrics.jsonl with its step, and the last one (the
+  saved weights are the last step's, so the two differ once validation rises); for a run on
+  synthetic induction ids (which stand for no bytes), the share of copies the last
+  evaluation predicted (`copy_accuracy`) instead.
 - parameters: the tensors in the committed model.safetensors (tied weights stored once), from
   its header only.
 - wall time: the last `elapsed` in metrics.jsonl (training seconds over all sessions).
@@ -68,11 +71,17 @@ class RunRow:
     last_change: float        # seconds since the epoch
     skipped_lines: int        # damaged metrics.jsonl lines left out
     problem: str | None = None  # "<path>: <why>" of a file that could not be read
+    best_step: int | None = None      # the evaluation of best_val_bpb
+    last_val_bpb: float | None = None  # the last evaluation's (the saved model's, once done)
+    last_step: int | None = None
+    copy_accuracy: float | None = None  # induction runs: the last evaluation's copies predicted
 
     def to_json(self) -> dict:
         return {"name": self.name, "path": str(self.path), "status": self.status,
                 "step": self.step, "max_steps": self.max_steps,
-                "best_val_bpb": self.best_val_bpb, "params": self.params,
+                "best_val_bpb": self.best_val_bpb, "best_step": self.best_step,
+                "last_val_bpb": self.last_val_bpb, "last_step": self.last_step,
+                "copy_accuracy": self.copy_accuracy, "params": self.params,
                 "wall_time_s": self.wall_time, "last_change": self.last_change,
                 "skipped_lines": self.skipped_lines, "problem": self.problem}
 
@@ -151,7 +160,10 @@ def read_row(run_dir: Path) -> RunRow:
         records, bad = [], 0
         problems.append(str(e))
     evals = [r for r in records if r.get("kind") == "eval"]
-    bpbs = [r["val_bpb"] for r in evals if finite(r.get("val_bpb")) is not None]
+    scored = [(r["val_bpb"], r["step"]) for r in evals if finite(r.get("val_bpb")) is not None]
+    best = min(scored, key=lambda x: x[0]) if scored else (None, None)
+    last = scored[-1] if scored else (None, None)
+    copies = [r["copy_accuracy"] for r in evals if finite(r.get("copy_accuracy")) is not None]
     times = [r["elapsed"] for r in records if finite(r.get("elapsed")) is not None]
     max_steps = _max_steps(run_dir, problems)
     try:
@@ -169,10 +181,12 @@ def read_row(run_dir: Path) -> RunRow:
     return RunRow(name=run_dir.name, path=run_dir,
                   status="unreadable" if problems else status,
                   step=max([r["step"] for r in records] + [ckpt_step or 0]),
-                  max_steps=max_steps, best_val_bpb=min(bpbs) if bpbs else None,
+                  max_steps=max_steps, best_val_bpb=best[0],
                   params=params, wall_time=times[-1] if times else None,
                   last_change=_last_change(run_dir), skipped_lines=bad,
-                  problem=problems[0] if problems else None)
+                  problem=problems[0] if problems else None, best_step=best[1],
+                  last_val_bpb=last[0], last_step=last[1],
+                  copy_accuracy=copies[-1] if copies else None)
 
 
 def _text(path: Path, problems: list[str]) -> str | None:
@@ -231,6 +245,32 @@ def _lock_held(path: Path, problems: list[str]) -> bool:
     except OSError as e:
         problems.append(f"{path}: {read_problem(e)}")
     return False
+
+
+def data_kind(run_dir: Path) -> dict:
+    """What a run was trained on, from its config.yaml: {"source": "text" | "induction",
+    "tokenizer": a phrase naming its tokens ("bytes", "BPE 1024 (gpt4)", "gpt2 encoding",
+    "synthetic ids 0..127")}; {} when config.yaml is missing or unreadable. For `sample`
+    (which picks the latest run trained on text) and `curves` (which refuses to overlay runs
+    whose tokens differ)."""
+    try:
+        cfg = parse_yaml(_text(Path(run_dir) / CONFIG_FILE, []) or "")
+        data, tok = cfg.get("data") or {}, cfg.get("tokenizer") or {}
+    except (MinigptError, AttributeError):
+        return {}
+    if not isinstance(data, dict) or not isinstance(tok, dict):
+        return {}
+    source = data.get("source", "text")
+    if source == "induction":
+        vocab = data.get("induction_vocab", 64)
+        tokens = f"synthetic ids 0..{vocab - 1}" if isinstance(vocab, int) else "synthetic ids"
+    elif tok.get("encoding"):
+        tokens = f"{tok['encoding']} encoding"
+    elif tok.get("vocab_size", 1024) == 256:
+        tokens = "bytes"
+    else:
+        tokens = f"BPE {tok.get('vocab_size', 1024)} ({tok.get('pattern', 'gpt4')})"
+    return {"source": str(source), "tokenizer": tokens}
 
 
 def _max_steps(run_dir: Path, problems: list[str]) -> int | None:

@@ -22,6 +22,7 @@ from minigpt.run.layout import (
     MODEL_FILE,
     OPTIM_FILE,
 )
+from minigpt.run.listing import data_kind
 from minigpt.run.safetensors_io import check_against, load_tensors, read_header
 from minigpt.tokenizer import Tokenizer
 
@@ -140,21 +141,35 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir)
 
 
-def find_latest_run(root: Path = DEFAULT_RUNS) -> Path:
-    """The run under `root` with the most recently committed checkpoint."""
+def trained_runs(root: Path = DEFAULT_RUNS) -> list[Path]:
+    """The runs under `root` with a committed checkpoint, the most recently committed first.
+    MinigptError when there is none."""
     root = Path(root)
-    best: tuple[float, Path] | None = None
+    found: list[tuple[float, Path]] = []
     if root.is_dir():
         for d in root.iterdir():
-            link = d / CKPT_DIR / LATEST
             try:
-                mtime = link.lstat().st_mtime
+                found.append(((d / CKPT_DIR / LATEST).lstat().st_mtime, d))
             except OSError:
                 continue
-            if best is None or mtime > best[0]:
-                best = (mtime, d)
-    if best is None:
+    if not found:
         raise MinigptError(f"no trained run found under {root}/ (looked for "
                            f"{root}/*/{CKPT_DIR}/{LATEST}); train one with `minigpt train`, or "
                            "pass --run DIR")
-    return best[1]
+    return [d for _, d in sorted(found, key=lambda x: x[0], reverse=True)]
+
+
+def find_latest_run(root: Path = DEFAULT_RUNS) -> Path:
+    """The run under `root` with the most recently committed checkpoint."""
+    return trained_runs(root)[0]
+
+
+def find_latest_text_run(root: Path = DEFAULT_RUNS) -> tuple[Path, list[Path]]:
+    """The latest run under `root` trained on text (data.source text: what `sample` wants),
+    with the newer runs passed over (trained on synthetic induction ids, whose output is not
+    text). No run trained on text: the latest run, with nothing passed over."""
+    runs = trained_runs(root)
+    for i, d in enumerate(runs):
+        if data_kind(d).get("source", "text") == "text":
+            return d, runs[:i]
+    return runs[0], []

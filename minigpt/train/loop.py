@@ -39,7 +39,7 @@ from minigpt.core import step as core_step
 from minigpt.core.generate import generate
 from minigpt.core.gpt import GPT
 from minigpt.data import Dataset, prepare_dataset
-from minigpt.device import amp_dtype, autocast, resolve_device
+from minigpt.device import amp_dtype, autocast, resolve_device, training_threads
 from minigpt.errors import ArgumentError, ConfigError, MinigptError, TrainingDiverged
 from minigpt.events import (
     CheckpointEvent,
@@ -59,6 +59,7 @@ from minigpt.run.resume import Resumed, claim_fresh, open_run_dir
 from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import Tokenizer, build_tokenizer
 from minigpt.train.clock import Clock
+from minigpt.train.copies import copy_metrics
 from minigpt.train.distributed import DistInfo, agree, all_reduce_sum, main_first, setup, teardown
 from minigpt.train.ema import WeightAverage
 from minigpt.train.optim import build_optimizer, lr_at, set_lr
@@ -95,9 +96,10 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
             raise ArgumentError("resume", f"the run is already at step {done} of "
                                 f"train.max_steps={cfg.train.max_steps}; raise it, e.g. --set "
                                 f"train.max_steps={cfg.train.max_steps * 2}")
-        trainer = set_up(cfg, run_dir, start, device, info, on_event,
-                         claim=None if resume else lock)
-        return trainer.run(stop_after)
+        with training_threads(cfg.train.threads if device.type == "cpu" else 0):
+            trainer = set_up(cfg, run_dir, start, device, info, on_event,
+                             claim=None if resume else lock)
+            return trainer.run(stop_after)
     finally:
         if trainer is not None:
             trainer.close()
@@ -251,13 +253,16 @@ class Trainer:
     emit: Callable[[object], object]  # every event to the outputs, then the caller's on_event
     last_ckpt: Path | None          # the last committed checkpoint
     saved_step: int                 # the step it holds (-1: none yet)
+    last_eval: EvalEvent | None = None  # this session's last evaluation
 
     def run(self, stop_after: int | None) -> DoneEvent:
         t, state = self.cfg.train, self.state
         tokens_per_step = t.batch_size * self.cfg.model.block_size
         self.emit(StartEvent(self.run_dir, state.step, t.max_steps, self._params(),
                              str(self.device), self.info.world_size, tokens_per_step,
-                             self.tokenizer.n_vocab, self.data.bytes_per_token))
+                             self.tokenizer.n_vocab, self.data.bytes_per_token,
+                             torch.get_num_threads() if self.device.type == "cpu" else 0,
+                             self.cfg.data.source))
         clock = Clock(state.elapsed, state.step)
         reason, signame = "finished", ""
         self.model.train()
@@ -391,8 +396,14 @@ class Trainer:
         if val < s.best_val_loss:
             s.best_val_loss, s.best_val_bpb, s.best_step = val, bpb, step
         samples = self.sample()
-        self.emit(EvalEvent(step, val, math.exp(min(val, 700.0)), bpb, s.best_val_loss,
-                            s.best_val_bpb, clock.elapsed(), samples, s.tokens_seen))
+        copies = (math.nan, math.nan)
+        if self.cfg.data.source == "induction" and self.info.is_main:  # copies.py
+            copies = copy_metrics(self.average.model, self.data, self.eval_offsets, self.micro,
+                                  self.device)
+        self.last_eval = EvalEvent(step, val, math.exp(min(val, 700.0)), bpb, s.best_val_loss,
+                                   s.best_val_bpb, clock.elapsed(), samples, s.tokens_seen,
+                                   *copies, best_step=s.best_step)
+        self.emit(self.last_eval)
 
     # -- checkpoints and the end ------------------------------------------------------------
     def save(self, elapsed: float) -> None:
@@ -418,4 +429,4 @@ class Trainer:
                          self._params(), s.tokens_seen, wall, s.tokens_seen / max(wall, 1e-9),
                          s.best_val_loss if math.isfinite(s.best_val_loss) else math.nan,
                          s.best_val_bpb if math.isfinite(s.best_val_bpb) else math.nan,
-                         self.last_ckpt)
+                         self.last_ckpt, s.best_step, self.last_eval, self.cfg.data.source)

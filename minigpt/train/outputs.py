@@ -26,6 +26,7 @@ taking the same events in the same order, as the TensorBoard event files are (te
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -47,12 +48,15 @@ def metrics_record(event: object) -> dict | None:
                 "grad_norm": event.grad_norm, "tokens_per_s": event.tokens_per_s,
                 "elapsed": event.elapsed, "tokens_seen": event.tokens_seen}
     if isinstance(event, EvalEvent):
+        copies = ({"copy_loss": event.copy_loss, "copy_accuracy": event.copy_accuracy}
+                  if math.isfinite(event.copy_loss) else {})  # induction runs only
         return {"kind": "eval", "step": event.step, "val_loss": event.val_loss,
                 "val_ppl": event.val_ppl, "val_bpb": event.val_bpb, "elapsed": event.elapsed,
-                "tokens_seen": event.tokens_seen}
+                "tokens_seen": event.tokens_seen, **copies}
     if isinstance(event, HeadScoresEvent):
         return {"kind": "heads", "step": event.step, "seconds": event.seconds,
-                "scores": event.scores}
+                "scores": event.scores,
+                **({"circuit": event.circuit} if event.circuit is not None else {})}
     return None
 
 

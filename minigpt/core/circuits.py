@@ -1,0 +1,529 @@
+"""How heads work together: direct logit attribution, composition scores and activation
+patching (`heads.py` is what one head does; this file is how heads combine). `heads/` feeds it
+inputs and `cli/` renders it.
+
+Direct logit attribution (`direct_logit_attribution`). The logit of a token is a linear read of
+the final residual stream once the final norm's per-position scale is fixed: the residual is a
+sum of components (token embedding, position embedding, every head's output through its slice
+of W_O, each layer's W_O bias, each MLP's output), so the logit is the sum of each component's
+share. A component c at position t adds `(P c) . (gamma * u) / s_t` to the logit of the token
+whose unembedding row is u: P removes the mean over the width (LayerNorm's centring; RMSNorm
+has none, P = I), gamma is the final norm's gain and s_t the final norm's scale at t,
+sqrt(var + eps) (RMSNorm: sqrt(mean square + eps)), taken from the unpatched run
+(TransformerLens's `apply_ln_to_stack` convention). Centring each component removes exactly
+what centring the sum removes, so nothing is lost: the components plus the final norm's bias
+term (`beta . u`, its own row) add up to the logit (before `model.logit_softcap`, if any).
+
+Composition scores (`composition_scores`; Elhage et al. 2021, "A Mathematical Framework for
+Transformer Circuits"). For a head h1 of layer l1 and a head h2 of a later layer l2,
+`||W_OV(h1) M(h2)||_F / (||W_OV(h1)||_F ||M(h2)||_F)` with the matrices acting on row vectors
+of the residual stream (x -> x W): W_OV = W_V W_O (what h1 writes for what it reads); M =
+W_Q W_K^T for Q-composition (h1's output moves h2's queries), W_K W_Q^T for K-composition
+(its keys), W_V W_O for V-composition (its values) -- TransformerLens's `all_composition_scores`
+definitions. Each norm folds into the weights what it does linearly (the gain gamma of the
+norm in front of a reading matrix, LayerNorm's centring P on both the reading and the writing
+side: `W_Q <- P diag(gamma) W_Q`, `W_O <- W_O P`), as TransformerLens's `fold_ln` and
+`center_writing_weights` do; the per-position scale is no weight and is left out, as is RoPE's
+rotation between W_Q and W_K. The baseline is the mean score of random Gaussian weights of the
+same shapes (a score near it means "no more aligned than chance").
+
+Activation patching (`patch_heads`). Two inputs of the same length, a clean one and a
+corrupted one. Noising: for each head, the clean run with that head's output taken from the
+corrupted run; the effect is the fraction of the way the metric moves from its clean value
+towards its corrupted one (0: the head carries nothing that differs between the inputs; 1:
+patching this head alone does as much as corrupting the whole input). Denoising (the other
+way): the corrupted run with the head's clean output, the fraction of the clean value it
+restores. The metric is the loss on the scored positions (the clean input's next tokens) or
+the logit difference between two tokens at the last position. Like ablation, every head is
+patched in one batched forward pass (one row per head, plus one unpatched row).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minigpt.core.gpt import AttnSpec
+from minigpt.core.heads import CHUNK_FLOATS
+from minigpt.errors import ArgumentError, MinigptError
+
+KINDS = ("q", "k", "v")
+KIND_HELP = {"q": "the earlier head's output read by the later head's queries (W_OV W_Q W_K^T)",
+             "k": "the earlier head's output read by the later head's keys (W_OV W_K W_Q^T)",
+             "v": "the earlier head's output read by the later head's values (W_OV W_V W_O)"}
+DIRECTIONS = ("noising", "denoising")
+BASELINE_DRAWS = 16  # random heads per layer: 16 x 16 random pairs for the composition baseline
+SMALL_GAP = 1e-2  # a clean -> corrupted change of the metric below this gets a note
+
+
+# --------------------------------------------------------------------------------------------
+# What the metric is: the next-token loss on some positions, or a logit difference.
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What DLA attributes and patching measures. `answer` None: the logit (DLA) or the loss
+    (patching) of the next token at `positions` (or of `target` at each of them); `answer` and
+    `wrong`: logit[answer] - logit[wrong] at the last position."""
+
+    positions: tuple[int, ...]
+    target: int | None = None
+    answer: int | None = None
+    wrong: int | None = None
+
+    @property
+    def logit_diff(self) -> bool:
+        return self.answer is not None
+
+    def targets(self, tokens: Sequence[int]) -> list[int]:
+        """The token whose logit is attributed at each scored position (none for a logit
+        difference)."""
+        if self.logit_diff:
+            return []
+        if self.target is not None:
+            return [self.target] * len(self.positions)
+        return [tokens[p + 1] for p in self.positions]
+
+    def describe(self, loss: bool = False) -> str:
+        """What is attributed (`loss` False) or measured by patching (`loss` True)."""
+        if self.logit_diff:
+            return f"logit[{self.answer}] - logit[{self.wrong}] at the last position"
+        what = f"token {self.target}" if self.target is not None else "the next token"
+        if loss:
+            return (f"the loss of predicting {what} (nats/token), averaged over "
+                    f"{len(self.positions)} positions")
+        return f"the logit of {what}, averaged over {len(self.positions)} positions"
+
+
+def make_metric(n_tokens: int, positions: Sequence[int] | None = None, *,
+                target: int | None = None, answer: int | None = None,
+                wrong: int | None = None) -> Metric:
+    """A checked Metric for an input of `n_tokens` tokens (positions None: every one with a
+    next token); ArgumentError naming the parameter otherwise."""
+    if (answer is None) != (wrong is None):
+        raise ArgumentError("answer" if answer is None else "wrong",
+                            "the logit difference needs both {name} and the other token "
+                            "(--answer and --wrong)")
+    if answer is not None:
+        if target is not None:
+            raise ArgumentError("target", "a target token and a logit difference (--answer, "
+                                "--wrong) exclude each other; give one")
+        if answer == wrong:
+            raise ArgumentError("wrong", "is the same token as the answer: the difference "
+                                "would be 0")
+        return Metric((n_tokens - 1,), answer=answer, wrong=wrong)
+    scored = list(range(n_tokens - 1)) if positions is None else list(positions)
+    if not scored:
+        raise ArgumentError("max_tokens", f"the input has {n_tokens} tokens, too short to score "
+                            "a prediction: it needs at least 2")
+    return Metric(tuple(scored), target=target)
+
+
+# --------------------------------------------------------------------------------------------
+# Direct logit attribution.
+
+
+@dataclass
+class Attribution:
+    """Direct logit attribution on one input, averaged over the metric's positions.
+
+    heads: (n_layer, n_head) float64, each head's share of the logit (or logit difference).
+    rows: the other components, in residual-stream order: "token embedding", "position
+    embedding", "layer L attention bias", "layer L MLP", "final norm bias".
+    logit: the model's own (mean) logit or logit difference, before any soft-cap; the heads
+    and the rows add up to it (`total`)."""
+
+    heads: Tensor
+    rows: dict[str, float]
+    logit: float
+    what: str
+    n_positions: int
+
+    @property
+    def total(self) -> float:
+        return float(self.heads.sum()) + sum(self.rows.values())
+
+    def to_json(self, digits: int = 6) -> dict:
+        return {"what": self.what, "n_positions": self.n_positions,
+                "logit": round(self.logit, digits), "sum_of_components": round(self.total, digits),
+                "components": {k: round(v, digits) for k, v in self.rows.items()},
+                "scale": "the final norm's scale from this run (apply_ln_to_stack convention)"}
+
+
+def _final_scale(model, resid: Tensor) -> Tensor:
+    """The final norm's per-position scale s (..., 1) on the residual `resid` (..., C)."""
+    eps = model.ln_f.eps if model.ln_f.eps is not None else torch.finfo(resid.dtype).eps
+    if model.cfg.norm == "rmsnorm":
+        return (resid.square().mean(-1, keepdim=True) + eps).sqrt()
+    return (resid.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+
+
+def _centre(model, x: Tensor) -> Tensor:
+    """LayerNorm's centring over the width (RMSNorm: none)."""
+    return x if model.cfg.norm == "rmsnorm" else x - x.mean(-1, keepdim=True)
+
+
+def _norm_params(norm, width: int) -> tuple[Tensor, Tensor]:
+    """(gain, bias) of a norm as float64 vectors; ones / zeros where it has none."""
+    w = norm.weight if getattr(norm, "weight", None) is not None else torch.ones(width)
+    b = norm.bias if getattr(norm, "bias", None) is not None else torch.zeros(width)
+    return w.detach().double().cpu(), b.detach().double().cpu()
+
+
+def head_outputs(model, idx: Tensor) -> tuple[Tensor, list[Tensor], dict[int, Tensor]]:
+    """One forward pass of `idx` (1, T): logits (1, T, V), every layer's head outputs z
+    (1, H, T, D) (read through `AttnSpec.head_hook`) and every MLP's output (1, T, C) (read with
+    a forward hook on the module, removed afterwards)."""
+    zs: list[Tensor] = []
+    mlps: dict[int, Tensor] = {}
+
+    def keep(layer: int, z: Tensor) -> Tensor:
+        zs.append(z)
+        return z
+
+    hooks = [block.mlp.register_forward_hook(lambda m, i, out, la=la: mlps.__setitem__(la, out))
+             for la, block in enumerate(model.blocks) if block.mlp is not None]
+    try:
+        logits, _ = model(idx, attn=AttnSpec(model.cfg.attn_impl, head_hook=keep))
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, zs, mlps
+
+
+def residual_components(model, idx: Tensor, zs: list[Tensor], mlps: dict[int, Tensor]
+                        ) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+    """Every head's output in the residual stream (L, H, T, C) and the other components
+    [(name, (T, C))], float64, for the sequence `idx` (1, T). They add up to the final residual."""
+    cfg = model.cfg
+    L, H, D, C = cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_embd
+    T = idx.shape[1]
+    heads = torch.empty(L, H, T, C, dtype=torch.float64)
+    rows: list[tuple[str, Tensor]] = [("token embedding", model.wte.weight[idx[0]].double().cpu())]
+    if model.wpe is not None:
+        rows.append(("position embedding", model.wpe.weight[:T].double().cpu()))
+    elif cfg.pos_encoding == "sinusoidal":
+        rows.append(("position embedding", model.pe[:T].double().cpu()))
+    for la, block in enumerate(model.blocks):
+        w_o = block.attn.c_proj.weight.detach().double().cpu().view(C, H, D)  # (C, H*D) -> (C, H, D)
+        z = zs[la][0].detach().double().cpu()  # (H, T, D)
+        heads[la] = torch.einsum("htd,chd->htc", z, w_o)  # each head through its slice of W_O
+        if block.attn.c_proj.bias is not None:
+            rows.append((f"layer {la} attention bias",
+                         block.attn.c_proj.bias.detach().double().cpu().expand(T, C)))
+        if la in mlps:
+            rows.append((f"layer {la} MLP", mlps[la][0].detach().double().cpu()))
+    return heads, rows
+
+
+@torch.no_grad()
+def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> Attribution:
+    """Every head's (and every other component's) direct share of the metric's logit on
+    `tokens`, in one forward pass (see the module docstring). Eval mode, restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)
+        logits, zs, mlps = head_outputs(model, idx)
+        heads, rows = residual_components(model, idx, zs, mlps)
+    finally:
+        model.train(was_training)
+    pos = list(metric.positions)
+    resid = heads.sum((0, 1)) + sum(r for _, r in rows)  # (T, C): the final residual
+    scale = _final_scale(model, resid[pos])  # (P, 1)
+    gain, bias = _norm_params(model.ln_f, model.cfg.n_embd)
+    u = model.lm_head.weight.detach()  # (V, C): only the rows needed are copied
+    if metric.logit_diff:
+        pair = u[[metric.answer, metric.wrong]].double().cpu()  # (2, C)
+        direction = (pair[0] - pair[1]).expand(len(pos), -1)  # (P, C)
+    else:
+        direction = u[metric.targets(tokens)].double().cpu()  # (P, C)
+    read = direction * gain  # (P, C): what one unit of normed residual adds to the logit
+
+    def share(x: Tensor) -> Tensor:  # x (..., P, C) -> (...,) mean over the positions
+        return ((_centre(model, x) / scale) * read).sum(-1).mean(-1)
+
+    out = {name: float(share(r[pos])) for name, r in rows}
+    out["final norm bias"] = float((direction @ bias).mean())
+    head_share = share(heads[:, :, pos])  # (L, H)
+    pre_cap = _uncapped_logit(model, logits, metric, tokens)
+    return Attribution(head_share, out, pre_cap, metric.describe(), len(pos))
+
+
+def _uncapped_logit(model, logits: Tensor, metric: Metric, tokens: Sequence[int]) -> float:
+    """The model's mean logit (or logit difference) at the metric's positions, with the
+    soft-cap undone (cap * atanh(logit / cap))."""
+    lg = logits[0, list(metric.positions)].double().cpu()  # (P, V)
+    cap = model.cfg.logit_softcap
+    if cap:
+        lg = cap * torch.atanh((lg / cap).clamp(-1 + 1e-15, 1 - 1e-15))
+    if metric.logit_diff:
+        return float((lg[:, metric.answer] - lg[:, metric.wrong]).mean())
+    return float(lg.gather(1, torch.tensor(metric.targets(tokens))[:, None]).mean())
+
+
+# --------------------------------------------------------------------------------------------
+# Composition scores (weights only).
+
+
+@dataclass
+class Composition:
+    """Q-, K- and V-composition of every head with every head of an earlier layer.
+
+    scores: kind -> (n_layer, n_head, n_layer, n_head) float64, [from_layer, from_head,
+    to_layer, to_head]; 0 where to_layer <= from_layer (no composition). baseline: kind -> the
+    mean score of random weights of the same shapes."""
+
+    scores: dict[str, Tensor]
+    baseline: dict[str, float]
+
+    def records(self, digits: int = 6) -> list[dict]:
+        """The JSON list: one record per (kind, earlier head, later head)."""
+        out = []
+        for kind in KINDS:
+            s = self.scores[kind]
+            L, H = s.shape[:2]
+            for l1 in range(L):
+                for h1 in range(H):
+                    for l2 in range(l1 + 1, L):
+                        for h2 in range(H):
+                            out.append({"kind": kind, "from_layer": l1, "from_head": h1,
+                                        "to_layer": l2, "to_head": h2,
+                                        "score": round(float(s[l1, h1, l2, h2]), digits),
+                                        "baseline": round(self.baseline[kind], digits)})
+        return out
+
+    def strongest(self, kind: str) -> tuple[int, int, int, int, float]:
+        """(from_layer, from_head, to_layer, to_head, score) of the highest score of `kind`."""
+        s = self.scores[kind]
+        flat = int(s.flatten().argmax())
+        l1, h1, l2, h2 = (int(i) for i in torch.unravel_index(torch.tensor(flat), s.shape))
+        return l1, h1, l2, h2, float(s[l1, h1, l2, h2])
+
+
+def head_weights(model, layers: Sequence[int] | None = None) -> dict[str, Tensor]:
+    """Every head's W_Q, W_K, W_V (L, H, C, D) and W_O (L, H, D, C), float64, acting on row
+    vectors of the residual stream, with each norm's linear part folded in (the module
+    docstring): P diag(gamma) in front of the reading matrices, P after W_O. `layers`: only
+    those (in that order; default all)."""
+    cfg = model.cfg
+    H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
+    centred = cfg.norm != "rmsnorm"
+    out = {n: [] for n in ("q", "k", "v", "o")}
+    for la in range(cfg.n_layer) if layers is None else layers:
+        attn = model.blocks[la].attn
+        gain, _ = _norm_params(model.blocks[la].ln_1, C)
+        w = attn.c_attn.weight.detach().double().cpu().view(3, H, D, C)  # rows Q|K|V
+        for i, n in enumerate("qkv"):  # (H, D, C) -> (H, C, D): x -> x P diag(gamma) W
+            out[n].append(_centred(w[i].transpose(1, 2) * gain[:, None], -2, centred))
+        w_o = attn.c_proj.weight.detach().double().cpu().view(C, H, D)
+        out["o"].append(_centred(w_o.permute(1, 2, 0), -1, centred))  # (H, D, C): W_O P
+        if attn.qk_norm is not None:  # its gains are linear on d_head; its scale is not
+            out["q"][-1] = out["q"][-1] * attn.qk_norm.q_weight.detach().double().cpu()
+            out["k"][-1] = out["k"][-1] * attn.qk_norm.k_weight.detach().double().cpu()
+    return {n: torch.stack(v) for n, v in out.items()}
+
+
+def _centred(w: Tensor, dim: int, centred: bool) -> Tensor:
+    """w with its mean over the residual-stream axis `dim` removed (P w or w P), if `centred`."""
+    return w - w.mean(dim, keepdim=True) if centred else w
+
+
+def _r_factor(x: Tensor) -> Tensor:
+    """R (..., D, D) of x (..., C, D) = Q R: ||x y||_F = ||R y||_F for any y."""
+    return torch.linalg.qr(x, mode="r").R
+
+
+def composition_from_weights(w: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The three score tensors (L, H, L, H) of `head_weights`' matrices.
+
+    Each W_OV = W_V W_O and each M = X Y^T is a product of thin (C, D) factors, so the
+    Frobenius norms reduce to D x D matrices (`_r_factor`): ||W_V W_O M||_F = ||A B||_F with
+    A = R(W_V) W_O (D, C) and B = X R(Y)^T (C, D). One matrix product per later layer, all
+    three kinds at once."""
+    q, k, v, o = w["q"], w["k"], w["v"], w["o"]
+    L, H, C, D = q.shape
+    left = _r_factor(v) @ o  # (L, H, D, C): W_OV of each earlier head, reduced
+    rights = {"q": q @ _r_factor(k).transpose(-1, -2), "k": k @ _r_factor(q).transpose(-1, -2),
+              "v": v @ _r_factor(o.transpose(-1, -2)).transpose(-1, -2)}  # each (L, H, C, D)
+    left_norm = left.flatten(2).norm(dim=-1)  # (L, H) = ||W_OV||_F
+    right = torch.stack([rights[kind] for kind in KINDS])  # (3, L, H, C, D)
+    right_norm = right.flatten(3).norm(dim=-1)  # (3, L, H) = ||M||_F
+    s = torch.zeros(len(KINDS), L, H, L, H, dtype=torch.float64)
+    lhs = left.float()  # the one large product runs in float32 (as TransformerLens's does)
+    for l2 in range(1, L):
+        a = lhs[:l2].reshape(l2 * H * D, C)  # every earlier head's rows
+        b = right[:, l2].float().permute(2, 0, 1, 3).reshape(C, len(KINDS) * H * D)
+        prod = (a @ b).view(l2, H, D, len(KINDS), H, D)  # block (l1, h1, :, kind, h2, :)
+        norms = prod.double().square().sum((2, 5)).sqrt().permute(2, 0, 1, 3)  # (3, l2, H, H)
+        denom = left_norm[None, :l2, :, None] * right_norm[:, l2][:, None, None, :]
+        s[:, :l2, :, l2] = norms / denom.clamp_min(1e-300)
+    return {kind: s[i] for i, kind in enumerate(KINDS)}
+
+
+def composition_baseline(n_head: int, n_embd: int, head_dim: int, centred: bool,
+                         draws: int = BASELINE_DRAWS, seed: int = 0) -> dict[str, float]:
+    """The mean score of `draws` x `draws` pairs of heads whose weights are standard Gaussian,
+    of the model's shapes (centred like a LayerNorm model's when `centred`), for each kind."""
+    gen = torch.Generator().manual_seed(seed)
+    C, D = n_embd, head_dim
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    # one model of two layers with `draws` random heads each: every (layer 0, layer 1) pair
+    # of heads is a pair of independent random heads
+    w = {n: _centred(draw(2, draws, C, D), -2, centred) for n in "qkv"}
+    w["o"] = _centred(draw(2, draws, D, C), -1, centred)
+    s = composition_from_weights(w)
+    return {kind: float(s[kind][0, :, 1, :].mean()) for kind in KINDS}
+
+
+def check_composition(cfg) -> None:
+    """MinigptError unless the model (its ModelConfig) has heads in two layers."""
+    if cfg.n_layer < 2:
+        raise MinigptError(f"the model has {cfg.n_layer} layer: composition needs heads in two "
+                           "layers (a later head reading an earlier one's output)")
+
+
+@torch.no_grad()
+def composition_scores(model) -> Composition:
+    """Q-, K- and V-composition of `model`'s heads from its weights alone; MinigptError when
+    it has a single layer (no head has an earlier one to read from)."""
+    cfg = model.cfg
+    check_composition(cfg)
+    scores = composition_from_weights(head_weights(model))
+    base = composition_baseline(cfg.n_head, cfg.n_embd, cfg.head_dim, cfg.norm != "rmsnorm")
+    return Composition(scores, base)
+
+
+def k_composition(model, earlier: tuple[int, int], later: tuple[int, int]) -> float:
+    """K-composition of one pair of heads (layer, head): what the training timeline records."""
+    with torch.no_grad():
+        (l1, h1), (l2, h2) = earlier, later
+        w = head_weights(model, [l1, l2])  # only the two layers: cheap at every measurement
+        pair = {n: torch.stack([t[0, h1], t[1, h2]])[:, None] for n, t in w.items()}
+        return float(composition_from_weights(pair)["k"][0, 0, 1, 0])
+
+
+# --------------------------------------------------------------------------------------------
+# Activation patching.
+
+
+@dataclass
+class Patching:
+    """Per-head activation patching on a clean / corrupted pair of inputs.
+
+    effect: (n_layer, n_head) float64, the fraction of the clean -> corrupted change of the
+    metric that patching this head alone produces (noising) or undoes (denoising).
+    delta: (n_layer, n_head) float64, the metric with the head patched minus without.
+    clean, corrupted: the metric on the clean and on the corrupted input."""
+
+    direction: str
+    metric: str  # "loss" | "logit_diff"
+    what: str
+    effect: Tensor
+    delta: Tensor
+    clean: float
+    corrupted: float
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self, digits: int = 6) -> dict:
+        return {"direction": self.direction, "metric": self.metric, "what": self.what,
+                "clean": round(self.clean, digits), "corrupted": round(self.corrupted, digits),
+                "corrupted_input": self.source, "notes": self.notes,
+                "effect": "fraction of the clean -> corrupted change of the metric that "
+                          + ("patching the head alone produces" if self.direction == "noising"
+                             else "the head's clean output alone restores")}
+
+
+def _metric_values(logits: Tensor, metric: Metric, targets: Tensor) -> Tensor:
+    """(rows,) float64: the mean loss at the metric's positions, or the logit difference."""
+    if metric.logit_diff:
+        last = logits[:, -1].double()
+        return (last[:, metric.answer] - last[:, metric.wrong]).cpu()
+    picked = logits[:, list(metric.positions)].double()  # (rows, P, V)
+    loss = F.cross_entropy(picked.reshape(-1, picked.shape[-1]), targets.repeat(len(logits)),
+                           reduction="none")
+    return loss.view(len(logits), -1).mean(1).cpu()
+
+
+def check_same_length(clean: Sequence[int], corrupted: Sequence[int]) -> None:
+    if len(clean) != len(corrupted):
+        raise ArgumentError("patch_from", f"has {len(corrupted)} tokens but the input has "
+                            f"{len(clean)}: patching swaps a head's output position by "
+                            "position, so both need the same number of tokens")
+
+
+@torch.no_grad()
+def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: Metric, *,
+                direction: str = "noising", source: str = "") -> Patching:
+    """Every head patched alone (module docstring): one run of the input the outputs come
+    from, then one batched pass (in chunks) over the input that receives them. Eval mode,
+    restored after. ArgumentError for inputs of different lengths or a corrupted input that
+    leaves the metric where it was (nothing to attribute)."""
+    if direction not in DIRECTIONS:
+        raise ArgumentError("direction", f"'{direction}' is not one of {', '.join(DIRECTIONS)}")
+    check_same_length(clean, corrupted)
+    cfg = model.cfg
+    L, H = cfg.n_layer, cfg.n_head
+    device = next(model.parameters()).device
+    base_ids, from_ids = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    base = torch.tensor([list(base_ids)], dtype=torch.long, device=device)
+    source_idx = torch.tensor([list(from_ids)], dtype=torch.long, device=device)
+    targets = torch.tensor(metric.targets(clean), device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        src_logits, reference, _ = head_outputs(model, source_idx)
+        m_source = float(_metric_values(src_logits, metric, targets)[0])
+        heads = [(la, h) for la in range(L) for h in range(H)]
+        rows = max(1, CHUNK_FLOATS // (base.shape[1] * max(4 * cfg.n_embd, cfg.vocab_size)) - 1)
+        delta = torch.zeros(L * H, dtype=torch.float64)
+        m_base = None
+        for start in range(0, len(heads), rows):
+            chunk = heads[start:start + rows]
+            values = _patched_metric(model, base, chunk, reference, metric, targets)
+            m_base = float(values[0]) if m_base is None else m_base
+            delta[start:start + len(chunk)] = values[1:] - values[0]
+    finally:
+        model.train(was_training)
+    gap = m_source - m_base
+    if not math.isfinite(gap) or abs(gap) < 1e-9:
+        raise ArgumentError("patch_from", f"leaves the metric where it was ({m_base:.6g} on "
+                            "both inputs): there is no difference for a head to carry; "
+                            "corrupt the input where it matters")
+    clean_v, corr_v = (m_base, m_source) if direction == "noising" else (m_source, m_base)
+    notes = []
+    if abs(gap) < SMALL_GAP:
+        notes.append(f"the corrupted input changes the metric by only {abs(gap):.2g}: each "
+                     "head's fraction is a ratio of small numbers; corrupt the input where "
+                     "the model's prediction depends on it")
+    return Patching(direction, "logit_diff" if metric.logit_diff else "loss",
+                    metric.describe(loss=True), (delta / gap).view(L, H), delta.view(L, H),
+                    clean_v, corr_v, source, notes)
+
+
+def _patched_metric(model, idx: Tensor, chunk: list[tuple[int, int]], reference: list[Tensor],
+                    metric: Metric, targets: Tensor) -> Tensor:
+    """Metric values (1 + len(chunk),) of one batched pass: row 0 unpatched, row r + 1 with
+    head chunk[r]'s output taken from `reference` (per layer, (1, H, T, D))."""
+    n_rows = 1 + len(chunk)
+    L, H = model.cfg.n_layer, model.cfg.n_head
+    hit = torch.zeros(n_rows, L, H, dtype=torch.bool, device=idx.device)
+    for r, (layer, head) in enumerate(chunk, start=1):
+        hit[r, layer, head] = True
+
+    def hook(layer: int, z: Tensor) -> Tensor:  # z: (rows, H, T, D)
+        mask = hit[:, layer, :, None, None]  # (rows, H, 1, 1)
+        return torch.where(mask, reference[layer].expand_as(z), z) if mask.any() else z
+
+    logits, _ = model(idx.expand(n_rows, -1), attn=AttnSpec(model.cfg.attn_impl, head_hook=hook))
+    return _metric_values(logits, metric, targets)

@@ -1,0 +1,34 @@
+"""inspect-heads' own flags, checked before anything heavy loads (standard library only, no
+torch): a typo in `--format` or `--ablate` is refused at once, not after torch and the model
+have loaded (seconds on a busy laptop)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from minigpt.errors import ArgumentError
+
+FORMATS = ("table", "png", "html", "safetensors", "json")
+# core.heads.MODES (which imports torch); tests/test_presentation.py keeps them equal
+ABLATE_MODES = ("zero", "mean", "resample")
+
+
+def parse_formats(values: Sequence[str]) -> list[str]:
+    """Format names (each may be comma-separated), validated against FORMATS; none given:
+    the table."""
+    out: list[str] = []
+    for value in values:
+        for name in (v.strip().lower() for v in value.split(",")):
+            if name not in FORMATS:
+                raise ArgumentError("format", f"'{name}' is not a format; valid: "
+                                   f"{', '.join(FORMATS)}")
+            if name not in out:
+                out.append(name)
+    return out or ["table"]
+
+
+def check_ablate(mode: str | None) -> None:
+    """`--ablate MODE`: one of ABLATE_MODES (None: no ablation)."""
+    if mode is not None and mode not in ABLATE_MODES:
+        raise ArgumentError("ablate", f"'{mode}' is not an ablation mode; valid: "
+                            f"{', '.join(ABLATE_MODES)}")

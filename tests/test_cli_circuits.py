@@ -1,0 +1,180 @@
+"""`minigpt inspect-heads --dla / --composition / --patch-from`: the numbers the command prints
+are the library's (minigpt.core.circuits), the head table shows every row's head and every
+number in full at 80 and at 200 columns, and bad input is one line, exit 2 (in-process through
+typer's CliRunner, and a few cases through the installed `minigpt` command)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from minigpt.cli import app
+from minigpt.config import from_dict
+from minigpt.core import circuits as c
+from minigpt.core.gpt import GPT
+from minigpt.run import load_run
+from minigpt.run.checkpoint import save_checkpoint
+from minigpt.tokenizer import bytes_tokenizer
+
+BLOCK = 24
+
+
+def make_run(run: Path, n_layer: int = 2) -> Path:
+    tok = bytes_tokenizer()
+    cfg = from_dict({"model": {"n_layer": n_layer, "n_head": 3, "n_embd": 24,
+                               "block_size": BLOCK, "vocab_size": tok.n_vocab, "mlp": False},
+                     "tokenizer": {"vocab_size": 256},
+                     "data": {"source": "induction", "induction_vocab": 50}})
+    model = GPT.from_config(cfg, seed=0)
+    with torch.no_grad():  # sharper than the init, so patching moves the loss visibly
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.mul_(10.0)
+    save_checkpoint(run, step=5, model=model, cfg=cfg, tokenizer=tok, trainer_state={"step": 5})
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+
+
+def invoke(run_dir: Path, *args: str, width: int | None = None):
+    env = {"COLUMNS": str(width)} if width else {}
+    return CliRunner().invoke(app, ["inspect-heads", "--run", str(run_dir), "--device", "cpu",
+                                    *args], env=env, catch_exceptions=False)
+
+
+def error_line(result) -> str:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_json_carries_the_librarys_numbers(run_dir):
+    r = invoke(run_dir, "--probe", "induction", "--dla", "--composition", "--patch-from",
+               "corrupted", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    loaded = load_run(run_dir, "cpu")
+    from minigpt.heads.probes import corrupted_input, prepare_input
+
+    inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
+    bad, _ = corrupted_input(loaded.cfg, loaded.tokenizer, inp, "corrupted")
+    metric = c.make_metric(len(inp.tokens), inp.positions)
+    dla = c.direct_logit_attribution(loaded.model, inp.tokens, metric)
+    patch = c.patch_heads(loaded.model, inp.tokens, bad, metric)
+    for row in doc["heads"]:
+        la, h = row["layer"], row["head"]
+        assert row["dla"] == pytest.approx(float(dla.heads[la, h]), abs=1e-6)
+        assert row["patch"] == pytest.approx(float(patch.effect[la, h]), abs=1e-6)
+    assert doc["dla"]["logit"] == pytest.approx(doc["dla"]["sum_of_components"], abs=1e-5)
+    assert doc["patch"]["direction"] == "noising" and "second copy" in doc["patch"][
+        "corrupted_input"]
+    recs = doc["composition"]
+    assert len(recs) == 3 * 3 * 3  # kinds x earlier heads x later heads
+    assert set(recs[0]) == {"kind", "from_layer", "from_head", "to_layer", "to_head", "score",
+                            "baseline"}
+    assert all(r["from_layer"] < r["to_layer"] and 0 <= r["score"] <= 1 for r in recs)
+    assert "dla:" in r.stderr and "patch (noising" in r.stderr
+
+
+def test_text_patching_and_the_logit_difference(run_dir):
+    r = invoke(run_dir, "--text", "abcabcab", "--patch-from", "abcxyzab", "--answer", "c",
+               "--wrong", "z", "--dla", "--patch-direction", "denoising", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["patch"]["metric"] == "logit_diff" and doc["patch"]["direction"] == "denoising"
+    assert doc["dla"]["what"] == "logit[99] - logit[122] at the last position"  # bytes ids
+    assert all(isinstance(row["patch"], float) for row in doc["heads"])
+
+
+def test_files_have_the_pictures(run_dir, tmp_path):
+    r = invoke(run_dir, "--probe", "induction", "--dla", "--composition", "--patch-from",
+               "corrupted", "--format", "png,json", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.stderr
+    for name in ("composition.png", "circuits.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert "composition" in json.loads((tmp_path / "scores.json").read_text())
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_every_row_names_its_head_and_every_number_is_whole(run_dir, width):
+    """Rendered in-process at `width` columns: each table fits, no cell is cut (no …), every
+    data row starts with its layer and head, and every number the JSON holds is printed."""
+    from minigpt.cli.heads import _heads_tables
+    from minigpt.heads.inspection import CircuitRequest, inspect
+    from minigpt.heads.probes import corrupted_input, prepare_input
+
+    loaded = load_run(run_dir, "cpu")
+    inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
+    bad, src = corrupted_input(loaded.cfg, loaded.tokenizer, inp, "corrupted")
+    insp = inspect(loaded.model, inp, ablate="zero",
+                   circuits=CircuitRequest(dla=True, patch_tokens=bad, patch_source=src))
+    console = Console(width=width, record=True, color_system=None)
+    tables = _heads_tables(insp, [0, 1], [0, 1, 2], width)
+    for t in tables:
+        console.print(t)
+    text = console.export_text()
+    assert "…" not in text
+    assert all(len(line) <= width for line in text.splitlines())
+    assert len(tables) == (2 if width == 80 else 1)
+    rows = [line.split() for line in text.splitlines()
+            if re.match(r"^\s*[01]\s+[0-2]\s+[a-z]", line)]
+    assert len(rows) == 6 * len(tables)  # every table: one row per head, L and H first
+    printed = " ".join(text.split())
+    for la in range(2):
+        for h in range(3):
+            for v in (insp.ablation.effect[la, h], insp.dla.heads[la, h],
+                      insp.patch.effect[la, h]):
+                assert f"{float(v):+.3f}" in printed
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--text", "abcdef", "--patch-from", "abc"], "--patch-from: has 3 tokens but the input"),
+    (["--text", "abcdef", "--dla", "--answer", "ab", "--wrong", "c"], "--answer: 'ab' is 2"),
+    (["--text", "abcdef", "--dla", "--answer", "a"], "--wrong: the logit difference needs both"),
+    (["--text", "abcdef", "--target", "a"], "--target: sets the metric of --dla"),
+    (["--probe", "previous", "--patch-from", "corrupted"], "--patch-from: with a probe"),
+    (["--text", "abc", "--patch-from", "abd", "--patch-direction", "up"],
+     "--patch-direction: 'up' is not a direction"),
+])
+def test_bad_input_is_one_line_exit_2(run_dir, args, expect):
+    assert expect in error_line(invoke(run_dir, *args))
+
+
+def test_a_one_layer_model_has_no_composition(tmp_path):
+    run = make_run(tmp_path / "one", n_layer=1)
+    assert "composition needs heads in two layers" in error_line(invoke(run, "--composition"))
+
+
+def test_the_installed_command(run_dir, tmp_path):
+    """Through the `minigpt` console script: a working call and two one-line errors."""
+    program = shutil.which("minigpt")
+    assert program, "the `minigpt` console script is not on PATH: pip install -e ."
+
+    def run(*args):
+        r = subprocess.run([program, "inspect-heads", "--run", str(run_dir), "--device", "cpu",
+                            *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"},
+                           check=False)
+        assert "Traceback" not in r.stderr, r.stderr
+        return r
+
+    ok = run("--probe", "induction", "--dla", "--composition", "--patch-from", "corrupted")
+    assert ok.returncode == 0, ok.stderr
+    assert "dla" in ok.stdout and "patch" in ok.stdout and "composition" in ok.stdout
+    for args, needle in ((["--text", "abcd", "--patch-from", "ab"], "has 2 tokens"),
+                         (["--text", "abcd", "--dla", "--target", "xy"], "is 2 tokens")):
+        r = run(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr

@@ -1,0 +1,371 @@
+"""What a student sees (issue 34): flags refused before torch loads, outputs that follow the
+umask, `sample` picking a run trained on text, the terminal map of a long input, the head the
+viewer opens on, the pictures' scales and labels, `curves` refusing runs that do not compare,
+the training view's ETA, best-and-last figures and overfitting warning, and the induction
+run's copy metrics."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minigpt import events
+from minigpt.core.heads import score_heads
+from minigpt.heads.inspection import Inspection
+
+# --------------------------------------------------------------------------------------------
+# Flags before torch.
+
+NO_TORCH = """
+import sys
+from minigpt.cli import app
+try:
+    app(args=sys.argv[1:], prog_name="minigpt")
+except SystemExit as e:
+    print("torch loaded:", "torch" in sys.modules, "exit:", e.code)
+"""
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["sample", "-t", "-1"], "--temperature"),
+    (["sample", "--top-p", "2"], "--top-p"),
+    (["sample", "--seed", "-1"], "--seed"),
+    (["inspect-heads", "--format", "gif"], "--format"),
+    (["inspect-heads", "--ablate", "everything"], "--ablate"),
+    (["train", "--set", "train.threads=-1"], "--set train.threads"),
+    (["train", "--config", "no-such-config"], "config file not found"),
+])
+def test_a_bad_flag_is_refused_before_torch_loads(argv, flag, tmp_path):
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], cwd=tmp_path, text=True,
+                       capture_output=True, timeout=120, check=False,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert r.stdout.strip() == "torch loaded: False exit: 2", (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"error: {flag}") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_the_early_ablation_check_knows_every_mode():
+    from minigpt.core.heads import MODES
+    from minigpt.heads.flags import ABLATE_MODES
+
+    assert ABLATE_MODES == MODES
+
+
+# --------------------------------------------------------------------------------------------
+# Files follow the umask.
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    from minigpt.files import atomic_write_bytes, atomic_write_text
+
+    before = os.umask(0o022)
+    try:
+        a = atomic_write_bytes(tmp_path / "a.png", b"x")
+        os.umask(0o027)
+        b = atomic_write_text(tmp_path / "b.md", "y")
+    finally:
+        os.umask(before)
+    assert a.stat().st_mode & 0o777 == 0o644
+    assert b.stat().st_mode & 0o777 == 0o640
+
+
+# --------------------------------------------------------------------------------------------
+# `sample` without --run: the latest run trained on text.
+
+
+def fake_run(root: Path, name: str, source: str, when: float) -> Path:
+    d = root / name
+    (d / "checkpoints" / "step-000001").mkdir(parents=True)
+    (d / "config.yaml").write_text(f"data:\n  source: {source}\ntokenizer:\n  vocab_size: 256\n")
+    link = d / "checkpoints" / "latest"
+    link.symlink_to("step-000001")
+    os.utime(link, (when, when), follow_symlinks=False)
+    return d
+
+
+def test_sample_passes_over_newer_induction_runs(tmp_path):
+    from minigpt.run.load import find_latest_run, find_latest_text_run
+
+    now = time.time()
+    text = fake_run(tmp_path, "default", "text", now - 300)
+    fake_run(tmp_path, "old", "text", now - 900)
+    ind = fake_run(tmp_path, "induction", "induction", now - 10)
+    assert find_latest_run(tmp_path) == ind
+    assert find_latest_text_run(tmp_path) == (text, [ind])
+    only = tmp_path / "only"
+    only.mkdir()
+    alone = fake_run(only, "induction", "induction", now)
+    assert find_latest_text_run(only) == (alone, [])  # nothing on text: the latest, as before
+
+
+# --------------------------------------------------------------------------------------------
+# The terminal map of a long input, and the head shown first.
+
+
+def induction_probe(half: int = 16) -> Inspection:
+    """Heads on a probe of 2 x `half` random ids: (0, 0) previous-token, (1, 1) induction
+    (query half + i -> key i + 1), the rest attention sinks."""
+    T = 2 * half
+    prev = torch.zeros(T, T)
+    prev[0, 0] = 1
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1
+    sink = torch.zeros(T, T)
+    sink[:, 0] = 1
+    ind = sink.clone()
+    for t in range(half, T - 1):
+        ind[t] = 0
+        ind[t, t - half + 1] = 1
+    attn = torch.stack([torch.stack([prev, sink]), torch.stack([sink, ind])])
+    tokens = list(range(100, 100 + half)) * 2
+    return Inspection(tokens=tokens, token_strs=[f"t{i}" for i in tokens], attention=attn,
+                      scores=score_heads(attn, tokens), parity_max_diff=0.0, parity_tol=1e-4,
+                      source="probe:induction", copy_start=half)
+
+
+def test_the_terminal_map_shows_the_second_copy_and_says_what_it_hides():
+    from rich.console import Console
+
+    from minigpt.cli.heads import _attention_table
+
+    insp = induction_probe(16)
+    rows, cols = insp.window(1, 1, 16)
+    assert rows == list(range(16, 32))  # the second copy, where the stripe is
+    assert set(range(1, 16)) <= set(cols)  # the keys the induction stripe lands on
+    console = Console(width=80, record=True, color_system=None)
+    console.print(_attention_table(insp, 1, 1, 80))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "do not fit 80 columns" in text and "queries 16..31" in text
+    wide = Console(width=200, record=True, color_system=None)
+    wide.print(_attention_table(insp, 1, 1, 200))
+    assert "do not fit" not in wide.export_text()
+
+
+def test_the_viewer_opens_on_the_most_distinctive_head():
+    insp = induction_probe(8)
+    assert insp.most_distinctive() == (1, 1)  # the induction head, before the previous one
+    assert insp.most_distinctive([(0, 0), (0, 1)]) == (0, 0)
+    assert insp.most_distinctive([(0, 1)]) == (0, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Pictures.
+
+
+def test_the_grid_has_a_colour_bar_tick_labels_and_the_copy_boundary():
+    from minigpt.heads.heatmap import grid_figure
+
+    fig = grid_figure(induction_probe(8))
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and bars[0].get_ylabel() == "attention weight"
+    maps = [ax for ax in fig.axes if ax not in bars]
+    assert len(maps) == 4
+    assert all(len(ax.get_xticks()) >= 2 for ax in maps)
+    assert maps[-1].get_xlabel() == "key position"
+    assert any(line.get_color() == "red" for line in maps[0].get_lines())  # copy boundary
+    assert "second copy starts at position 8" in fig.get_suptitle()
+
+
+def test_heads_png_draws_a_single_measurement():
+    from minigpt.heads import timeline
+
+    record = {"kind": "heads", "step": 250, "scores": {
+        "induction": [[0.1, 0.2]], "previous": [[0.9, 0.1]], "duplicate": [[0.0, 0.3]]}}
+    assert timeline.draw_timeline([record])[:4] == b"\x89PNG"
+    lines = _timeline_lines([record])
+    assert len(lines) == 3 and all(line.get_marker() == "o" for line in lines)
+
+
+def _timeline_lines(records):
+    """The plotted lines of draw_timeline's figure (drawn again with Figure.savefig patched)."""
+    from matplotlib.figure import Figure
+
+    from minigpt.heads import timeline
+
+    seen = []
+    original = Figure.savefig
+
+    def keep(self, *a, **k):
+        seen.extend(line for ax in self.axes for line in ax.get_lines())
+        return original(self, *a, **k)
+
+    Figure.savefig = keep
+    try:
+        timeline.draw_timeline(records)
+    finally:
+        Figure.savefig = original
+    return [ln for ln in seen if ln.get_label().startswith("best")]
+
+
+def test_curves_legend_sits_outside_the_plot(tmp_path):
+    from minigpt.run.curves import Series, curves_figure
+
+    s = Series("r", tmp_path)
+    for step in (10, 20, 30):
+        s.add({"kind": "train", "step": step, "loss": 3.0 - step / 100, "lr": step * 1e-4,
+               "elapsed": step, "tokens_seen": step * 100})
+    s.add({"kind": "eval", "step": 30, "val_loss": 2.5, "val_bpb": 3.0, "elapsed": 30,
+           "tokens_seen": 3000})
+    fig = curves_figure(s)
+    fig.canvas.draw()
+    top = fig.axes[0]
+    legend = top.get_legend().get_window_extent()
+    assert legend.y0 >= top.get_window_extent().y1 - 1  # above the panel: nothing crosses it
+
+
+def test_curves_refuses_text_beside_synthetic_and_flags_tokenizers(tmp_path):
+    from minigpt.errors import MinigptError
+    from minigpt.run.curves import Series, comparable
+
+    text = Series("default", tmp_path, kind={"source": "text", "tokenizer": "BPE 1024 (gpt4)"})
+    raw = Series("bytes", tmp_path, kind={"source": "text", "tokenizer": "bytes"})
+    ind = Series("induction", tmp_path, kind={"source": "induction",
+                                              "tokenizer": "synthetic ids 0..127"})
+    with pytest.raises(MinigptError, match="induction trained on synthetic induction ids"):
+        comparable([text, ind])
+    assert "tokenizers differ" in comparable([text, raw])
+    assert comparable([text, text]) == "" and comparable([ind, ind]) == ""
+
+
+# --------------------------------------------------------------------------------------------
+# Training: the summary, the warning, the ETA, the induction run's copies.
+
+
+def eval_event(step: int, val: float, best: float, best_step: int, **kw) -> events.EvalEvent:
+    return events.EvalEvent(step, val, math.exp(val), val * 1.4, best, best * 1.4, 1.0, [],
+                            step * 10, best_step=best_step, **kw)
+
+
+def done_event(last: events.EvalEvent, source: str = "text") -> events.DoneEvent:
+    return events.DoneEvent(Path("runs/x"), 2000, 2000, "finished", "", 1000, 20000, 10.0,
+                            2000.0, 1.6, 1.6 * 1.4, None, best_step=750, last_eval=last,
+                            data_source=source)
+
+
+def test_the_summary_shows_the_best_and_the_last_value():
+    rows = dict(done_event(eval_event(2000, 1.95, 1.6, 750)).summary_rows())
+    assert rows["val bits/byte"] == "best 2.2400 at step 750; last 2.7300 at step 2000 " \
+                                    "(the saved model)"
+    assert rows["sample"] == "minigpt sample --run runs/x"
+
+
+def test_an_induction_summary_shows_the_copies_and_no_bits_per_byte():
+    last = eval_event(2000, 2.3, 2.3, 2000, copy_loss=0.05, copy_accuracy=0.981)
+    rows = dict(done_event(last, "induction").summary_rows())
+    assert rows["copies (val)"] == "loss 0.0500 nats/token, 98.1% predicted, at step 2000"
+    assert "val bits/byte" not in rows and "sample" not in rows
+    assert rows["next"] == "minigpt inspect-heads --run runs/x --probe induction"
+
+
+def train_view():
+    from minigpt.cli.train import _TrainView
+
+    view = _TrainView()
+    lines: list[str] = []
+    view.line = lines.append
+    return view, lines
+
+
+def test_rising_validation_is_warned_about_once():
+    from minigpt.cli.train import RISING_EVALS
+
+    view, lines = train_view()
+    view.on_event(eval_event(250, 2.0, 2.0, 250))
+    view.on_event(eval_event(500, 1.8, 1.8, 500))
+    for i in range(RISING_EVALS + 2):
+        view.on_event(eval_event(750 + 250 * i, 1.9 + i / 10, 1.8, 500))
+    warnings = [x for x in lines if x.startswith("warning:")]
+    assert len(warnings) == 1
+    assert "above its best (1.8000, step 500)" in warnings[0] and "not the best" in warnings[0]
+
+
+def test_the_eta_is_the_average_speed_since_the_start(monkeypatch):
+    view, _ = train_view()
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    view.t0, view.start_step = 1000.0, 0
+    now[0] = 1100.0  # 100 steps in 100 s, the last ones fast or slow: the average counts
+    assert view.eta(100, 400) == "5m00s"
+    assert view.eta(100, 10000) == "2h45m"
+    assert view.eta(0, 400) == "?"
+
+
+def test_the_induction_run_says_what_it_trains_on():
+    view, lines = train_view()
+    view.on_event(events.StartEvent(Path("r"), 0, 10, 1, "cpu", 1, 64, 256, 1.0, 1, "induction"))
+    view.on_event(events.DatasetReady(None, 0, 0, False, synthetic="synthetic induction rows"))
+    view.on_event(eval_event(10, 2.4, 2.4, 10, copy_loss=0.1, copy_accuracy=0.5))
+    assert "(1 thread: train.threads)" in lines[0]
+    assert lines[1] == "data: synthetic induction rows" and "0 train" not in "\n".join(lines)
+    assert "on the copies: loss 0.1000, 50.0% predicted" in lines[2]
+    assert "bits/byte" not in lines[2]
+
+
+def test_copy_positions_are_the_targets_seen_before():
+    from minigpt.train.copies import copy_mask
+
+    x = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    y = torch.tensor([[6, 7, 5, 6, 7, 9]])
+    assert copy_mask(x, y).tolist() == [[False, False, True, True, True, False]]
+
+
+def test_training_threads_are_set_and_restored():
+    from minigpt.device import training_threads
+
+    before = torch.get_num_threads()
+    with training_threads(1) as n:
+        assert n == 1 == torch.get_num_threads()
+    with training_threads(0) as n:
+        assert n == before
+    assert torch.get_num_threads() == before
+
+
+def test_a_hub_error_is_cut_at_a_sentence_not_mid_word():
+    from minigpt.hf.hub import _gist
+
+    long = "First sentence here. " + "word " * 100
+    assert _gist(long) == "First sentence here."
+    assert _gist("short one") == "short one"
+    assert _gist("x" * 10 + " " + "y" * 400).endswith(" ...")
+
+
+def test_runs_shows_the_best_and_the_last_value(tmp_path):
+    import json
+
+    from minigpt.cli.runs import _val
+    from minigpt.run.listing import read_row
+
+    run = tmp_path / "r"
+    run.mkdir()
+    evals = [(250, 2.9), (750, 2.3061), (2000, 2.7319)]
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "eval", "step": s, "val_loss": 1.0, "val_bpb": b, "elapsed": 1.0})
+        + "\n" for s, b in evals))
+    row = read_row(run)
+    assert (row.best_val_bpb, row.best_step, row.last_val_bpb, row.last_step) == (
+        2.3061, 750, 2.7319, 2000)
+    assert _val(row) == "2.3061 (750), 2.7319"
+    assert row.to_json()["last_val_bpb"] == 2.7319
+
+
+def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
+    from types import SimpleNamespace
+
+    from minigpt.cli.sample import _SampleView
+
+    prompt = SimpleNamespace(text="ROMEO:", ids=[1, 2])
+    view = _SampleView(prompt, 1, 1, False, True, 0.0, "ROMEO:\x1b[31m\n")
+    view.on_text(0, " But")
+    view.on_text(0, " soft")
+    out = capsys.readouterr().out
+    assert out == "\x1b[2mROMEO:\\x1b[31m\n\x1b[0m But soft"  # once, dimmed, escapes shown
+    piped = _SampleView(prompt, 1, 1, False, False, 0.0, "")
+    piped.on_done(SimpleNamespace(index=0, text=" But soft", token_ids=[3], tokens_per_s=1.0,
+                                  first_token_s=0.1, finish_reason="length"))
+    assert capsys.readouterr().out == " But soft\n"  # piped: the generated text only
