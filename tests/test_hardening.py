@@ -1118,7 +1118,7 @@ HOSTILE = [
     HostileCase("activation-list", hmodel("sample", "activation-list"),
                 ("activation_function",)),
     HostileCase("epsilon-huge-int", hmodel("sample", "epsilon-huge-int"),
-                ("layer_norm_epsilon", "positive number")),
+                ("config.json", "integer of 401 digits")),  # the JSON door's digit cap
     HostileCase("merges-int", hmodel("sample", "merges-int"), ("tokenizer.json", "merges")),
     HostileCase("merges-nested-lists", hmodel("sample", "merges-nested"),
                 ("tokenizer.json", "merge 1", "not a pair")),
