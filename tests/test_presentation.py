@@ -50,13 +50,6 @@ def test_a_bad_flag_is_refused_before_torch_loads(argv, flag, tmp_path):
     assert r.stderr.startswith(f"error: {flag}") and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_the_early_ablation_check_knows_every_mode():
-    from minigpt.core.heads import MODES
-    from minigpt.heads.flags import ABLATE_MODES
-
-    assert ABLATE_MODES == MODES
-
-
 # --------------------------------------------------------------------------------------------
 # Files follow the umask.
 

@@ -4,8 +4,10 @@
   explicit softmax that returns the `[batch, head, query, key]` pattern), RoPE, QK-norm, the KV
   cache, then CausalSelfAttention, MLP, Block and GPT. `AttnSpec.head_hook` is the one
   intervention point for every head experiment.
-- `generate.py`: sampling numerics (temperature, top-k, top-p) and `generate` on token ids.
-- `heads.py`: every number about a head: attention maps, pattern scores, ablation effects.
+- `generate.py`: sampling numerics (temperature, top-k, top-p) and `generate` on token ids
+  (`sampling.py`: the sampling settings and their checks, without torch, for the CLI).
+- `heads.py`: every number about a head: attention maps, pattern scores, ablation effects
+  (`modes.py`: the ablation modes and their check, without torch, for the CLI).
 - `circuits.py`: how heads work together: direct logit attribution, Q/K/V composition scores
   (weights only), activation patching from a corrupted input.
 - `step.py`: one optimizer step (`train_step`) and one evaluation (`evaluate`).

@@ -89,6 +89,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minigpt.core.gpt import AttnSpec
+from minigpt.core.modes import MODE_HELP, MODES, check_mode  # noqa: F401 - re-exported
 from minigpt.errors import ArgumentError
 
 # --------------------------------------------------------------------------------------------
@@ -221,12 +222,6 @@ def dominant_type(scores: dict[str, float]) -> str:
 # --------------------------------------------------------------------------------------------
 # 3. What it carries: ablation.
 
-MODES = ("zero", "mean", "resample")
-MODE_HELP = {
-    "zero": "the head's output replaced by zeros",
-    "mean": "the head's output replaced by its mean over the input's positions",
-    "resample": "the head's output replaced by its output on the same tokens in a random order",
-}
 # Floats of activations per row a chunk may hold (the wider of T x 4C and P scored x V): ~256 MB.
 CHUNK_FLOATS = 64 * 1024 * 1024
 
@@ -249,13 +244,6 @@ class Ablation:
         return {"mode": self.mode, "what": MODE_HELP[self.mode], "scored": self.scored,
                 "n_scored": len(self.positions), "base_loss": round(self.base_loss, 6),
                 "unit": "nats/token"}
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ArgumentError("ablate", f"'{mode}' is not an ablation mode; valid: "
-                            f"{', '.join(MODES)}")
-    return mode
 
 
 def check_positions(n_tokens: int, positions: Sequence[int] | None, minimum: int = 2) -> list[int]:

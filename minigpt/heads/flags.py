@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minigpt.core.modes import check_mode
 from minigpt.errors import ArgumentError
 
 FORMATS = ("table", "png", "html", "safetensors", "json")
-# core.heads.MODES (which imports torch); tests/test_presentation.py keeps them equal
-ABLATE_MODES = ("zero", "mean", "resample")
 
 
 def parse_formats(values: Sequence[str]) -> list[str]:
@@ -28,7 +27,6 @@ def parse_formats(values: Sequence[str]) -> list[str]:
 
 
 def check_ablate(mode: str | None) -> None:
-    """`--ablate MODE`: one of ABLATE_MODES (None: no ablation)."""
-    if mode is not None and mode not in ABLATE_MODES:
-        raise ArgumentError("ablate", f"'{mode}' is not an ablation mode; valid: "
-                            f"{', '.join(ABLATE_MODES)}")
+    """`--ablate MODE`: one of core.modes.MODES (None: no ablation)."""
+    if mode is not None:
+        check_mode(mode)
