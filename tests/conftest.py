@@ -117,3 +117,29 @@ def trained_runs(tmp_path_factory) -> dict:
                              stop_after=stop)
         out[name] = info
     return out
+
+
+def induction_inspection(half: int = 16, base: int = 100, strs: list[str] | None = None):
+    """A hand-built `Inspection` of an induction probe of 2 x `half` ids from `base`: head
+    (0, 0) attends to the previous token, head (1, 1) is an induction head (query half + i ->
+    key i + 1), the others are attention sinks. `strs`: the first copy's token strings
+    (default `t<id>`)."""
+    from minigpt.core.heads import score_heads
+    from minigpt.heads.inspection import Inspection
+
+    T = 2 * half
+    prev = torch.zeros(T, T)
+    prev[0, 0] = 1
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1
+    sink = torch.zeros(T, T)
+    sink[:, 0] = 1
+    ind = sink.clone()
+    for t in range(half, T - 1):
+        ind[t] = 0
+        ind[t, t - half + 1] = 1
+    attn = torch.stack([torch.stack([prev, sink]), torch.stack([sink, ind])])
+    tokens = list(range(base, base + half)) * 2
+    token_strs = (strs or [f"t{i}" for i in tokens[:half]]) * 2
+    return Inspection(tokens=tokens, token_strs=token_strs, attention=attn,
+                      scores=score_heads(attn, tokens), parity_max_diff=0.0, parity_tol=1e-4,
+                      source="probe:induction", copy_start=half)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import induction_inspection
 
 from minigpt import events
-from minigpt.core.heads import score_heads
 from minigpt.heads.inspection import Inspection
 
 # --------------------------------------------------------------------------------------------
@@ -102,23 +102,7 @@ def test_sample_passes_over_newer_induction_runs(tmp_path):
 
 
 def induction_probe(half: int = 16) -> Inspection:
-    """Heads on a probe of 2 x `half` random ids: (0, 0) previous-token, (1, 1) induction
-    (query half + i -> key i + 1), the rest attention sinks."""
-    T = 2 * half
-    prev = torch.zeros(T, T)
-    prev[0, 0] = 1
-    prev[torch.arange(1, T), torch.arange(T - 1)] = 1
-    sink = torch.zeros(T, T)
-    sink[:, 0] = 1
-    ind = sink.clone()
-    for t in range(half, T - 1):
-        ind[t] = 0
-        ind[t, t - half + 1] = 1
-    attn = torch.stack([torch.stack([prev, sink]), torch.stack([sink, ind])])
-    tokens = list(range(100, 100 + half)) * 2
-    return Inspection(tokens=tokens, token_strs=[f"t{i}" for i in tokens], attention=attn,
-                      scores=score_heads(attn, tokens), parity_max_diff=0.0, parity_tol=1e-4,
-                      source="probe:induction", copy_start=half)
+    return induction_inspection(half, base=100)
 
 
 def test_the_terminal_map_shows_the_second_copy_and_says_what_it_hides():

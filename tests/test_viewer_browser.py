@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import induction_inspection
 
 from minigpt.core.heads import score_heads
 from minigpt.display import visible_token
@@ -146,24 +147,8 @@ def test_no_console_errors(page):
 
 
 def induction_probe_inspection() -> Inspection:
-    """An induction probe of 2 x 8 tokens: head (0, 0) attends to the previous token, head (1, 1)
-    is an induction head (query 8 + i -> key i + 1 in the second copy), the others sinks."""
-    half, T = 8, 16
-    prev = torch.zeros(T, T)
-    prev[0, 0] = 1
-    prev[torch.arange(1, T), torch.arange(T - 1)] = 1
-    sink = torch.zeros(T, T)
-    sink[:, 0] = 1
-    ind = sink.clone()
-    for t in range(half, T - 1):
-        ind[t] = 0
-        ind[t, t - half + 1] = 1
-    attn = torch.stack([torch.stack([prev, sink]), torch.stack([sink, ind])])
-    tokens = list(range(40, 40 + half)) * 2
-    strs = [chr(0x10 + i) for i in range(half)] * 2  # control bytes: labelled \xNN
-    return Inspection(tokens=tokens, token_strs=strs, attention=attn,
-                      scores=score_heads(attn, tokens), parity_max_diff=0.0, parity_tol=1e-4,
-                      source="probe:induction", copy_start=half)
+    """2 x 8 tokens whose strings are control bytes (labelled \\xNN in the viewer)."""
+    return induction_inspection(8, base=40, strs=[chr(0x10 + i) for i in range(8)])
 
 
 def test_screenshot_shows_the_colour_scale_and_the_glossary(page, tmp_path):
