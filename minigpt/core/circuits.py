@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minigpt.core.gpt import AttnSpec
-from minigpt.core.heads import CHUNK_FLOATS
+from minigpt.core.heads import CHUNK_FLOATS, head_rows
 from minigpt.errors import ArgumentError, MinigptError
 
 KINDS = ("q", "k", "v")
@@ -445,11 +445,12 @@ class Patching:
 
 
 def _metric_values(logits: Tensor, metric: Metric, targets: Tensor) -> Tensor:
-    """(rows,) float64: the mean loss at the metric's positions, or the logit difference."""
+    """(rows,) float64 from logits (rows, P, V) at the metric's positions: the mean loss
+    there, or the logit difference (its one position, the last)."""
     if metric.logit_diff:
         last = logits[:, -1].double()
         return (last[:, metric.answer] - last[:, metric.wrong]).cpu()
-    picked = logits[:, list(metric.positions)].double()  # (rows, P, V)
+    picked = logits.double()  # (rows, P, V)
     loss = F.cross_entropy(picked.reshape(-1, picked.shape[-1]), targets.repeat(len(logits)),
                            reduction="none")
     return loss.view(len(logits), -1).mean(1).cpu()
@@ -466,7 +467,9 @@ def check_same_length(clean: Sequence[int], corrupted: Sequence[int]) -> None:
 def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: Metric, *,
                 direction: str = "noising", source: str = "") -> Patching:
     """Every head patched alone (module docstring): one run of the input the outputs come
-    from, then one batched pass (in chunks) over the input that receives them. Eval mode,
+    from, then the input that receives them: one clean pass keeps its residual stream, and the
+    rows patching layer l's heads run layers l.. only (`core.heads.head_rows`, the pass
+    ablation uses), in batches bounded by CHUNK_FLOATS. Eval mode,
     restored after. ArgumentError for inputs of different lengths or a corrupted input that
     leaves the metric where it was (nothing to attribute)."""
     if direction not in DIRECTIONS:
@@ -482,17 +485,25 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
     was_training = model.training
     model.eval()
     try:
+        pos = list(metric.positions)
         src_logits, reference, _ = head_outputs(model, source_idx)
-        m_source = float(_metric_values(src_logits, metric, targets)[0])
-        heads = [(la, h) for la in range(L) for h in range(H)]
-        rows = max(1, CHUNK_FLOATS // (base.shape[1] * max(4 * cfg.n_embd, cfg.vocab_size)) - 1)
-        delta = torch.zeros(L * H, dtype=torch.float64)
+        m_source = float(_metric_values(src_logits[:, pos], metric, targets)[0])
+        stream = model.residual_stream(base, attn=AttnSpec(cfg.attn_impl))  # L + 1 x (1, T, C)
+
+        def replace(layer: int, z: Tensor) -> Tensor:  # the head's output on the other input
+            return reference[layer].expand_as(z)
+
+        rows = max(1, CHUNK_FLOATS // max(base.shape[1] * 4 * cfg.n_embd,
+                                          len(pos) * cfg.vocab_size) - 1)
+        delta = torch.zeros(L, H, dtype=torch.float64)
         m_base = None
-        for start in range(0, len(heads), rows):
-            chunk = heads[start:start + rows]
-            values = _patched_metric(model, base, chunk, reference, metric, targets)
-            m_base = float(values[0]) if m_base is None else m_base
-            delta[start:start + len(chunk)] = values[1:] - values[0]
+        for layer in range(L):  # rows of layer l start from the stream entering it
+            for first in range(0, H, rows):
+                heads = list(range(first, min(H, first + rows)))
+                logits = head_rows(model, stream[layer], layer, heads, replace, pos)
+                values = _metric_values(logits, metric, targets)
+                m_base = float(values[0]) if m_base is None else m_base
+                delta[layer, heads] = values[1:] - values[0]
     finally:
         model.train(was_training)
     gap = m_source - m_base
@@ -507,23 +518,5 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
                      "head's fraction is a ratio of small numbers; corrupt the input where "
                      "the model's prediction depends on it")
     return Patching(direction, "logit_diff" if metric.logit_diff else "loss",
-                    metric.describe(loss=True), (delta / gap).view(L, H), delta.view(L, H),
+                    metric.describe(loss=True), delta / gap, delta,
                     clean_v, corr_v, source, notes)
-
-
-def _patched_metric(model, idx: Tensor, chunk: list[tuple[int, int]], reference: list[Tensor],
-                    metric: Metric, targets: Tensor) -> Tensor:
-    """Metric values (1 + len(chunk),) of one batched pass: row 0 unpatched, row r + 1 with
-    head chunk[r]'s output taken from `reference` (per layer, (1, H, T, D))."""
-    n_rows = 1 + len(chunk)
-    L, H = model.cfg.n_layer, model.cfg.n_head
-    hit = torch.zeros(n_rows, L, H, dtype=torch.bool, device=idx.device)
-    for r, (layer, head) in enumerate(chunk, start=1):
-        hit[r, layer, head] = True
-
-    def hook(layer: int, z: Tensor) -> Tensor:  # z: (rows, H, T, D)
-        mask = hit[:, layer, :, None, None]  # (rows, H, 1, 1)
-        return torch.where(mask, reference[layer].expand_as(z), z) if mask.any() else z
-
-    logits, _ = model(idx.expand(n_rows, -1), attn=AttnSpec(model.cfg.attn_impl, head_hook=hook))
-    return _metric_values(logits, metric, targets)

@@ -304,15 +304,14 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
     return Ablation(mode, effect, float(base), pos, scored)
 
 
-def head_losses(model, resid: Tensor, layer: int, heads: Sequence[int],
-                replace: Callable[[int, Tensor], Tensor], pos: Sequence[int],
-                targets: Tensor) -> Tensor:
-    """Losses (1 + len(heads),) float64 (nats/token over the positions `pos`, whose next
-    tokens are `targets` (P,)) of one batched pass from `layer` on, starting from `resid`
-    (1, T, C), the clean residual stream entering `layer`: row 0 unchanged, row r + 1 with
-    head heads[r]'s output z replaced by `replace(layer, z)[r + 1, heads[r]]` (replace gets
-    every row's z (rows, H, T, D) and returns a tensor of that shape). Row 0 shares the batch,
-    so a replacement equal to the head's own output gives a difference of exactly 0."""
+def head_rows(model, resid: Tensor, layer: int, heads: Sequence[int],
+              replace: Callable[[int, Tensor], Tensor], pos: Sequence[int]) -> Tensor:
+    """Logits (1 + len(heads), P, V) at the positions `pos` of one batched pass from `layer`
+    on, starting from `resid` (1, T, C), the residual stream entering `layer`: row 0
+    unchanged, row r + 1 with head heads[r]'s output z replaced by `replace(layer, z)[r + 1,
+    heads[r]]` (replace gets every row's z (rows, H, T, D) and returns a tensor of that shape).
+    Row 0 shares the batch, so a replacement equal to the head's own output changes nothing.
+    Ablation and activation patching are both this pass with another replacement."""
     n_rows = 1 + len(heads)
     mask = torch.zeros(n_rows, model.cfg.n_head, 1, 1, dtype=torch.bool, device=resid.device)
     for r, head in enumerate(heads, start=1):
@@ -323,7 +322,16 @@ def head_losses(model, resid: Tensor, layer: int, heads: Sequence[int],
 
     spec = AttnSpec(model.cfg.attn_impl, head_hook=hook)
     x = model.from_layer(layer, resid.expand(n_rows, -1, -1), attn=spec)  # (rows, T, C)
-    logits = model.unembed(x[:, pos])  # (rows, P, V): the scored positions only
+    return model.unembed(x[:, list(pos)])  # (rows, P, V): the scored positions only
+
+
+def head_losses(model, resid: Tensor, layer: int, heads: Sequence[int],
+                replace: Callable[[int, Tensor], Tensor], pos: Sequence[int],
+                targets: Tensor) -> Tensor:
+    """Losses (1 + len(heads),) float64, nats/token over the positions `pos` whose next
+    tokens are `targets` (P,), of the rows of `head_rows` (same arguments)."""
+    logits = head_rows(model, resid, layer, heads, replace, pos)  # (rows, P, V)
+    n_rows = logits.shape[0]
     # float32 cross-entropy (per token within ~1e-6 of float64, a third of the time at
     # GPT-2's vocabulary), averaged in float64
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.repeat(n_rows),
