@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+from minigpt.core.gpt import device_of
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.files import read_file
 
@@ -131,7 +132,7 @@ def decoding_threads(model: torch.nn.Module) -> Iterator[int]:
     so in-process callers (tests, notebooks) keep theirs. `minigpt sample` and
     `minigpt bench --suite sample` both decode inside this."""
     before = torch.get_num_threads()
-    on_cpu = next(model.parameters()).device.type == "cpu"
+    on_cpu = device_of(model).type == "cpu"
     threads = decode_threads(model, before) if on_cpu else before
     try:
         torch.set_num_threads(threads)

@@ -147,7 +147,8 @@ man = json.loads((run / "manifest.json").read_text())
 assert state["step"] == 5 and "model.safetensors" in man["files"]
 assert not any(m.startswith("minigpt") for m in sys.modules)
 """
-    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd="/")
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                       cwd="/")
     assert r.returncode == 0, r.stderr
 
 

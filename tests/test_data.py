@@ -312,7 +312,8 @@ def _pair_lengths(row: list[int], lo: int, hi: int) -> list[int]:
     while (len(row) - pos) // 2 >= 2:
         rem = len(row) - pos
         n = next(n for n in range(2, rem // 2 + 1)
-                 if (lo <= n <= hi or n == rem // 2) and row[pos + n: pos + 2 * n] == row[pos: pos + n])
+                 if (lo <= n <= hi or n == rem // 2)
+                 and row[pos + n: pos + 2 * n] == row[pos: pos + n])
         lengths.append(n)
         pos += 2 * n
     return lengths

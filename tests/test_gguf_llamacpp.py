@@ -42,7 +42,8 @@ def varied_texts(n: int, seed: int = 0) -> list[str]:
     text = corpus()
     pools = ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " ", "  ",
              "\t", "\n", "\r\n", "\n\n", ".,;:!?-()[]{}\"'/", "'s 've 're 'll 'd 'm 't",
-             "日本語中文한국어", "😀🎉👍🏽👨‍👩‍👧🇫🇷", "e\u0301a\u0308n\u0303", "ÀéîõüßçÑ", "кириллица",
+             "日本語中文한국어", "😀🎉👍🏽👨‍👩‍👧🇫🇷", "e\u0301a\u0308n\u0303", "ÀéîõüßçÑ",
+             "кириллица",
              "Ελληνικά", "\u00a0\u2003"]
     out = [*TEXTS.values()]
     while len(out) < n:

@@ -499,7 +499,8 @@ CASES = [
     # ---- record corpora: JSON Lines and Parquet (the file and the line or row)
     Case("records-line-not-json", records("bad-line.jsonl"),
          ("bad-line.jsonl: line 3 is not JSON",)),
-    Case("records-jsonl-holding-prose", records("prose.jsonl"), ("prose.jsonl: line 1 is not JSON",)),
+    Case("records-jsonl-holding-prose", records("prose.jsonl"),
+         ("prose.jsonl: line 1 is not JSON",)),
     Case("records-no-text-field", records("no-field.jsonl"),
          ('no-field.jsonl: line 2 has no "text" field', "data.text_field")),
     Case("records-text-not-a-string", records("not-string.jsonl"),

@@ -381,7 +381,8 @@ def test_hub_model_offline_from_the_cache_and_not_cached(hf_dirs, offline_hub):
     local = load_model(hf_dirs["neox"])
     idx = ids_of(20, local.cfg.model.vocab_size, seed=3)
     assert torch.equal(hub.model(idx)[0], local.model(idx)[0])
-    assert hub.source == "hf:someone/tiny-neox@main" and hub.cfg.run.name == "someone/tiny-neox@main"
+    assert hub.source == "hf:someone/tiny-neox@main"
+    assert hub.cfg.run.name == "someone/tiny-neox@main"
     r = CliRunner().invoke(app, ["sample", "--model", "hf:someone/not-cached"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: --model hf:someone/not-cached: download failed")
@@ -530,7 +531,8 @@ def test_loading_maps_the_weights_instead_of_copying_them(tmp_path):
                "ln_f.weight": torch.ones(C), "ln_f.bias": torch.zeros(C)}
     for i in range(n_layer):
         for ln in ("ln_1", "ln_2"):
-            tensors[f"h.{i}.{ln}.weight"], tensors[f"h.{i}.{ln}.bias"] = torch.ones(C), torch.zeros(C)
+            tensors[f"h.{i}.{ln}.weight"] = torch.ones(C)
+            tensors[f"h.{i}.{ln}.bias"] = torch.zeros(C)
         for name, (n_in, n_out) in (("attn.c_attn", (C, 3 * C)), ("attn.c_proj", (C, C)),
                                     ("mlp.c_fc", (C, 4 * C)), ("mlp.c_proj", (4 * C, C))):
             tensors[f"h.{i}.{name}.weight"] = torch.randn(n_in, n_out, generator=gen) * 0.02

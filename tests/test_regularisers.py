@@ -94,7 +94,8 @@ def test_an_ema_run_evaluates_and_saves_the_average(ema_run):
     average, the evaluations measured it, and train_weights.safetensors the live weights."""
     run, evals = ema_run
     ckpt = run / "checkpoints" / "latest"
-    average, live = load_file(ckpt / "model.safetensors"), load_file(ckpt / "train_weights.safetensors")
+    average = load_file(ckpt / "model.safetensors")
+    live = load_file(ckpt / "train_weights.safetensors")
     assert average.keys() == live.keys()
     assert not any(torch.equal(average[k], live[k]) for k in average)
     loaded = load_run(run, "cpu")
@@ -131,7 +132,8 @@ def test_train_ema_may_change_on_resume(tmp_path):
     assert on.train.ema == 0.9
     train(on, run, resume=True, stop_after=4)
     assert (ckpt / "train_weights.safetensors").exists()
-    average, live4 = load_file(ckpt / "model.safetensors"), load_file(ckpt / "train_weights.safetensors")
+    average = load_file(ckpt / "model.safetensors")
+    live4 = load_file(ckpt / "train_weights.safetensors")
     assert not torch.equal(average["wte.weight"], live4["wte.weight"])
     assert not torch.equal(live4["wte.weight"], live["wte.weight"])  # training went on
     done = train(resume_config(run, ["train.ema=0"]), run, resume=True)

@@ -158,7 +158,8 @@ def memory_method(device: torch.device) -> tuple[str | None, str]:
             _reset_rss_peak()
             _proc_status_kb("VmHWM:")
         except OSError as e:
-            return None, f"CPU peak memory n/a: no resettable RSS peak here ({e.__class__.__name__})"
+            return None, ("CPU peak memory n/a: no resettable RSS peak here "
+                          f"({e.__class__.__name__})")
         return CPU_RSS_METHOD, ""
     return None, f"peak memory n/a on {device.type}: no peak-allocation counter"
 

@@ -10,8 +10,8 @@ line on stderr and exit code 2, with library parameter names shown as the flags 
 did-you-mean, on stderr, exit 2. Never a traceback for any of these.
 
 Names that come from elsewhere (run directories, file paths, error messages quoting them) reach
-the terminal through `minigpt.display.printable`: a run named with an escape sequence cannot move the cursor,
-recolour the terminal or forge a line.
+the terminal through `minigpt.display.printable`: a run named with an escape sequence cannot
+move the cursor, recolour the terminal or forge a line.
 """
 
 from __future__ import annotations

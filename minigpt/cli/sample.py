@@ -81,7 +81,7 @@ def sample_command(
         say(f"note: the prompt is {size}, longer than the model's context ({block}); using its "
             f"last {block} tokens")
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
-    dev = next(loaded.model.parameters()).device
+    dev = loaded.device
     say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}")
     if loaded.cfg.data.source == "induction":
         say("note: this run was trained on synthetic induction data (random token ids, each "

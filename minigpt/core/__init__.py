@@ -12,7 +12,8 @@
   (weights only), activation patching from a corrupted input.
 - `step.py`: one optimizer step (`train_step`) and one evaluation (`evaluate`).
 
-These files import only torch, the standard library, `minigpt.config` and `minigpt.errors`
-(tests/test_layout.py checks it): no files, no events, no run directory, no tokenizer. Every
-other package (train, run, hf, heads, bench, cli) is a consumer of this one.
+These files import only torch, the standard library, `minigpt.settings` (the settings
+dataclasses, no file code) and `minigpt.errors` (tests/test_layout.py checks it): no files,
+no events, no run directory, no tokenizer. Every other package (train, run, hf, heads, bench,
+cli) is a consumer of this one.
 """

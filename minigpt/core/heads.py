@@ -88,7 +88,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minigpt.core.gpt import AttnSpec
+from minigpt.core.gpt import AttnSpec, device_of, eval_mode
 from minigpt.core.modes import MODE_HELP, MODES, check_mode  # noqa: F401 - re-exported
 from minigpt.errors import ArgumentError
 
@@ -101,14 +101,10 @@ def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "c
                    ) -> tuple[Tensor, float]:
     """Run `model` on `tokens` (one sequence) through the explicit attention path and the SDPA
     path. Returns (attention (n_layer, n_head, T, T) float32 CPU, max |logit difference|)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
         logits_explicit, maps = model.forward_with_attention(idx)
         logits_sdpa, _ = model(idx, attn=AttnSpec("sdpa"))  # whatever attn_impl it trained with
-    finally:
-        model.train(was_training)
     attn = torch.stack([m[0] for m in maps]).float().cpu()  # n_layer x (H, T, T)
     diff = (logits_explicit.float() - logits_sdpa.float()).abs().max().item()
     return attn, diff
@@ -272,12 +268,10 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
     pos = check_positions(len(tokens), positions, minimum)
     cfg = model.cfg
     L, H = cfg.n_layer, cfg.n_head
-    device = next(model.parameters()).device
+    device = device_of(model)
     idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
     targets = idx[0, 1:][pos]  # (P,)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         reference = _resampled_outputs(model, idx, seed) if mode == "resample" else None
         spec = AttnSpec(cfg.attn_impl)
         stream = model.residual_stream(idx, attn=spec)  # n_layer + 1 x (1, T, C)
@@ -299,8 +293,6 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                 losses = head_losses(model, stream[layer], layer, heads, replace, pos, targets)
                 base = losses[0] if base is None else base
                 effect[layer, heads] = losses[1:] - losses[0]
-    finally:
-        model.train(was_training)
     return Ablation(mode, effect, float(base), pos, scored)
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from minigpt.core.gpt import device_of, eval_mode
+
 Context = Callable[[], AbstractContextManager]
 
 
@@ -49,7 +51,7 @@ def train_step(model: nn.Module, optimizer, batches: Iterable[tuple[Tensor, Tens
     mean loss (the trainer's all-reduce; default: `t.item()`). `grad_clip` <= 0 = no clipping.
     The optimizer's learning rate is the caller's to set beforehand."""
     fwd = fwd or model
-    loss_sum = torch.zeros((), device=next(model.parameters()).device)
+    loss_sum = torch.zeros((), device=device_of(model))
     for m, (x, y) in enumerate(batches):
         sync = no_sync() if no_sync is not None and m < n_micro - 1 else contextlib.nullcontext()
         with sync:
@@ -76,14 +78,10 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *,
     """The model's loss on batches (x, y) in eval mode (restored afterwards): a float64 tensor
     (sum over batches of mean loss x rows, rows). The mean loss is the first divided by the
     second; sums, not a mean, so that ranks can add theirs before dividing."""
-    was_training = model.training
-    model.eval()
     total = torch.zeros(2, dtype=torch.float64)
-    try:
+    with eval_mode(model):
         for x, y in batches:
             with precision():
                 _, loss = model(x, y)
             total += torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64)
-    finally:
-        model.train(was_training)
     return total

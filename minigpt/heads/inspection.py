@@ -27,6 +27,7 @@ from minigpt.core.circuits import (
     make_metric,
     patch_heads,
 )
+from minigpt.core.gpt import device_of
 from minigpt.core.heads import (
     SCORE_HELP,
     SCORE_NAMES,
@@ -184,7 +185,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
     tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    dev = torch.device(device) if device is not None else device_of(model)
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further

@@ -1,8 +1,8 @@
 """The files inspect-heads writes: which formats (`parse_formats`, in flags.py: `table` is the
-terminal, the rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and proven writable
-before any work), and writing them (`write_files`: PNG heatmaps from `heatmap.py`, the HTML
-viewer from `viewer.py`, the raw tensor and the scores JSON from here). Every file is written
-durably (`minigpt.files`: temp file, fsync, rename)."""
+terminal, the rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and
+proven writable before any work), and writing them (`write_files`: PNG heatmaps from
+`heatmap.py`, the HTML viewer from `viewer.py`, the raw tensor and the scores JSON from here).
+Every file is written durably (`minigpt.files`: temp file, fsync, rename)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from minigpt.core.circuits import (
     k_composition,
     make_metric,
 )
+from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.heads import score_heads
 from minigpt.events import HeadFormedEvent, HeadScoresEvent
 from minigpt.heads.probes import probe_pool, probe_tokens
@@ -53,10 +54,8 @@ def probe_scores(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict[
     tokens, through the explicit attention path. The model's train/eval mode is restored."""
     length = min(cfg.model.block_size, MAX_PROBE_TOKENS)
     pool = probe_pool(cfg, tokenizer)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    device = device_of(model)
+    with eval_mode(model):
         out: dict[str, list] = {}
         for probe in dict.fromkeys(TIMELINE_SCORES.values()):
             ids = probe_tokens(probe, length, pool, seed)
@@ -68,8 +67,6 @@ def probe_scores(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict[
                 if p == probe:
                     out[name] = [[round(float(v), 6) for v in row] for row in scores[name]]
         return out
-    finally:
-        model.train(was_training)
 
 
 def formed_heads(scores: dict[str, list]) -> set[tuple[int, int, str]]:

@@ -209,7 +209,8 @@ def export_config(m: ModelConfig, eot_id: int) -> dict:
     if kind == GPT2:
         return {**common, "n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd,
                 "n_positions": m.block_size, "n_ctx": m.block_size, "n_inner": None,
-                "activation_function": act, "layer_norm_epsilon": m.norm_eps, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                "activation_function": act, "layer_norm_epsilon": m.norm_eps,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0, "scale_attn_weights": True,
                 "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False}
     return {**common, "num_hidden_layers": m.n_layer, "num_attention_heads": m.n_head,

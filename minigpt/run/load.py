@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from minigpt.config import Config, model_hash
-from minigpt.core.gpt import GPT
+from minigpt.core.gpt import GPT, device_of
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
 from minigpt.run.checkpoint import Checkpoint, find_checkpoint, raw_module, tied_aliases
@@ -48,6 +48,11 @@ class LoadedRun:
     def label(self) -> str:
         """One phrase for messages: `<run dir> (step N)`, or the model spec."""
         return self.source if self.run_dir is None else f"{self.source} (step {self.step})"
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model is on."""
+        return device_of(self.model)
 
 
 def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint, name: str = MODEL_FILE) -> None:
@@ -134,7 +139,8 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     tokenizer = Tokenizer.load(ckpt.path)
     if tokenizer.n_vocab > cfg.model.vocab_size:
         raise MinigptError(f"{ckpt.path}: the tokenizer has {tokenizer.n_vocab} tokens but "
-                           f"model.vocab_size is {cfg.model.vocab_size}; files from different runs?")
+                           f"model.vocab_size is {cfg.model.vocab_size}; files from different "
+                           "runs?")
     model = GPT(cfg.model)
     load_model_weights(model, ckpt)
     model.to(dev).eval()

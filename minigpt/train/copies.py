@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from minigpt.core.gpt import eval_mode
+
 
 def copy_mask(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: target y[b, t] occurs among the inputs x[b, 0..t] (a copy could predict it)."""
@@ -30,10 +32,8 @@ def copy_metrics(model, data, offsets: torch.Tensor, micro: int, device: torch.d
     """(mean loss in nats/token, top-1 accuracy) of `model` over the copy positions of the
     validation rows at `offsets`; (nan, nan) when there are none. The model's train/eval mode
     is restored."""
-    was_training = model.training
-    model.eval()
     loss_sum, right, n = 0.0, 0, 0
-    try:
+    with eval_mode(model):
         for i in range(0, len(offsets), micro):
             x, y = data.get_batch("val", offsets[i:i + micro], device)
             mask = copy_mask(x, y)
@@ -45,6 +45,4 @@ def copy_metrics(model, data, offsets: torch.Tensor, micro: int, device: torch.d
             loss_sum += torch.nn.functional.cross_entropy(picked, target, reduction="sum").item()
             right += int((picked.argmax(-1) == target).sum())
             n += len(target)
-    finally:
-        model.train(was_training)
     return (loss_sum / n, right / n) if n else (math.nan, math.nan)

@@ -338,7 +338,8 @@ class Trainer:
 
         r = core_step.train_step(self.model, self.optimizer, batches, n_micro=self.n_micro,
                                  grad_clip=t.grad_clip, fwd=self.fwd, precision=self._precision,
-                                 no_sync=self.fwd.no_sync if info.enabled else None, mean_loss=mean_loss)
+                                 no_sync=self.fwd.no_sync if info.enabled else None,
+                                 mean_loss=mean_loss)
         if not r.stepped:
             what = "the training loss" if not math.isfinite(r.loss) else "the gradient norm"
             raise self._diverged(step + 1, what)
