@@ -461,6 +461,29 @@ def load_yaml(path: str | Path, cap: int = SMALL_CAP) -> Any:
     return parse_yaml(read_utf8(path, cap), str(_shorten(Path(path))))
 
 
+def denied(e: PermissionError) -> ReadError:
+    """A PermissionError as one line: the path that stops minigpt (the first directory on the
+    way to the file that cannot be entered, else the file itself; symlinks followed as far
+    as they can be), `permission denied`, and the fix."""
+    path = Path(os.path.abspath(e.filename if e.filename is not None else "."))
+    real = Path(os.path.realpath(path))  # through the links that can be read (latest -> step)
+    blocked = next((d for d in reversed(real.parents) if not os.access(d, os.X_OK)), real)
+    also = "" if blocked in (path, real) else f" (reading {_shorten(path)})"
+    return ReadError(blocked, f"permission denied{also}; make it readable (chmod u+rwX) or "
+                     "run minigpt as its owner")
+
+
+@contextmanager
+def permission_denied_as_error() -> Iterator[None]:
+    """A PermissionError inside (an unreadable run, checkpoint or `runs/` directory met by a
+    `Path.is_file`, `iterdir` or `open` anywhere below) becomes `denied`'s one-line ReadError.
+    Usable as a decorator."""
+    try:
+        yield
+    except PermissionError as e:
+        raise denied(e) from None
+
+
 def open_file(path: str | Path) -> IO[bytes]:
     """A regular file opened for streaming (corpora, hashing): `open_regular`'s rules, every
     failure a ReadError naming the file."""

@@ -276,7 +276,22 @@ def _read_ranks(path: Path) -> dict[bytes, int]:
     if not ranks:
         raise MinigptError(f"{path}: empty tiktoken rank file")
     check_ids(ranks, {}, str(path))
+    check_bytes(ranks, str(path))
     return ranks
+
+
+def check_bytes(ranks: dict[bytes, int], what: str) -> None:
+    """Every one of the 256 bytes is a token of its own: byte-level BPE starts each piece
+    from single bytes, and tiktoken's Rust encoder panics on a byte it has no rank for (while
+    encoding the corpus, long after the file was read). MinigptError naming `what` and the
+    bytes missing."""
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        shown_bytes = ", ".join(f"0x{b:02x}" for b in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise MinigptError(f"{what}: {len(missing)} of the 256 single-byte tokens are missing "
+                           f"({shown_bytes}{more}); a byte-level BPE needs a token for every "
+                           "byte, or text holding those bytes cannot be encoded")
 
 
 # --------------------------------------------------------------------------------------------

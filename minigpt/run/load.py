@@ -13,6 +13,7 @@ from minigpt.config import Config, model_hash
 from minigpt.core.gpt import GPT, device_of
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
+from minigpt.files import permission_denied_as_error
 from minigpt.run.checkpoint import Checkpoint, find_checkpoint, raw_module, tied_aliases
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -124,6 +125,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
 _STATE_KEYS = {"AdamW": ("exp_avg", "exp_avg_sq", "step"), "Muon": ("momentum_buffer",)}
 
 
+@permission_denied_as_error()
 def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
              step: int | None = None) -> LoadedRun:
     """Load a trained run for inference: the verified latest checkpoint's config, tokenizer and
@@ -147,6 +149,7 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir)
 
 
+@permission_denied_as_error()
 def trained_runs(root: Path = DEFAULT_RUNS) -> list[Path]:
     """The runs under `root` with a committed checkpoint, the most recently committed first.
     MinigptError when there is none."""
@@ -170,6 +173,7 @@ def find_latest_run(root: Path = DEFAULT_RUNS) -> Path:
     return trained_runs(root)[0]
 
 
+@permission_denied_as_error()
 def find_latest_text_run(root: Path = DEFAULT_RUNS) -> tuple[Path, list[Path]]:
     """The latest run under `root` trained on text (data.source text: what `sample` wants),
     with the newer runs passed over (trained on synthetic induction ids, whose output is not
