@@ -20,6 +20,7 @@ from minigpt.cli.main import (
 )
 from minigpt.display import printable
 from minigpt.errors import ArgumentError
+from minigpt.files import shown
 
 TextOpt = Annotated[str | None, typer.Option(
     "--text", help="Text to run through the model. Default: a built-in passage.")]
@@ -61,10 +62,10 @@ PatchFromOpt = Annotated[str | None, typer.Option(
     "input of the same length: a text (with --text / --text-file), or `corrupted` with --probe "
     "induction (its second copy's tokens replaced). Per head: the fraction of the metric's "
     "change that patching it alone moves.")]
-DirectionOpt = Annotated[str, typer.Option(
-    "--patch-direction", help="noising: the clean run with one head's output from the "
-    "corrupted run (what it destroys); denoising: the corrupted run with one head's clean "
-    "output (what it restores).")]
+DirectionOpt = Annotated[str | None, typer.Option(
+    "--patch-direction", help="With --patch-from. noising (the default): the clean run with "
+    "one head's output from the corrupted run (what it destroys); denoising: the corrupted run "
+    "with one head's clean output (what it restores).")]
 TargetOpt = Annotated[str | None, typer.Option(
     "--target", metavar="TOKEN", help="Attribute (and score the loss of) this token at every "
     "scored position instead of the actual next token. One token of the vocabulary.")]
@@ -87,16 +88,18 @@ def inspect_heads_command(
     seed: SeedOpt = 0, json_out: JsonOpt = False, device: DeviceOpt = "auto",
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
     dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
-    patch_direction: DirectionOpt = "noising", target: TargetOpt = None,
+    patch_direction: DirectionOpt = None, target: TargetOpt = None,
     answer: AnswerOpt = None, wrong: WrongOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.core.sampling import check_seed
     from minigpt.heads.flags import check_ablate, parse_formats
+    from minigpt.heads.flags import patch_direction as direction_of
 
     fmts = parse_formats(formats or [])  # the flags before torch loads
     check_seed(seed)  # as sample's: torch generators take [0, 2**64)
     check_ablate(ablate)
+    patch_direction = direction_of(patch_from, patch_direction)
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
@@ -108,6 +111,10 @@ def inspect_heads_command(
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
     out_dir = output.out_dir(fmts, out, loaded.run_dir)  # made before the work, not after it
+    if out_dir is not None:  # every file it will hold, checked now too
+        output.check_destinations(out_dir, output.file_names(
+            fmts, [(la, h) for la in layers for h in heads], ablation=ablate is not None,
+            composition=composition, circuits=dla or patch_from is not None))
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
@@ -181,8 +188,8 @@ def _say_circuits(insp) -> None:
             + ", ".join(f"{k} {v:+.4f}" for k, v in d.rows.items()) + ")")
     if insp.patch is not None:
         p = insp.patch
-        say(f"patch ({p.direction}, from {p.source}): {p.what}; clean {p.clean:.4f}, corrupted "
-            f"{p.corrupted:.4f}; each head's patch = the fraction of that change it "
+        say(f"patch ({p.direction}, from {shown(p.source)}): {p.what}; clean {p.clean:.4f}, "
+            f"corrupted {p.corrupted:.4f}; each head's patch = the fraction of that change it "
             + ("produces alone" if p.direction == "noising" else "restores alone"))
         for note in p.notes:
             say(f"note: {note}")

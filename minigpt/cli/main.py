@@ -29,7 +29,7 @@ from typer.core import TyperGroup
 from minigpt import __version__
 from minigpt.display import printable
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
-from minigpt.files import shown
+from minigpt.files import denied, shown
 
 # Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
 err_console = Console(stderr=True, highlight=False)
@@ -69,6 +69,9 @@ class _Group(TyperGroup):
             return super().invoke(ctx)
         except MinigptError as e:
             say(f"error: {shown(user_message(e), 1000)}")  # a huge value never floods
+            raise typer.Exit(2) from None
+        except PermissionError as e:  # one the library did not word itself: still one line
+            say(f"error: {shown(str(denied(e)), 1000)}")
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             say("interrupted (Ctrl-C); anything already saved is kept")
@@ -114,31 +117,48 @@ class StdoutError(MinigptError):
     """stdout cannot be written (a full disk, `> /dev/full`, an I/O error)."""
 
 
+class ReaderLeft(SystemExit):
+    """The reader of stdout closed the pipe (`minigpt ... | head`): the command stops where it
+    is, quietly, with exit code 0 (docs/cli.md, "Streams")."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def _to_devnull(stream) -> None:
+    """Point `stream`'s descriptor at /dev/null: what is still buffered, and the interpreter's
+    last flush at exit, then fail no more."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 class _GuardedStdout:
     """sys.stdout, whose write failures are one `error:` line through the one error path (a
-    StdoutError) instead of an OSError traceback; a reader that leaves (BrokenPipeError) is
-    passed on as it is, for the command to end quietly. After a failure the descriptor points
-    at /dev/null, so the interpreter's last flush at exit fails no more."""
+    StdoutError) instead of an OSError traceback, and a reader that leaves (BrokenPipeError)
+    ReaderLeft. The failure is kept (`error`): one that a library swallows (the parser's
+    probe of the stream before `--help`) still ends the command with exit 2 (`main`)."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        self.error: StdoutError | None = None
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
 
-    def _failed(self, e: OSError) -> StdoutError:
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
-        except (OSError, ValueError):
-            pass
-        return StdoutError(f"cannot write to stdout ({e.strerror or e}); free some space or "
-                           "send the output elsewhere")
+    def _failed(self, e: OSError) -> StdoutError | ReaderLeft:
+        _to_devnull(self._stream)
+        if isinstance(e, BrokenPipeError):
+            return ReaderLeft()
+        if self.error is None:
+            self.error = StdoutError(f"cannot write to stdout ({e.strerror or e}); free some "
+                                     "space or send the output elsewhere")
+        return self.error
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            raise
         except OSError as e:
             raise self._failed(e) from None
 
@@ -149,35 +169,63 @@ class _GuardedStdout:
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            raise
         except OSError as e:
             raise self._failed(e) from None
+
+
+class _QuietStderr:
+    """sys.stderr, whose write failures (a full disk, a reader that left) lose the line and
+    nothing else: stderr carries progress, timings and error lines, so a command goes on as
+    if it had been written and exits with its own code (2 for an error it could not show)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            _to_devnull(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            _to_devnull(self._stream)
 
 
 def main() -> None:
     """Console entry point (`minigpt`, `python -m minigpt`). stdout closed (`>&-`): one line,
     exit 2, before anything runs; stdout that fails while a command writes: one line, exit 2
-    (`_GuardedStdout`)."""
+    (`_GuardedStdout`); its reader leaving: exit 0 (ReaderLeft); stderr that fails: the lines
+    are lost, the exit code is the command's (`_QuietStderr`)."""
+    if sys.stderr is not None:
+        sys.stderr = _QuietStderr(sys.stderr)
     if sys.stdout is None:
         if sys.stderr is not None:
             sys.stderr.write("error: stdout is closed (>&-); give the output somewhere to go, "
                              "e.g. > /dev/null to discard it\n")
         sys.exit(2)
-    sys.stdout = _GuardedStdout(sys.stdout)
+    guard = sys.stdout = _GuardedStdout(sys.stdout)
     code: object = 0
     try:
         app(prog_name="minigpt")
-    except SystemExit as e:
+    except SystemExit as e:  # ReaderLeft included
         code = e.code
     except StdoutError as e:  # raised outside a command (the parser's help)
         say(f"error: {e}")
         sys.exit(2)
     try:
         sys.stdout.flush()  # what is still buffered: a failure here is the command's too
-    except StdoutError as e:
-        say(f"error: {e}")
+    except StdoutError:
+        pass
+    except ReaderLeft:
+        sys.exit(0)
+    if guard.error is not None and code in (0, None):  # a failure a library swallowed
+        say(f"error: {guard.error}")
         sys.exit(2)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     sys.exit(code)

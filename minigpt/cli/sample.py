@@ -157,17 +157,14 @@ class _SampleView:
 
 @contextlib.contextmanager
 def _stdout_to_the_end():
-    """Ctrl-C ends the line and exits 130; a reader that leaves (`minigpt sample | head`)
-    ends the command quietly with exit 0."""
+    """Ctrl-C ends the line and exits 130. (A reader that leaves, `minigpt sample | head`,
+    ends every command the same way: quietly, exit 0; `cli.main.ReaderLeft`.)"""
     try:
         yield
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         sys.stdout.flush()
         raise typer.Exit(130) from None
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

@@ -1,6 +1,7 @@
 """The files inspect-heads writes: which formats (`parse_formats`, in flags.py: `table` is the
 terminal, the rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and
-proven writable before any work), and writing them (`write_files`: PNG heatmaps from
+proven writable before any work, every destination checked then too: `check_destinations`),
+and writing them (`write_files`: PNG heatmaps from
 `heatmap.py`, the HTML viewer from `viewer.py`, the raw tensor and the scores JSON from here).
 Every file is written durably (`minigpt.files`: temp file, fsync, rename)."""
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from minigpt.errors import ArgumentError
-from minigpt.files import atomic_write_bytes
+from minigpt.files import atomic_write_bytes, not_replaceable
 from minigpt.heads.circuits_png import write_circuit_pngs
 from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
 from minigpt.heads.heatmap import write_pngs
@@ -45,6 +46,33 @@ def make_out_dir(path: Path) -> Path:
         raise ArgumentError("out", f"cannot write there ({e.strerror or e}); give a writable "
                             "directory with {name}", subject=path) from None
     return path
+
+
+def file_names(formats: Sequence[str], pairs: Sequence[tuple[int, int]], *, ablation: bool,
+               composition: bool, circuits: bool) -> list[str]:
+    """The names of the files `write_files` writes for `formats`, the selected (layer, head)
+    `pairs` and what is measured (`ablation`, `composition`, `circuits`: dla or patching)."""
+    names = []
+    if "png" in formats:
+        names += ["attention_grid.png", *(["ablation.png"] if ablation else []),
+                  *(f"attention_L{la}_H{h}.png" for la, h in pairs),
+                  *(["composition.png"] if composition else []),
+                  *(["circuits.png"] if circuits else [])]
+    for fmt, name in (("html", "attention.html"), ("safetensors", "attention.safetensors"),
+                      ("json", "scores.json")):
+        if fmt in formats:
+            names.append(name)
+    return names
+
+
+def check_destinations(out: Path, names: Sequence[str]) -> None:
+    """Every file of `names` may be written in `out`: one that is a FIFO, a device, a socket
+    or a directory is refused now, before any work (ArgumentError `out`), not after the
+    other files are written."""
+    for name in names:
+        why = not_replaceable(out / name)
+        if why is not None:
+            raise ArgumentError("out", f"{name} there: {why}", subject=out)
 
 
 def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Sequence[int],

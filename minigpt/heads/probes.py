@@ -113,12 +113,16 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
         raise ConflictError(given)
     block = cfg.model.block_size
     first = [tokenizer.eot_id] if eot_first else []
-    if max_tokens is None:
-        max_tokens = block
-    elif not 2 + len(first) <= max_tokens <= block:
-        raise ArgumentError("max_tokens", f"out of range; valid: {2 + len(first)}..{block} "
-                            "(the model's block_size" + (", and the first token is "
-                            "<|endoftext|>)" if first else ")"), subject=max_tokens)
+    low = len(first) + (4 if probe == "induction" else 2)  # induction: two copies of 2 tokens
+    checked = max_tokens is not None or probe is not None  # the default text: any block_size
+    max_tokens = block if max_tokens is None else max_tokens
+    if checked and not low <= max_tokens <= block:
+        raise ArgumentError("max_tokens", f"out of range; valid: {low}..{block} (the model's "
+                            "block_size" + (", and the first token is <|endoftext|>" if first
+                                            else "")
+                            + ("; the induction probe needs two copies of at least 2 tokens "
+                               "to predict one by copying)" if probe == "induction" else ")"),
+                            subject=max_tokens)
     if probe is not None:
         ids = first + probe_tokens(probe, max_tokens - len(first), probe_pool(cfg, tokenizer),
                                    seed)

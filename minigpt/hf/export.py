@@ -18,6 +18,7 @@ temporary directory left by a killed export is deleted by the next export to the
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,8 @@ class Exported:
 
 
 def check_export_dir(out: Path) -> Path:
-    """`out` must be missing or an empty directory: an export never overwrites anything."""
+    """`out` must be missing or an empty directory this process may write: an export never
+    overwrites anything, and never fills a directory made read-only."""
     out = check_new_path(out, "out")
     if out.exists() and not out.is_dir():
         raise ArgumentError("out", "exists and is not a directory; give a new directory",
@@ -53,6 +55,12 @@ def check_export_dir(out: Path) -> Path:
     if full:
         raise ArgumentError("out", "is not empty; an export never overwrites files: give a new "
                             "or empty directory", subject=out)
+    # Made read-only (no write bit), or not writable by this process: the rename that commits
+    # the export needs only the parent's permission, so it would fill it anyway (root too).
+    if out.is_dir() and (not out.stat().st_mode & 0o222 or not os.access(out, os.W_OK | os.X_OK)):
+        raise ArgumentError("out", f"is a read-only directory (mode {out.stat().st_mode & 0o777:o})"
+                            "; an export fills the directory it is given: make it writable "
+                            "(chmod u+w) or give another", subject=out)
     return out
 
 
