@@ -465,7 +465,8 @@ def denied(e: PermissionError) -> ReadError:
     as they can be), `permission denied`, and the fix."""
     path = Path(os.path.abspath(e.filename if e.filename is not None else "."))
     real = Path(os.path.realpath(path))  # through the links that can be read (latest -> step)
-    blocked = next((d for d in reversed(real.parents) if not os.access(d, os.X_OK)), real)
+    blocked = next((d for d in reversed(real.parents)
+                    if os.path.isdir(d) and not os.access(d, os.X_OK)), real)
     also = "" if blocked in (path, real) else f" (reading {_shorten(path)})"
     return ReadError(blocked, f"permission denied{also}; make it readable (chmod u+rwX) or "
                      "run minigpt as its owner")

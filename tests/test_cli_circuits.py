@@ -148,10 +148,21 @@ def test_every_row_names_its_head_and_every_number_is_whole(run_dir, width):
     (["--probe", "previous", "--patch-from", "corrupted"], "--patch-from: with a probe"),
     (["--text", "abc", "--patch-from", "abd", "--patch-direction", "up"],
      "--patch-direction: 'up' is not a direction"),
+    (["--text", "abc", "--patch-direction", "noising"],  # alone it would change nothing
+     "--patch-direction: applies to --patch-from only"),
 ])
 def test_bad_input_is_one_line_exit_2(run_dir, args, expect):
     assert expect in error_line(invoke(run_dir, *args))
 
+
+def test_a_long_patch_from_text_is_echoed_cut(run_dir):
+    """`--patch-from` with a 60 KB text: the stderr line that says what was patched from
+    cuts it as every echoed value is cut (the JSON keeps it whole)."""
+    r = invoke(run_dir, "--text", "ab" * 30000, "--patch-from", "cd" * 30000, "--json")
+    assert r.exit_code == 0, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("patch (noising, from text: ")]
+    assert len(line) < 400 and "cdc ... dcd" in line, line
+    assert json.loads(r.stdout)["patch"]["corrupted_input"] == "text: " + "cd" * 30000
 
 def test_a_one_layer_model_has_no_composition(tmp_path):
     run = make_run(tmp_path / "one", n_layer=1)

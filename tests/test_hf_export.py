@@ -282,6 +282,29 @@ def test_an_empty_out_keeps_its_mode_and_a_new_one_gets_the_umasks(exported, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new"]
 
 
+@pytest.mark.parametrize("export", HOW)
+def test_an_empty_read_only_out_is_refused_not_filled(exported, tmp_path, export, monkeypatch):
+    """Issue 39: an empty directory made read-only (mode 555) was filled (the rename that
+    commits an export needs only the parent's permission) and left 555. Refused by its mode,
+    root or not; one this process cannot write (mode 755, another owner) by access(2),
+    simulated here when the tests run as root."""
+    run_dir, _ = exported["learned"]
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        line = one_error_line(export("--run", str(run_dir), "--out", str(ro)))
+        assert f"--out {ro}: is a read-only directory (mode 555)" in line
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+    if export is export_in_process:  # os.access as for another user's directory
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m, **k: False if Path(p) == ro and
+                            m & os.W_OK else real(p, m, **k))
+        line = one_error_line(export("--run", str(run_dir), "--out", str(ro)))
+        assert "read-only directory (mode 755)" in line and list(ro.iterdir()) == []
+
 def test_a_killed_export_leaves_a_temp_directory_the_next_export_deletes(exported, tmp_path):
     """Issue 26: a killed export left a hidden full copy nothing cleaned up. kill -9 after
     the first file: the hidden `.NAME.PID-XXXXXXXX.tmp/` stays (nothing runs at a SIGKILL);
