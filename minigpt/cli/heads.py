@@ -93,13 +93,12 @@ def inspect_heads_command(
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.core.sampling import check_seed
-    from minigpt.heads.flags import check_ablate, parse_formats
-    from minigpt.heads.flags import patch_direction as direction_of
+    from minigpt.heads.flags import check_ablate, check_patch_direction, parse_formats
 
     fmts = parse_formats(formats or [])  # the flags before torch loads
     check_seed(seed)  # as sample's: torch generators take [0, 2**64)
     check_ablate(ablate)
-    patch_direction = direction_of(patch_from, patch_direction)
+    patch_direction = check_patch_direction(patch_from, patch_direction)
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
@@ -110,11 +109,8 @@ def inspect_heads_command(
         say(f"using the latest run: {loaded.run_dir}")
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
-    out_dir = output.out_dir(fmts, out, loaded.run_dir)  # made before the work, not after it
-    if out_dir is not None:  # every file it will hold, checked now too
-        output.check_destinations(out_dir, output.file_names(
-            fmts, [(la, h) for la in layers for h in heads], ablation=ablate is not None,
-            composition=composition, circuits=dla or patch_from is not None))
+    out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
+        fmts, layers, heads, ablate, composition, dla or patch_from))  # file's place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)

@@ -32,7 +32,7 @@ def check_ablate(mode: str | None) -> None:
         check_mode(mode)
 
 
-def patch_direction(patch_from: str | None, direction: str | None) -> str:
+def check_patch_direction(patch_from: str | None, direction: str | None) -> str:
     """`--patch-direction` (None: noising) applies to `--patch-from` only: given without it,
     it would change nothing, so it is refused (ArgumentError) instead of ignored."""
     if direction is not None and patch_from is None:

@@ -23,17 +23,21 @@ from minigpt.heads.inspection import Inspection
 from minigpt.heads.viewer import write_html
 
 
-def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None) -> Path | None:
+def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None,
+            names: Sequence[str] = ()) -> Path | None:
     """The directory for the files of `formats` (None: only the table was asked for): `out`,
-    else <run_dir>/heads/; made now, before any work (`make_out_dir`). An imported model has
-    no run directory: ArgumentError (`out`) unless `out` is given."""
+    else <run_dir>/heads/; made now, before any work (`make_out_dir`), and the place of every
+    file of `names` (`file_names`) checked (`check_destinations`). An imported model has no
+    run directory: ArgumentError (`out`) unless `out` is given."""
     files = [f for f in formats if f != "table"]
     if not files:
         return None
     if out is None and run_dir is None:
         raise ArgumentError("out", f"an imported model has no run directory to write the "
                             f"{', '.join(files)} files into; give {{name}} DIR")
-    return make_out_dir(Path(out) if out is not None else Path(run_dir) / "heads")
+    path = make_out_dir(Path(out) if out is not None else Path(run_dir) / "heads")
+    check_destinations(path, names)
+    return path
 
 
 def make_out_dir(path: Path) -> Path:
@@ -48,10 +52,13 @@ def make_out_dir(path: Path) -> Path:
     return path
 
 
-def file_names(formats: Sequence[str], pairs: Sequence[tuple[int, int]], *, ablation: bool,
-               composition: bool, circuits: bool) -> list[str]:
-    """The names of the files `write_files` writes for `formats`, the selected (layer, head)
-    `pairs` and what is measured (`ablation`, `composition`, `circuits`: dla or patching)."""
+def file_names(formats: Sequence[str], layers: Sequence[int], heads: Sequence[int],
+               ablation: object = None, composition: object = None,
+               circuits: object = None) -> list[str]:
+    """The names of the files `write_files` writes for `formats`, the selected `layers` and
+    `heads`, and what is measured (each true when it is: `ablation` the mode, `composition`,
+    `circuits` dla or the text patched from)."""
+    pairs = [(layer, head) for layer in layers for head in heads]
     names = []
     if "png" in formats:
         names += ["attention_grid.png", *(["ablation.png"] if ablation else []),
