@@ -441,3 +441,18 @@ def test_zeros_and_a_huge_claimed_length_are_refused_after_12_bytes(tmp_path, mo
     with pytest.raises(MinigptError, match="claims 1,099,511,627,776 bytes"):
         session_log(tmp_path)._plan_cut(1)
     assert sum(read) == 12
+
+
+def test_a_record_cut_short_at_the_end_is_dropped_as_tensorboard_drops_it(tmp_path):
+    """What a killed writer leaves at the end (a whole header whose record runs past the end
+    of the file) is dropped on resume; every whole record before it is kept byte for byte."""
+    pytest.importorskip("tensorboard")
+    path = tensorboard_written(tmp_path / "tensorboard", range(1, 4))
+    whole = path.read_bytes()
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    torn = _record(Event(wall_time=2.0e9, step=2).SerializeToString())[:-6]
+    path.write_bytes(whole + torn)
+    log = session_log(tmp_path)
+    log._apply(log._plan_cut(3))
+    assert path.read_bytes() == whole

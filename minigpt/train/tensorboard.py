@@ -226,8 +226,11 @@ class TensorBoardLog:
                 kept_data = kept_data or event.HasField("summary")
                 if keep and keep[-1][1] == at:
                     keep[-1][1] = end
-                else:
+                elif len(keep) < MAX_PIECES:
                     keep.append([at, end])
+                else:  # steps that go back and forth, record by record: no writer does that
+                    raise _not_events(path, f"the records kept are in more than {MAX_PIECES:,} "
+                                      "pieces")
             complete = end == st.st_size
         if st.st_size == 0 or (complete and keep == [[0, st.st_size]]):
             return None
@@ -252,6 +255,7 @@ class TensorBoardLog:
 # length is read: a file of zeros fails the first header's CRC after 12 bytes.
 
 MAX_RECORD = 64 << 20  # bytes one record may claim (minigpt's are ~100; an image a few MB)
+MAX_PIECES = 1 << 16  # runs of kept records a cut may hold (a writer's steps rise: one run)
 _COPY_CHUNK = 1 << 20
 
 
