@@ -83,18 +83,24 @@ def fake_run(root: Path, name: str, source: str, when: float) -> Path:
 
 
 def test_sample_passes_over_newer_induction_runs(tmp_path):
-    from minigpt.run.load import find_latest_run, find_latest_text_run
+    from minigpt.cli.sample import _trained_on_text
+    from minigpt.run.choice import pick_run
+    from minigpt.run.load import find_latest_run
 
     now = time.time()
     text = fake_run(tmp_path, "default", "text", now - 300)
     fake_run(tmp_path, "old", "text", now - 900)
     ind = fake_run(tmp_path, "induction", "induction", now - 10)
     assert find_latest_run(tmp_path) == ind
-    assert find_latest_text_run(tmp_path) == (text, [ind])
+    pick = pick_run(_trained_on_text, tmp_path, require_fit=False)
+    assert (pick.run_dir, pick.misfit) == (text, None)
+    assert pick.passed == [(ind, "trained on synthetic induction data, not text", True)]
     only = tmp_path / "only"
     only.mkdir()
     alone = fake_run(only, "induction", "induction", now)
-    assert find_latest_text_run(only) == (alone, [])  # nothing on text: the latest, as before
+    pick = pick_run(_trained_on_text, only, require_fit=False)  # nothing on text: the latest
+    assert (pick.run_dir, pick.passed) == (alone, [])
+    assert pick.misfit == "trained on synthetic induction data, not text"
 
 
 # --------------------------------------------------------------------------------------------
