@@ -290,6 +290,28 @@ def test_the_induction_run_says_what_it_trains_on():
     assert "bits/byte" not in lines[2]
 
 
+@pytest.mark.parametrize("threads,load,hint", [(2, 9.1, True), (2, 1.5, False),
+                                                (1, 9.1, False)])
+def test_an_interrupted_run_on_a_busy_machine_hears_of_threads(monkeypatch, threads, load, hint):
+    """The resume hint after Ctrl-C names one thread only when the session ran on several
+    and the machine was busier than its CPUs (issue 41: 522 tokens/s, 4x faster on one)."""
+    import minigpt.threads
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(minigpt.threads, "usable_cpus", lambda: 2)
+    view, lines = train_view()
+    view.on_event(events.StartEvent(Path("r"), 0, 10, 1, "cpu", 1, 64, 256, 1.0, threads, "text"))
+    done = events.DoneEvent(Path("runs/x"), 5, 10, "interrupted", "SIGINT", 1, 320, 0.6, 522.0,
+                            math.nan, math.nan, Path("runs/x/checkpoints/step-000005"))
+    view.finish(done)
+    said = [x for x in lines if x.startswith("note: this run trained at 522 tokens/s on 2 "
+                                             "threads while the machine was busy (load 9.1 on 2 "
+                                             "CPUs)")]
+    assert len(said) == hint
+    if hint:
+        assert said[0].endswith("minigpt train --out runs/x --resume --set train.threads=1")
+
+
 def test_copy_positions_are_the_targets_seen_before():
     from minigpt.train.copies import copy_mask
 
