@@ -69,7 +69,7 @@ def test_outputs_follow_the_umask(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# `sample` without --run: the latest run trained on text.
+# `sample` without --run: the latest finished run trained on text (minigpt.run.choice).
 
 
 def fake_run(root: Path, name: str, source: str, when: float) -> Path:
