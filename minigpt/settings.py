@@ -166,8 +166,9 @@ class TrainConfig:
     compile: str = setting(
         "auto", "torch.compile: auto = on for CUDA only", choices=("auto", "true", "false"))
     threads: int = setting(
-        0, "CPU threads training uses (torch intra-op); 0 = torch's default (OMP_NUM_THREADS, else "
-        "the cores); on a machine busy with other work, 1 (docs/cli.md#threads)", min=0)
+        0, "CPU threads training uses (torch intra-op); 0 = automatic, torch's default "
+        "(OMP_NUM_THREADS, else the cores); at most the CPUs the process may run on "
+        "(docs/cli.md#threads)", min=0)
     keep_checkpoints: int = setting(
         1, "committed checkpoints kept, newest first; older ones are deleted after each save",
         min=1)

@@ -57,6 +57,8 @@ RUNS = {
     # attention-only (configs/induction.yaml): written with zero MLPs
     "rope-attention-only": ({"pos_encoding": "rope", "bias": True, "tie_weights": False,
                              "mlp": False}, "gpt2"),
+    # configs/default.yaml's (and bytes.yaml's) architecture
+    "rope-nobias-tied": ({"pos_encoding": "rope", "bias": False}, "gpt4"),
 }
 TEXTS = {
     "ascii": "Hello world! It's a test, isn't it? You'll see: we've WON; they'd (ok) [x] {y}.",

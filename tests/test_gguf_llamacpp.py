@@ -56,12 +56,15 @@ def varied_texts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-# (model run name from test_gguf.RUNS, split pattern): both architectures x both patterns
+# (model run name from test_gguf.RUNS, split pattern): both architectures x both patterns,
+# and the default and induction configs' architectures
 CASES = {
     "gpt2/llama-bpe": ("learned", "gpt4"),
     "gpt2/gpt-2": ("learned-nobias-untied", "gpt2"),
     "gptneox/gpt-2": ("rope", "gpt2"),
     "gptneox/llama-bpe": ("rope-bias-tied", "gpt4"),
+    "gptneox/default": ("rope-nobias-tied", "gpt4"),  # configs/default.yaml's architecture
+    "gptneox/attention-only": ("rope-attention-only", "gpt2"),  # configs/induction.yaml's
 }
 
 

@@ -47,6 +47,8 @@ RUNS = {
     # attention-only (as configs/induction.yaml trains): exported with zero MLPs
     "rope-attention-only": {"pos_encoding": "rope", "bias": True, "tie_weights": False,
                             "mlp": False},
+    # configs/default.yaml's (and bytes.yaml's) architecture: zero attention biases written
+    "rope-nobias-tied": {"pos_encoding": "rope", "bias": False},
 }
 TEXTS = [t.replace(EOT, "<|end of text|>") for t in MIXED] + [corpus()[-3000:]]
 

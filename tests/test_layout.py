@@ -18,7 +18,7 @@ from minigpt.paths import PACKAGE_DIR
 # Floors, lowest first. A module may import modules of its own floor or below, never above.
 FLOORS = [
     ("ground", {"minigpt", "minigpt.errors", "minigpt.paths", "minigpt.files", "minigpt.events",
-                "minigpt.display"}),
+                "minigpt.display", "minigpt.threads"}),
     ("config", {"minigpt.settings", "minigpt.fields", "minigpt.config"}),
     ("core", {"minigpt.core"}),
     ("device", {"minigpt.device"}),

@@ -69,7 +69,7 @@ def test_outputs_follow_the_umask(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# `sample` without --run: the latest run trained on text.
+# `sample` without --run: the latest finished run trained on text (minigpt.run.choice).
 
 
 def fake_run(root: Path, name: str, source: str, when: float) -> Path:
@@ -83,18 +83,24 @@ def fake_run(root: Path, name: str, source: str, when: float) -> Path:
 
 
 def test_sample_passes_over_newer_induction_runs(tmp_path):
-    from minigpt.run.load import find_latest_run, find_latest_text_run
+    from minigpt.cli.sample import _trained_on_text
+    from minigpt.run.choice import pick_run
+    from minigpt.run.load import find_latest_run
 
     now = time.time()
     text = fake_run(tmp_path, "default", "text", now - 300)
     fake_run(tmp_path, "old", "text", now - 900)
     ind = fake_run(tmp_path, "induction", "induction", now - 10)
     assert find_latest_run(tmp_path) == ind
-    assert find_latest_text_run(tmp_path) == (text, [ind])
+    pick = pick_run(_trained_on_text, tmp_path, require_fit=False)
+    assert (pick.run_dir, pick.misfit) == (text, None)
+    assert pick.passed == [(ind, "trained on synthetic induction data, not text", True)]
     only = tmp_path / "only"
     only.mkdir()
     alone = fake_run(only, "induction", "induction", now)
-    assert find_latest_text_run(only) == (alone, [])  # nothing on text: the latest, as before
+    pick = pick_run(_trained_on_text, only, require_fit=False)  # nothing on text: the latest
+    assert (pick.run_dir, pick.passed) == (alone, [])
+    assert pick.misfit == "trained on synthetic induction data, not text"
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,6 +288,28 @@ def test_the_induction_run_says_what_it_trains_on():
     assert lines[1] == "data: synthetic induction rows" and "0 train" not in "\n".join(lines)
     assert "on the copies: loss 0.1000, 50.0% predicted" in lines[2]
     assert "bits/byte" not in lines[2]
+
+
+@pytest.mark.parametrize("threads,load,hint", [(2, 9.1, True), (2, 1.5, False),
+                                                (1, 9.1, False)])
+def test_an_interrupted_run_on_a_busy_machine_hears_of_threads(monkeypatch, threads, load, hint):
+    """The resume hint after Ctrl-C names one thread only when the session ran on several
+    and the machine was busier than its CPUs (issue 41: 522 tokens/s, 4x faster on one)."""
+    import minigpt.threads
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(minigpt.threads, "usable_cpus", lambda: 2)
+    view, lines = train_view()
+    view.on_event(events.StartEvent(Path("r"), 0, 10, 1, "cpu", 1, 64, 256, 1.0, threads, "text"))
+    done = events.DoneEvent(Path("runs/x"), 5, 10, "interrupted", "SIGINT", 1, 320, 0.6, 522.0,
+                            math.nan, math.nan, Path("runs/x/checkpoints/step-000005"))
+    view.finish(done)
+    said = [x for x in lines if x.startswith("note: this run trained at 522 tokens/s on 2 "
+                                             "threads while the machine was busy (load 9.1 on 2 "
+                                             "CPUs)")]
+    assert len(said) == hint
+    if hint:
+        assert said[0].endswith("minigpt train --out runs/x --resume --set train.threads=1")
 
 
 def test_copy_positions_are_the_targets_seen_before():

@@ -849,7 +849,7 @@ def test_an_unreadable_run_directory_is_one_permission_denied_line(tmp_path, mon
     tests/test_hardening.py (the `unreadable-dir` cases)."""
     from minigpt.errors import MinigptError
     from minigpt.run import load_run
-    from minigpt.run.load import find_latest_text_run
+    from minigpt.run.choice import pick_run
     from minigpt.run.resume import train_config
 
     run = make_run(tmp_path / "runs" / "good")
@@ -857,7 +857,7 @@ def test_an_unreadable_run_directory_is_one_permission_denied_line(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     calls = [lambda: load_run(None), lambda: train_config(None, ["run.name=good"], resume=True)]
     calls += ([lambda: load_run(run), lambda: train_config(None, [], out=run, resume=True)]
-              if where == "checkpoint" else [find_latest_text_run])
+              if where == "checkpoint" else [pick_run])
     if _mode_bits_bind(tmp_path):
         locked.chmod(0)
     else:  # root with CAP_DAC_OVERRIDE: simulated

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.config import from_dict
+from minigpt.config import from_dict, load_config, to_dict
 from minigpt.core import circuits as c
 from minigpt.core.gpt import GPT
+from minigpt.errors import MinigptError
 from minigpt.hf import export_hf
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
@@ -34,10 +35,13 @@ tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not inst
                          "(pip install transformer-lens==4.3.0; .ci/run installs it)")
 
 TOL = 1e-4
-MODELS = {  # a GPT-2 export with MLPs, and the induction run's shape (GPT-NeoX, no MLP)
+SMALL = {"n_head": 4, "n_embd": 64, "block_size": 32}  # each shipped config's shape, narrower
+MODELS = {  # a GPT-2 export with MLPs, and the architecture of every shipped config that exports
     "gpt2": {"pos_encoding": "learned", "bias": True, "n_layer": 3},
-    "neox-attention-only": {"pos_encoding": "rope", "bias": True, "tie_weights": False,
-                            "mlp": False, "n_layer": 2},
+    # GPT-NeoX without biases (written as zeros: TL's adapter needs a qkv bias), tied, MLPs;
+    # configs/bytes.yaml has the same architecture with a 256-token vocabulary
+    "config-default": "default",
+    "config-induction": "induction",  # GPT-NeoX with biases, untied, no MLP
 }
 CLEAN = [1, 5, 9, 3, 7, 2, 8, 4, 1, 5, 9, 3, 7, 2, 8, 4]  # an induction probe
 CORRUPTED = CLEAN[:8] + [11, 15, 19, 13, 17, 12, 18, 14]  # its second copy replaced
@@ -50,8 +54,11 @@ def export_pair(name: str, root: Path):
     from transformer_lens.model_bridge import TransformerBridge
 
     tok = bytes_tokenizer()
-    cfg = from_dict({"model": {"n_head": 4, "n_embd": 64, "block_size": 32,
-                               "vocab_size": tok.n_vocab, **MODELS[name]},
+    model = MODELS[name]
+    if isinstance(model, str):  # a shipped config's model section, at SMALL's widths
+        model = {k: v for k, v in to_dict(load_config(model))["model"].items()
+                 if k not in ("vocab_size", "dropout")}
+    cfg = from_dict({"model": {**model, **SMALL, "vocab_size": tok.n_vocab},
                      "tokenizer": {"vocab_size": 256}})
     model = GPT.from_config(cfg, seed=1)
     with torch.no_grad():  # norms and biases away from their init, so folding them matters,
@@ -156,3 +163,34 @@ def test_detect_head_is_minigpts_score_times_rows_over_T(pair):
                               ("induction_head", "induction", repeated)):
         theirs = detect_head(bridge, text, name).double()  # (n_layer, n_head)
         assert (theirs - ours[score].double() * rows / T).abs().max() < TOL
+
+
+def test_the_native_models_of_transformer_lens_cannot_hold_the_speedrun_config():
+    """docs/export.md: configs/speedrun.yaml goes nowhere. minigpt's exports refuse it (GPT-2
+    and GPT-NeoX have no ReLU^2, QK-norm or soft-capping), and TransformerLens 4.3's own
+    models (`boot_native`, what `convert_tl_checkpoint` loads into) hold its soft-capped,
+    untied head but not its MLP or attention: `act_fn` relu2 is refused, and `use_qk_norm`
+    is accepted and ignored (no norm on queries or keys, the same function as without)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from minigpt.hf.arch import export_kind
+
+    m = load_config("speedrun").model
+    assert (m.activation, m.qk_norm, m.logit_softcap > 0) == ("relu2", True, True)
+    with pytest.raises(MinigptError, match="model.activation is 'relu2'"):
+        export_kind(m)
+    native = {"d_model": 64, "d_head": 16, "n_heads": 4, "n_layers": 1, "n_ctx": 32,
+              "d_vocab": 256, "positional_embedding_type": "rotary", "seed": 0,
+              "output_logits_soft_cap": m.logit_softcap}
+    with pytest.raises(ValueError, match="relu2"):
+        TransformerBridge.boot_native({**native, "act_fn": "relu2"})
+    ids = torch.tensor([CLEAN])
+    logits = []
+    for qk_norm in (False, True):
+        bridge = TransformerBridge.boot_native({**native, "act_fn": "relu",
+                                                "use_qk_norm": qk_norm})
+        names = [n for n, _ in bridge.named_parameters() if ".attn." in n]
+        assert names and not any("norm" in n for n in names)
+        with torch.no_grad():
+            logits.append(bridge(ids))
+    assert torch.equal(logits[0], logits[1])

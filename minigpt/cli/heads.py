@@ -14,7 +14,9 @@ from minigpt.cli.main import (
     DeviceOpt,
     ModelOpt,
     RunOpt,
+    ThreadsOpt,
     app,
+    latest_run,
     out_console,
     say,
 )
@@ -89,24 +91,19 @@ def inspect_heads_command(
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
     dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
     patch_direction: DirectionOpt = None, target: TargetOpt = None,
-    answer: AnswerOpt = None, wrong: WrongOpt = None,
+    answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.core.sampling import check_seed
-    from minigpt.heads.flags import check_ablate, check_patch_direction, parse_formats
+    from minigpt.heads.flags import check_patch_direction
 
-    fmts = parse_formats(formats or [])  # the flags before torch loads
-    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
-    check_ablate(ablate)
+    fmts = _check_flags(formats, seed, ablate, threads)  # before torch loads
     patch_direction = check_patch_direction(patch_from, patch_direction)
+    from minigpt.device import cpu_threads
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
-    from minigpt.inputs import load_run_or_model
 
-    loaded = load_run_or_model(run, model, device, checkpoint)
-    if run is None and model is None:
-        say(f"using the latest run: {loaded.run_dir}")
+    loaded = _load(run, model, device, checkpoint)
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
     out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
@@ -122,8 +119,9 @@ def inspect_heads_command(
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
-                   seed=seed, circuits=circuits)
+    with cpu_threads(threads):
+        insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                       seed=seed, circuits=circuits)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -141,6 +139,37 @@ def inspect_heads_command(
         sys.stdout.flush()
     else:  # the table is printed whatever files were asked for (--json: the JSON instead)
         _print_tables(insp, layers, heads)
+
+
+def _check_flags(formats: list[str] | None, seed: int, ablate: str | None,
+                 threads: int) -> list[str]:
+    """The flags checked before torch loads; the formats asked for."""
+    from minigpt.core.sampling import check_seed
+    from minigpt.heads.flags import check_ablate, parse_formats
+    from minigpt.threads import check_threads
+
+    fmts = parse_formats(formats or [])
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
+    check_ablate(ablate)
+    check_threads(threads)
+    return fmts
+
+
+def _load(run: Path | None, model: str | None, device: str, checkpoint: int | None):
+    """The run or model to inspect: without --run and --model, the latest finished run of any
+    kind, named with what it was trained on (and what newer run was passed over)."""
+    from minigpt.inputs import load_run_or_model
+    from minigpt.run.listing import data_kind
+
+    if run is not None or model is not None:
+        return load_run_or_model(run, model, device, checkpoint)
+    run, which = latest_run()
+    loaded = load_run_or_model(run, None, device, checkpoint)
+    kind = data_kind(run)
+    trained = ("synthetic induction data (try --probe induction)"
+               if kind.get("source") == "induction" else f"text, {kind.get('tokenizer', '?')}")
+    say(f"using {which}{loaded.label}, trained on {trained}")
+    return loaded
 
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,

@@ -30,6 +30,7 @@ from minigpt import __version__
 from minigpt.display import printable
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
 from minigpt.files import denied, shown
+from minigpt.threads import quiet_openmp
 
 # Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
 err_console = Console(stderr=True, highlight=False)
@@ -106,11 +107,34 @@ def _root(
 # Options several commands share: one spelling, one help text.
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 RunOpt = Annotated[Path | None, typer.Option(
-    "--run", help="Run directory. Default: the latest run under runs/.")]
+    "--run", help="Run directory. Default: the latest finished run under runs/ that the command "
+    "can use (named on stderr, with any newer run it passed over).")]
+ThreadsOpt = Annotated[int, typer.Option(
+    "--threads", help="CPU threads to compute on (torch intra-op), as train.threads: 0 = "
+    "automatic, else 1 to the CPUs this process may use.")]
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", metavar="PATH|hf:REPO_ID[@REV]",
     help="A Hugging Face GPT-2 / GPT-NeoX model instead of a run: a local model directory, or "
     "hf:REPO_ID[@REVISION] from the Hub (needs pip install 'minigpt-lab[hf]').")]
+
+
+def latest_run(fits=None, *, require_fit: bool = True, wanted: str = "a run",
+               kind: str = "run") -> tuple[Path, str]:
+    """The run a command given no --run uses (`minigpt.run.choice.pick_run`: the latest
+    finished run that `fits`), and how to name it in the command's log line ("the latest
+    finished run", or how it stands when it did not finish). Each newer run passed over gets
+    a note on stderr saying why."""
+    from minigpt.run.choice import pick_run
+
+    pick = pick_run(fits, require_fit=require_fit, wanted=wanted)
+    for d, why, usable in pick.passed:
+        say(f"note: passing over {d} ({why})"
+            + (f"; give --run {d} to use it anyway" if usable else ""))
+    if pick.misfit is not None:
+        return pick.run_dir, f"the latest run ({pick.misfit}), "
+    if pick.status.done:
+        return pick.run_dir, f"the latest finished {kind}, "
+    return pick.run_dir, f"the latest {kind}, {pick.status.phrase()}: "
 
 
 class StdoutError(MinigptError):
@@ -199,10 +223,12 @@ class _QuietStderr:
 
 
 def main() -> None:
-    """Console entry point (`minigpt`, `python -m minigpt`). stdout closed (`>&-`): one line,
+    """Console entry point (`minigpt`, `python -m minigpt`). OpenMP's wait policy first, before
+    any command loads torch (`minigpt.threads.quiet_openmp`). stdout closed (`>&-`): one line,
     exit 2, before anything runs; stdout that fails while a command writes: one line, exit 2
     (`_GuardedStdout`); its reader leaving: exit 0 (ReaderLeft); stderr that fails: the lines
     are lost, the exit code is the command's (`_QuietStderr`)."""
+    quiet_openmp()
     if sys.stderr is not None:
         sys.stderr = _QuietStderr(sys.stderr)
     if sys.stdout is None:

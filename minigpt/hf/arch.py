@@ -199,7 +199,10 @@ def export_kind(m: ModelConfig) -> str:
 
 def export_config(m: ModelConfig, eot_id: int) -> dict:
     """config.json of the exported model (transformers' own keys, no custom code; GPT-2's
-    `n_ctx` too, which transformers 5 no longer writes and llama.cpp's converter reads)."""
+    `n_ctx` too, which transformers 5 no longer writes and llama.cpp's converter reads).
+    GPT-NeoX always has `attention_bias` true: a bias-free model's attention biases are
+    written as zeros (`weights.from_minigpt`), because TransformerLens's GPT-NeoX adapter
+    splits a query_key_value bias that must exist."""
     kind = export_kind(m)
     act = "gelu_new" if m.activation == "gelu_tanh" else "gelu"
     common = {"architectures": [ARCHITECTURES[kind]], "model_type": kind,
@@ -217,7 +220,7 @@ def export_config(m: ModelConfig, eot_id: int) -> dict:
             "hidden_size": m.n_embd, "intermediate_size": 4 * m.n_embd,
             "max_position_embeddings": m.block_size, "hidden_act": act,
             "layer_norm_eps": m.norm_eps, "use_parallel_residual": False,
-            "attention_bias": m.bias, "attention_dropout": 0.0, "hidden_dropout": 0.0,
+            "attention_bias": True, "attention_dropout": 0.0, "hidden_dropout": 0.0,
             "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_base,
                                 "partial_rotary_factor": 1.0},
             "rotary_pct": 1.0, "rotary_emb_base": m.rope_base}  # the keys of transformers 4

@@ -279,17 +279,15 @@ def zero_mlp(m: ModelConfig) -> dict[str, Tensor]:
 
 def from_minigpt(kind: str, m: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Hugging Face tensors (contiguous, CPU, float32) from minigpt's state dict; biases a
-    bias-free minigpt model lacks are written as zeros (GPT-NeoX without attention_bias
-    has no attention biases at all), and an attention-only model's MLPs as zero MLPs
-    (`zero_mlp`): the same function."""
+    bias-free minigpt model lacks are written as zeros (GPT-NeoX's attention biases too:
+    `export_config` says attention_bias true, which TransformerLens needs), and an
+    attention-only model's MLPs as zero MLPs (`zero_mlp`): the same function."""
     out = {}
     prefix = "transformer." if kind == GPT2 else ""
     state = {**zero_mlp(m), **state} if not m.mlp else state
     for ours, theirs, transposed in _pairs(kind, m):
         t = state.get(ours)
         if t is None:  # bias=False: a zero bias is the same function
-            if kind != GPT2 and not m.bias and ".attention." in theirs:
-                continue
             t = torch.zeros(state[ours.replace(".bias", ".weight")].shape[0])
         t = t.detach().to("cpu", torch.float32)
         if kind != GPT2 and ".attn.c_attn." in ours:

@@ -23,7 +23,6 @@ from minigpt.run.layout import (
     MODEL_FILE,
     OPTIM_FILE,
 )
-from minigpt.run.listing import data_kind
 from minigpt.run.safetensors_io import check_against, load_tensors, read_header
 from minigpt.tokenizer import Tokenizer
 
@@ -171,15 +170,3 @@ def trained_runs(root: Path = DEFAULT_RUNS) -> list[Path]:
 def find_latest_run(root: Path = DEFAULT_RUNS) -> Path:
     """The run under `root` with the most recently committed checkpoint."""
     return trained_runs(root)[0]
-
-
-@permission_denied_as_error()
-def find_latest_text_run(root: Path = DEFAULT_RUNS) -> tuple[Path, list[Path]]:
-    """The latest run under `root` trained on text (data.source text: what `sample` wants),
-    with the newer runs passed over (trained on synthetic induction ids, whose output is not
-    text). No run trained on text: the latest run, with nothing passed over."""
-    runs = trained_runs(root)
-    for i, d in enumerate(runs):
-        if data_kind(d).get("source", "text") == "text":
-            return d, runs[:i]
-    return runs[0], []
