@@ -278,11 +278,11 @@ def _lag_columns(insp, pairs) -> list[tuple[str, list]]:
 
 def _caption(insp, headers: set[str]) -> str:
     """What the abbreviations of the columns in `headers` mean."""
+    from minigpt.core.heads import LAG_WINDOW
+
     words = {"ind": "ind = induction", "prev": "prev = previous-token",
              "dup": "dup = duplicate-token", "first": "first = attention to token 0",
              "delim": "delim = delimiter", "ent": "ent = entropy (0 focused .. 1 uniform)"}
-    from minigpt.core.heads import LAG_WINDOW
-
     words.update({"prev@k": f"prev@k = the best previous-token score over lags 1-{LAG_WINDOW} "
                   "(attention from t to t-k) @ its lag k",
                   "ind@k": f"ind@k = the best induction score over lags 1-{LAG_WINDOW} "

@@ -196,7 +196,6 @@ class Inspection:
                    if self.composition is not None else {}),
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
-
     def patch_json(self) -> dict:
         """Patching's summary with what a reader needs to reproduce it elsewhere: the
         corrupted token ids, and how to read a fraction above 1 or below 0."""

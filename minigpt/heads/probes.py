@@ -167,11 +167,6 @@ CORRUPTIONS = {
                        "copy kept: its queries find no earlier occurrence to copy from)",
 }
 CORRUPTION_ALIASES = {"corrupted": "corrupted-second"}
-CORRUPTION_HELP = (
-    "with --probe induction, `corrupted-second` (alias `corrupted`: the second copy's tokens "
-    "replaced, so a head reading the second copy carries the difference) or `corrupted-first` "
-    "(the first copy's tokens replaced, so a head writing into the first copy, such as the "
-    "previous-token head whose output the induction head's keys read, carries it)")
 
 
 def corrupted_input(cfg, tokenizer, inp: ProbeInput, patch_from: str, *,
