@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from minigpt.core.heads import LAG_HELP, LAG_WINDOW, SCORE_HELP, SCORE_NAMES
+from minigpt.core.heads import LAG_WINDOW, SCORE_HELP, SCORE_NAMES
 from minigpt.display import visible_token
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.inspection import PATCH_READING, Inspection
@@ -80,8 +80,7 @@ LAG_COLUMNS = {"prev@k": "previous_lags", "ind@k": "induction_lags"}
 def circuit_data(insp: Inspection) -> dict:
     """What DLA and patching measured, for the page's header (None: not measured)."""
     return {"dla": insp.dla.to_json() if insp.dla is not None else None,
-            "patch": insp.patch_json() if insp.patch is not None else None,
-            "lag_help": LAG_HELP}
+            "patch": insp.patch_json() if insp.patch is not None else None}
 
 
 def lens_data(insp: Inspection) -> dict | None:
