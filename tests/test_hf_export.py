@@ -144,6 +144,81 @@ def test_the_export_imports_back(exported, name):
     assert back.tokenizer.ranks == run.tokenizer.ranks
     assert back.tokenizer.pattern == run.tokenizer.pattern
     assert back.cfg.model.pos_encoding == run.cfg.model.pos_encoding
+    # a minigpt run is inspected without <|endoftext|> first, and so is its export
+    assert json.loads((out / "config.json").read_text())["minigpt"] == {
+        "eot_first": False, "data": {"source": "text"}}
+    assert back.eot_first is False and back.cfg.data.source == "text"
+
+
+def induction_run(run_dir: Path) -> Path:
+    """An attention-only byte model that trained (as if) on the induction source, ids 0..49."""
+    tok = bytes_tokenizer()
+    cfg = from_dict({"model": {**SHAPE, "block_size": 24, "mlp": False, "bias": True,
+                               "tie_weights": False, "vocab_size": tok.n_vocab},
+                     "tokenizer": {"vocab_size": 256},
+                     "data": {"source": "induction", "induction_vocab": 50}})
+    net = GPT.from_config(cfg, seed=3)
+    perturb(net, 3)
+    save_checkpoint(run_dir, step=3, model=net, cfg=cfg, tokenizer=tok, trainer_state={"step": 3})
+    return run_dir
+
+
+def test_an_induction_export_carries_its_probe_ids(tmp_path):
+    run = load_run(induction_run(tmp_path / "run"), "cpu")
+    back = load_model(export_hf(run, tmp_path / "hf").out, "cpu")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["minigpt"] == {
+        "eot_first": False, "data": {"source": "induction", "induction_vocab": 50}}
+    assert back.eot_first is False
+    assert (back.cfg.data.source, back.cfg.data.induction_vocab) == ("induction", 50)
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "hf").model_type == "gpt_neox"
+
+
+@pytest.mark.parametrize("section, needle", [
+    ([], "minigpt must be an object"),
+    ({"eot_first": "no"}, "eot_first must be true or false"),
+    ({"data": {"source": "web"}}, "source 'web' is not text or induction"),
+    ({"data": {"source": "induction", "induction_vocab": 10**6}}, "induction_vocab 1000000 is"),
+    ({"data": {"source": "induction"}}, "induction_vocab must be a positive integer"),
+])
+def test_a_bad_minigpt_section_is_refused_by_name(exported, tmp_path, section, needle):
+    _, out = exported["rope"]
+    shutil.copytree(out, tmp_path / "m")
+    config = json.loads((out / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "minigpt": section}))
+    with pytest.raises(MinigptError, match=re.escape(needle)):
+        load_model(tmp_path / "m", "cpu")
+
+
+@pytest.mark.slow
+def test_the_run_and_its_export_give_the_same_inspect_heads_numbers(tmp_path):
+    """Through the installed command: an induction run and its export, inspected on the
+    induction probe with every measurement, give the same tokens and the same numbers."""
+    run = induction_run(tmp_path / "run")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["minigpt", "export", "--run", str(run), "--out", str(tmp_path / "hf")],
+                       capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert r.returncode == 0, r.stderr
+    docs = []
+    for source in (["--run", str(run)], ["--model", str(tmp_path / "hf")]):
+        r = subprocess.run(["minigpt", "inspect-heads", *source, "--probe", "induction",
+                            "--ablate", "zero", "--dla", "--patch-from", "corrupted-first",
+                            "--lens", "--json", "--device", "cpu"], capture_output=True,
+                           text=True, timeout=300, env=env, check=False)
+        assert r.returncode == 0, r.stderr
+        docs.append(json.loads(r.stdout))
+    ours, theirs = docs
+    assert ours["tokens"] == theirs["tokens"] and max(ours["tokens"]) < 50
+    assert ours["patch"]["corrupted_tokens"] == theirs["patch"]["corrupted_tokens"]
+    for key in ("ablation", "dla", "patch"):
+        for name in ("base_loss", "logit", "clean", "corrupted"):
+            if name in ours[key]:
+                assert theirs[key][name] == pytest.approx(ours[key][name], abs=1e-4)
+    for a, b in zip(ours["heads"], theirs["heads"], strict=True):
+        for name in ("induction", "previous", "ablation", "dla", "patch"):
+            assert b[name] == pytest.approx(a[name], abs=1e-4), (a["layer"], a["head"], name)
+    for a, b in zip(ours["lens"], theirs["lens"], strict=True):
+        assert (a["rank"], a["top"]) == (b["rank"], b["top"])
+        assert b["prob"] == pytest.approx(a["prob"], abs=1e-4)
 
 
 def test_without_the_rope_permutation_gpt_neox_disagrees(exported, bpe, tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from minigpt.heads.circuits_png import write_circuit_pngs
 from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
 from minigpt.heads.heatmap import write_pngs
 from minigpt.heads.inspection import Inspection
+from minigpt.heads.lens_png import write_lens_png
 from minigpt.heads.viewer import write_html
 
 
@@ -90,6 +91,7 @@ def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Seq
     if "png" in formats:
         written += write_pngs(insp, out, pairs)
         written += write_circuit_pngs(insp, out)
+        written += write_lens_png(insp, out)
     if "html" in formats:
         written.append(write_html(insp, out / "attention.html", pairs))
     if "safetensors" in formats:

@@ -224,3 +224,46 @@ def export_config(m: ModelConfig, eot_id: int) -> dict:
             "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_base,
                                 "partial_rotary_factor": 1.0},
             "rotary_pct": 1.0, "rotary_emb_base": m.rope_base}  # the keys of transformers 4
+
+
+# config.json's "minigpt" section: what inspect-heads needs to give an export the inputs it
+# gives the run (transformers keeps keys it does not know, and the other readers skip them).
+MINIGPT_KEY = "minigpt"
+
+
+def export_inputs(cfg: Config, eot_first: bool) -> dict:
+    """The "minigpt" section of an export of a model with config `cfg`: `eot_first` (whether
+    inputs to inspect start with <|endoftext|>; false for a minigpt run) and `data` (its
+    data.source and, for the induction source, data.induction_vocab: the ids the probes use)."""
+    data = {"source": cfg.data.source}
+    if cfg.data.source == "induction":
+        data["induction_vocab"] = cfg.data.induction_vocab
+    return {"eot_first": eot_first, "data": data}
+
+
+def import_inputs(raw: dict, cfg: Config, where: str) -> bool | None:
+    """Apply config.json's "minigpt" section (`export_inputs`) to `cfg.data`; returns its
+    `eot_first` (None: no section, a model minigpt did not export). MinigptError naming the
+    field when it is malformed."""
+    section = raw.get(MINIGPT_KEY)
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise _Fields({}, where).refuse(MINIGPT_KEY, f"must be an object, got {brief(section)}")
+    eot_first = _Fields(section, f"{where}: {MINIGPT_KEY}").flag("eot_first", True)
+    data = section.get("data", {})
+    if not isinstance(data, dict):
+        raise _Fields({}, f"{where}: {MINIGPT_KEY}").refuse("data", f"must be an object, got "
+                                                          f"{brief(data)}")
+    d = _Fields(data, f"{where}: {MINIGPT_KEY}.data")
+    source = data.get("source", "text")
+    if source not in ("text", "induction"):
+        raise d.refuse("source", f"{brief(source)} is not text or induction")
+    cfg.data.source = source
+    if source == "induction":
+        vocab = d.count("induction_vocab")
+        if vocab < 2 or vocab > cfg.model.vocab_size:
+            raise d.refuse("induction_vocab", f"{vocab} is outside 2..{cfg.model.vocab_size} "
+                           "(vocab_size)")
+        cfg.data.induction_vocab = vocab
+    return eot_first
