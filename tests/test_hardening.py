@@ -37,7 +37,7 @@ from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import LOCK_NAME
 from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import bytes_tokenizer
-from minigpt.train.optim import build_optimizer
+from minigpt.train.weights import build_optimizer
 
 BLOCK = 16
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK}

@@ -26,7 +26,7 @@ from minigpt.run import load_run
 from minigpt.run.lock import RunLock
 from minigpt.run.resume import resume_config
 from minigpt.train import train
-from minigpt.train.optim import OptimizerChain, build_optimizer, lr_at, set_lr
+from minigpt.train.weights import OptimizerChain, build_optimizer, lr_at, set_lr
 
 
 def write_corpus(path: Path) -> Path:
@@ -418,7 +418,7 @@ def test_resume_without_rng_state_is_a_clear_error(tmp_path):
 
 
 def test_adamw_groups_cover_each_parameter_once():
-    from minigpt.train.optim import adamw_groups
+    from minigpt.train.weights import adamw_groups
 
     m = GPT.from_config(ModelConfig(n_layer=2, n_head=2, n_embd=8, block_size=8, vocab_size=16,
                                     bias=True), seed=0)
