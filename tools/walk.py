@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import sys
 import tempfile
@@ -33,10 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's minigpt, wherever the script is run from
 
 PACKAGE = ROOT / "minigpt"
-LOOP = PACKAGE / "train" / "loop.py"
+LOOP = PACKAGE / "train" / "loop.py"  # the trainer's loop module
 MEASURED_STEP = 3  # the optimizer step whose walk is measured
 # A tiny run whose third step has no log line, evaluation or checkpoint around it.
-QUIET = ["train.max_steps=4", "train.log_interval=100", "train.eval_interval=100",
+QUIET = ["train.max_steps=3", "train.log_interval=100", "train.eval_interval=100",
          "train.checkpoint_interval=100", "train.sample_tokens=0",
          "train.head_scores_interval=off", "train.warmup_steps=1", "train.threads=1"]
 TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
@@ -82,7 +83,7 @@ def loop_module(path: Path = LOOP) -> dict:
             mods.add(node.module)
     mods.discard("__future__")
     ours = sorted(m for m in mods if m == "minigpt" or m.startswith("minigpt."))
-    return {"path": path.relative_to(ROOT).as_posix(), "lines": len(src.splitlines()),
+    return {"path": path.as_posix(), "lines": len(src.splitlines()),
             "imports": len(ours), "imports_all": len(mods), "modules": ours}
 
 
@@ -131,6 +132,7 @@ class _Recorder:
         if self.steps != MEASURED_STEP or self.done:
             return
         self.done = True
+        sys.setprofile(None)
         command_code = self.codes[2]
         stack, f = [], sys._getframe(1)
         while f is not None:
@@ -145,26 +147,41 @@ class _Recorder:
 
 def measure(config: str = "bytes", sets: list[str] | None = None) -> dict:
     """Run `minigpt train --config CONFIG --set ...` in this process (a tiny, quiet run in a
-    temporary directory) and return the walk (module docstring)."""
+    temporary directory) and return the walk (module docstring). The profile function is on
+    only while `set_up` and `Trainer.step` run, up to the measured optimizer step."""
+    import torch._dynamo  # noqa: F401 - the first optimizer imports it: not under the profiler
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from typer.testing import CliRunner
 
     from minigpt.cli import app
     from minigpt.cli.train import train_command
-    from minigpt.train.loop import Trainer, set_up
+    from minigpt.train import loop
 
-    rec = _Recorder(set_up.__code__, Trainer.step.__code__, train_command.__code__)
-    hook = register_optimizer_step_pre_hook(
-        lambda *_: rec.optimizer_steps())
+    rec = _Recorder(loop.set_up.__code__, loop.Trainer.step.__code__, train_command.__code__)
+
+    def profiled(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            if rec.done:
+                return fn(*args, **kwargs)
+            sys.setprofile(rec)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sys.setprofile(None)
+        return run
+
+    real = loop.set_up, loop.Trainer.step
+    loop.set_up, loop.Trainer.step = profiled(real[0]), profiled(real[1])
+    hook = register_optimizer_step_pre_hook(lambda *_: rec.optimizer_steps())
     with tempfile.TemporaryDirectory() as tmp:
         args = ["train", "--config", config, "--out", str(Path(tmp) / "run")]
         for s in [*TINY, *QUIET, *(sets or [])]:
             args += ["--set", s]
-        sys.setprofile(rec)
         try:
             result = CliRunner().invoke(app, args, catch_exceptions=False)
         finally:
-            sys.setprofile(None)
+            loop.set_up, loop.Trainer.step = real
             hook.remove()
     if result.exit_code != 0:
         raise RuntimeError(f"minigpt {' '.join(args)} failed:\n{result.output}")
