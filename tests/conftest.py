@@ -68,6 +68,50 @@ def kill_trials():
     return sys.modules["kill_trials"]
 
 
+def shakespeare() -> str:
+    """The first 60,000 characters of the bundled Shakespeare: text for the small BPEs the
+    export and import tests train."""
+    from minigpt.paths import DATA_DIR
+
+    return (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")[:60_000]
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """Noise on every parameter: norms and biases are no longer 1 and 0, so a weight put in the
+    wrong place shows in the logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+def killed_mid_write(target: str, partial: str, argv: list[str]):
+    """`minigpt ARGV` in a child process whose writer `target` ("module:attribute.path")
+    first runs `partial` (Python on its arguments `a`: the bytes written before the kill), then
+    SIGKILLs the process: what kill -9 in the middle of an export leaves. Returns the finished
+    process, checked to have died of the SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+
+    module, attr = target.split(":")
+    *owner, name = attr.split(".")
+    code = ("import functools, importlib, os, signal, sys\n"
+            f"obj = importlib.import_module({module!r})\n"
+            f"obj = functools.reduce(getattr, {owner!r}, obj)\n"
+            "def die(*a, **k):\n"
+            f"    {partial}\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"setattr(obj, {name!r}, die)\n"
+            "from minigpt.cli import main\n"
+            f"sys.argv = ['minigpt', *{list(argv)!r}]\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    return r
+
+
 def tiny_train_sets(tmp: Path, **over) -> list[str]:
     """`--set` values of a 1-layer, 32-wide byte model on a small generated corpus: a step
     takes milliseconds; evaluations (and so curves.png) at steps 3 and 6."""

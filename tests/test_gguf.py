@@ -17,7 +17,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import killed_mid_write, perturb, shakespeare
 
 from minigpt.config import from_dict
 from minigpt.core.gpt import GPT
 from minigpt.errors import WriteError
 from minigpt.llamacpp import export_gguf
-from minigpt.paths import DATA_DIR
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
@@ -69,22 +68,9 @@ TEXTS = {
 }
 
 
-def corpus() -> str:
-    return (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")[:60_000]
-
-
-def perturb(model: torch.nn.Module, seed: int) -> None:
-    """Noise on every parameter: norms and biases are no longer 1 and 0, so a weight put in
-    the wrong place shows in the logits."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-
-
 def train_bpe(root: Path, pattern: str) -> Tokenizer:
     """A BPE trained by minigpt (rustbpe) with `pattern` on Shakespeare and the texts above."""
-    (root / "corpus.txt").write_text(corpus() + "\n".join(list(TEXTS.values()) * 5),
+    (root / "corpus.txt").write_text(shakespeare() + "\n".join(list(TEXTS.values()) * 5),
                                      encoding="utf-8")
     cfg = from_dict({"tokenizer": {"vocab_size": 400, "pattern": pattern},
                      "data": {"corpus": str(root / "corpus.txt"), "cache_dir": str(root)}})
@@ -375,7 +361,7 @@ def test_the_files_tokens_and_merges_give_minigpts_ids(bpe, pattern, tmp_path):
     tok = bpe[pattern]
     run = make_run(tmp_path / "run", tok, pos_encoding="learned")
     meta, _ = read_gguf(export_gguf(load_run(run, "cpu"), tmp_path / "m.gguf").out)
-    texts = [*TEXTS.values(), corpus()[-3000:], " ".join(TEXTS.values()) * 2]
+    texts = [*TEXTS.values(), shakespeare()[-3000:], " ".join(TEXTS.values()) * 2]
     for text in texts:
         assert gguf_encode(meta, tok.pattern, text) == tok.encode(text), text
     assert len(meta["tokenizer.ggml.merges"]) == len(tok.ranks) - 256
@@ -590,17 +576,9 @@ def test_a_killed_export_leaves_a_temp_file_the_next_export_deletes(small_run, t
     """kill -9 in the middle of writing: the hidden temporary sibling stays (nothing can run
     at a SIGKILL); the next export to the same name deletes it and writes the file."""
     out = tmp_path / "m.gguf"
-    code = ("import os, signal, sys, gguf\n"
-            "def die(self, *a, **k):\n"
-            "    self.fout[0].write(b'partial'); self.fout[0].flush()\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "gguf.GGUFWriter.write_tensors_to_file = die\n"
-            "from minigpt.cli import main\n"
-            f"sys.argv = ['minigpt', 'export', *{export_cmd(small_run, out)!r}]\n"
-            "main()\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, check=False)
-    assert r.returncode == -signal.SIGKILL, r.stderr
+    killed_mid_write("gguf:GGUFWriter.write_tensors_to_file",
+                     "a[0].fout[0].write(b'partial'); a[0].fout[0].flush()",
+                     ["export", *export_cmd(small_run, out)])
     left = names(tmp_path)
     assert len(left) == 1 and re.fullmatch(r"\.m\.gguf\.\d+-[0-9a-f]{8}\.tmp", left[0]), left
     r = minigpt(*export_cmd(small_run, out))
