@@ -1,10 +1,12 @@
-"""Where a training session saves: its run directory, opened (a resume's committed checkpoint
-and its progress, read once) or claimed (a fresh directory, created and locked only once the
-tokenizer and data are ready, so a bad corpus leaves no half-made run behind); the run lock,
-held for the session (run/lock.py); the checkpoints it commits (run/checkpoint.py's commit
-protocol, with the run files' `before_commit` inside it: outputs.py); and the progress a
-checkpoint records (`state`, a TrainerState: the step, the tokens seen, the best evaluation,
-the training seconds)."""
+"""Where a training session saves: its run directory, the run lock, the checkpoints it commits
+and the progress they record.
+
+The directory is opened (a resume's committed checkpoint and its progress, read once) or
+claimed (a fresh directory, created and locked only once the tokenizer and data are ready, so
+a bad corpus leaves no half-made run behind); the lock is held for the session (run/lock.py);
+each checkpoint is committed by run/checkpoint.py's protocol, with the run files'
+`before_commit` inside it (outputs.py); the progress (`state`, a TrainerState: the step, the
+tokens seen, the best evaluation, the training seconds) is what trainer_state.json records."""
 
 from __future__ import annotations
 
