@@ -67,7 +67,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
     saving = Saving(Path(run_dir), info, resume=resume)
     trainer = None
     try:
-        start = saving.open(on_event)
+        start = saving.prepare(on_event)
         if saving.state.step >= cfg.train.max_steps:
             raise ArgumentError("resume", f"the run is already at step {saving.state.step} of "
                                 f"train.max_steps={cfg.train.max_steps}; raise it, e.g. --set "
@@ -90,8 +90,9 @@ def set_up(cfg: Config, saving: Saving, start: Resumed | None, device: torch.dev
     batches = open_batches(cfg, start, device, info, on_event)
     saving.claim()
     weights = Weights.build(cfg, device, start, info)
-    report = Reporting.open(cfg, saving.run_dir, batches.tokenizer, weights.average.model,
-                            info, on_event, resumed_at=saving.state.step if start else None)
+    report = Reporting.build(cfg, saving.run_dir, batches.tokenizer, weights.average.model,
+                             info, on_event,
+                             resumed_at=saving.state.step if saving.resume else None)
     return Trainer(cfg, info, batches, saving, weights, report)
 
 

@@ -19,7 +19,7 @@ resumed step plus this session's, so a committed checkpoint never runs ahead of 
 CheckpointEvent that follows the commit writes config.yaml, the tokenizer and the pictures.
 Later saves only make the appended log durable first.
 
-Another output is one more consumer in the session's list (reporting.py, `Reporting.open`): a
+Another output is one more consumer in the session's list (reporting.py, `Reporting.build`): a
 callable taking the same events in the same order, as the TensorBoard event files are
 (tensorboard.py).
 """

@@ -7,7 +7,7 @@ the best so far, the samples, and for synthetic induction rows the copy metrics:
 the head measurements (heads/timeline.py, rank 0, every `train.head_scores_interval` steps,
 with train.stop_when_formed's answer agreed by every rank) and the end.
 
-Another output is one more consumer in `Reporting.open`'s list: a callable taking the same
+Another output is one more consumer in `Reporting.build`'s list: a callable taking the same
 events in the same order. `preflight` refuses, before anything is made, an output the config
 asks for that cannot be made.
 """
@@ -54,10 +54,11 @@ class Reporting:
         self.last_eval: EvalEvent | None = None  # this session's last evaluation
 
     @classmethod
-    def open(cls, cfg: Config, run_dir: Path, tokenizer: Tokenizer, model: torch.nn.Module,
+    def build(cls, cfg: Config, run_dir: Path, tokenizer: Tokenizer, model: torch.nn.Module,
              info: DistInfo, on_event: OnEvent, *, resumed_at: int | None) -> Reporting:
         """The consumers of a session in `run_dir` (its directory exists by now; `resumed_at`:
-        the step a resumed session continues from, None for a fresh run) and the head watch
+        the step a resumed session continues from, 0 when nothing was saved, None for a fresh
+        run) and the head watch
         over `model`, the weights evaluations read. Rank 0 writes; every rank measures time
         and agrees on train.stop_when_formed."""
         main = info.is_main

@@ -38,7 +38,7 @@ class Saving:
         self.last: Path | None = None  # the last committed checkpoint
         self.saved_step = -1           # the step it holds (-1: none yet)
 
-    def open(self, on_event: OnEvent) -> Resumed | None:
+    def prepare(self, on_event: OnEvent) -> Resumed | None:
         """Resume: rank 0 locks the run and every rank reads its committed checkpoint and
         progress (None: nothing was committed yet, the run starts at step 0 and says so).
         Fresh: a read-only check that the directory may hold a new run; nothing is written."""
