@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+
+# The tests run torch on ONE intra-op thread, here and in every process they start (the
+# environment is inherited), unless OMP_NUM_THREADS says otherwise: their models are tiny, and
+# on a busy machine a second OpenMP thread spin-waits (the developers' guide), which multiplied
+# the quick tier's CPU seconds (tests/test_stop_when_formed.py at load 11: 64 CPU-s on the
+# default two threads, 17 on one). Tests about thread counts set their own.
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
