@@ -147,7 +147,8 @@ def trained_runs(tmp_path_factory) -> dict:
     """Two tiny runs trained through the library, shared by the tests that read runs:
     `finished` (6 of 6 steps) and `stopped` (--stop-after 4 of 6: one log step after its
     last evaluation). Each entry: {"dir", "done" (DoneEvent), "evals" (EvalEvents),
-    "pictures" ((inode, sha256) of curves.png seen at each EvalEvent)}."""
+    "pictures" ((inode, sha256) of curves.png seen at each EvalEvent), "sets" (the `--set`
+    values it was trained with, without --stop-after)}."""
     import hashlib
 
     from minigpt.config import load_config
@@ -158,7 +159,7 @@ def trained_runs(tmp_path_factory) -> dict:
     out = {}
     for name, stop in (("finished", None), ("stopped", 4)):
         run = root / "runs" / name
-        info = {"dir": run, "evals": [], "pictures": []}
+        info = {"dir": run, "evals": [], "pictures": [], "sets": tiny_train_sets(root)}
 
         def on_event(e, info=info, run=run):
             if isinstance(e, EvalEvent):
