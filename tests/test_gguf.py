@@ -524,7 +524,17 @@ def test_a_write_that_fails_mid_file_leaves_nothing(small_run, tmp_path):
 
 def test_a_really_full_disk_leaves_nothing(small_run, tmp_path):
     """A 256 KiB tmpfs (needs root and mount rights; skipped otherwise) cannot hold the
-    ~0.5 MB file: the kernel's ENOSPC, one line, nothing left on the file system."""
+    ~0.5 MB file: the kernel's ENOSPC, one line, nothing left on the file system. (The command
+    runs in this process: the one error line of a real process is the file-size-limit test's
+    above.)"""
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    def export(*args: str) -> subprocess.CompletedProcess:
+        r = CliRunner().invoke(app, ["export", *args])
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
     mnt = tmp_path / "small"
     mnt.mkdir()
     if os.geteuid() != 0 or subprocess.run(
@@ -532,7 +542,7 @@ def test_a_really_full_disk_leaves_nothing(small_run, tmp_path):
             capture_output=True, check=False).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
     try:
-        line = one_error_line(minigpt(*export_cmd(small_run, mnt / "m.gguf")))
+        line = one_error_line(export(*export_cmd(small_run, mnt / "m.gguf")))
         assert "no space left on device" in line and str(mnt / "m.gguf") in line
         assert names(mnt) == []
     finally:
