@@ -591,8 +591,12 @@ def test_a_killed_export_leaves_a_temp_file_the_next_export_deletes(small_run, t
                      ["export", *export_cmd(small_run, out)])
     left = names(tmp_path)
     assert len(left) == 1 and re.fullmatch(r"\.m\.gguf\.\d+-[0-9a-f]{8}\.tmp", left[0]), left
-    r = minigpt(*export_cmd(small_run, out))
-    assert r.returncode == 0, r.stderr
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    r = CliRunner().invoke(app, ["export", *export_cmd(small_run, out)])  # the next export
+    assert r.exit_code == 0, r.stderr
     assert names(tmp_path) == ["m.gguf"]
     assert read_gguf(out)[0]["general.architecture"] == "gpt2"
 

@@ -292,7 +292,7 @@ def test_a_killed_export_leaves_a_temp_directory_the_next_export_deletes(exporte
     left = [p.name for p in tmp_path.iterdir()]
     assert len(left) == 1 and re.fullmatch(r"\.hf\.\d+-[0-9a-f]{8}\.tmp", left[0]), left
     assert len(list((tmp_path / left[0]).iterdir())) == 1
-    r = minigpt_export("--run", str(run_dir), "--out", str(out))
+    r = export_in_process("--run", str(run_dir), "--out", str(out))  # the next export
     assert r.returncode == 0, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     assert (out / "model.safetensors").is_file()

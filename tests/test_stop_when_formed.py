@@ -36,8 +36,8 @@ def trained(run) -> list[tuple]:
 
 class Scripted:
     """Stands in for the head-score probes: every head scores 0.1 until the step (read from
-    the StepEvents, logged every step) reaches `induction_at` / `previous_at`, where layer 1
-    head 0 becomes an induction head / layer 0 head 1 a previous-token head."""
+    the StepEvents, logged every step) reaches `induction_at` / `previous_at`, where the last
+    layer's head 0 becomes an induction head / layer 0's last head a previous-token head."""
 
     def __init__(self, induction_at: int = 10**9, previous_at: int = 10**9) -> None:
         self.step, self.induction_at, self.previous_at = 0, induction_at, previous_at
@@ -57,8 +57,9 @@ class Scripted:
 
 
 def sets(tmp_path, **over) -> list[str]:
-    """The tiny byte model (2 layers here), head scores every 2 steps, 12 steps."""
-    return tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 12,
+    """The tiny byte model (one layer: the scripted scores make its heads form), head scores
+    every 2 steps, 12 steps."""
+    return tiny_sets(tmp_path, **{"train.max_steps": 12,
                                   "train.head_scores_interval": 2, "train.eval_interval": 4,
                                   "train.checkpoint_interval": 4, **over})
 
