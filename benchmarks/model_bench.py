@@ -23,7 +23,7 @@ from torch.profiler import profile as prof
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT, flops_per_token
-from minigpt.train.optim import adamw_groups
+from minigpt.train.weights import adamw_groups
 
 SHAPES = {  # name: (n_layer, n_head, n_embd, block_size, batch)
     "small": (4, 4, 128, 64, 12),

@@ -9,8 +9,10 @@ in, so the bench times what sample runs)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -61,22 +63,18 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else None
 
 
-def batch_to(x: torch.Tensor, y: torch.Tensor, device: torch.device | str
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch (x, y) of CPU token ids on `device`: through pinned memory, without waiting, to
-    CUDA; contiguous copies elsewhere."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return (x.pin_memory().to(device, non_blocking=True),
-                y.pin_memory().to(device, non_blocking=True))
-    return x.contiguous().to(device), y.contiguous().to(device)
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    """Mixed precision in `dtype` (weights stay fp32); None or fp32 = no autocast."""
+def forward_context(device: torch.device, dtype: torch.dtype | None
+                    ) -> Callable[[], AbstractContextManager]:
+    """What each forward pass runs in, as a factory of contexts: autocast in `dtype` on
+    `device` (weights stay fp32); None or fp32 = no autocast (`contextlib.nullcontext`)."""
     if dtype is None or dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
+    """Mixed precision in `dtype` (weights stay fp32); None or fp32 = no autocast."""
+    return forward_context(device, dtype)()
 
 
 def available_bytes(device: torch.device) -> int | None:

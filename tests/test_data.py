@@ -23,6 +23,7 @@ from minigpt.events import DatasetReady, TokenizingFile
 from minigpt.paths import DATA_DIR
 from minigpt.records import iter_records
 from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
+from minigpt.train.batches import InductionRows, TokenRows, rows_for, to_device
 
 SHAKESPEARE = (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
 
@@ -49,6 +50,11 @@ def write(path: Path, content: str | bytes) -> Path:
 def prepare(cfg: Config, tok: Tokenizer | None = None, events: list | None = None) -> Dataset:
     return prepare_dataset(cfg, tok or bytes_tokenizer(),
                            events.append if events is not None else None)
+
+
+def xy(rows: TokenRows | InductionRows, split: str, offsets: torch.Tensor):
+    """The trainer's batch (x, y) of the rows at `offsets`, on the CPU."""
+    return to_device(rows.rows(split, offsets), torch.device("cpu"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,7 +263,8 @@ def test_split_is_deterministic(tmp_path):
 
 
 def test_offsets_reproducible_from_generator_state(tmp_path):
-    ds = prepare(cfg_for(write(tmp_path / "c.txt", SHAKESPEARE[:20_000])))
+    data = prepare(cfg_for(write(tmp_path / "c.txt", SHAKESPEARE[:20_000])))
+    ds = TokenRows(data, 16)
     g = torch.Generator().manual_seed(123)
     ds.sample_offsets("train", 5, g)  # advance: the saved state is mid-run
     state = g.get_state()
@@ -266,40 +273,40 @@ def test_offsets_reproducible_from_generator_state(tmp_path):
     g2.set_state(state)
     assert torch.equal(ds.sample_offsets("train", 64, g2), first)
     assert first.dtype == torch.long and first.shape == (64,)
-    assert int(first.min()) >= 0 and int(first.max()) <= len(ds.train) - ds.block_size - 1
-    x, y = ds.get_batch("train", first, "cpu")
+    assert int(first.min()) >= 0 and int(first.max()) <= len(data.train) - ds.block_size - 1
+    x, y = xy(ds, "train", first)
     assert x.shape == y.shape == (64, 16) and x.dtype == torch.long
     assert torch.equal(x[:, 1:], y[:, :-1])
     o = int(first[0])
-    assert x[0].tolist() == ds.train[o: o + 16].tolist()
-    assert y[0, -1].item() == ds.train[o + 16]
+    assert x[0].tolist() == data.train[o: o + 16].tolist()
+    assert y[0, -1].item() == data.train[o + 16]
 
 
 def test_induction_batches_repeat(tmp_path):
     cfg = from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256},
                      "data": {"source": "induction", "induction_vocab": 20,
                               "corpus": str(tmp_path / "never-read.txt")}})
-    ds = prepare_dataset(cfg, bytes_tokenizer())
+    ds = rows_for(cfg, bytes_tokenizer())
     assert ds.vocab == 20 and ds.bytes_per_token == 1.0
     g = torch.Generator().manual_seed(0)
     offsets = ds.sample_offsets("train", 8, g)
-    x, y = ds.get_batch("train", offsets)
+    x, y = xy(ds, "train", offsets)
     assert x.shape == y.shape == (8, 32)
     assert torch.equal(x[:, :16], x[:, 16:])          # [r, r]
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, 0])
     assert int(x.min()) >= 0 and int(x.max()) < 20
     assert len({tuple(row) for row in x[:, :16].tolist()}) == 8
-    x2, _ = ds.get_batch("train", offsets)
+    x2, _ = xy(ds, "train", offsets)
     assert torch.equal(x, x2)                          # a function of the offsets
-    xv, _ = ds.get_batch("val", offsets)
+    xv, _ = xy(ds, "val", offsets)
     assert not torch.equal(x, xv)
 
 
 def test_induction_odd_block_size():
     cfg = from_dict({"model": {"block_size": 9}, "tokenizer": {"vocab_size": 256},
                      "data": {"source": "induction", "induction_vocab": 5}})
-    ds = prepare_dataset(cfg, bytes_tokenizer())
-    x, y = ds.get_batch("val", ds.sample_offsets("val", 3, torch.Generator().manual_seed(1)))
+    ds = rows_for(cfg, bytes_tokenizer())
+    x, y = xy(ds, "val", ds.sample_offsets("val", 3, torch.Generator().manual_seed(1)))
     assert x.shape == y.shape == (3, 9)
     assert torch.equal(x[:, :4], x[:, 4:8]) and torch.equal(x[:, 8], x[:, 0])
     assert torch.equal(y[:, :8], x[:, 1:]) and torch.equal(y[:, 8], x[:, 1])
@@ -325,8 +332,8 @@ def test_induction_pairs_layout_defeats_fixed_offset_heads():
     def batch(**data):
         cfg = from_dict({"model": {"block_size": 64}, "tokenizer": {"vocab_size": 256},
                          "data": {"source": "induction", "induction_vocab": 64, **data}})
-        ds = prepare_dataset(cfg, bytes_tokenizer())
-        return ds.get_batch("train", ds.sample_offsets("train", 64, torch.Generator()
+        ds = rows_for(cfg, bytes_tokenizer())
+        return xy(ds, "train", ds.sample_offsets("train", 64, torch.Generator()
                                                        .manual_seed(0)))
 
     x, y = batch(induction_min_period=4, induction_max_period=24)
@@ -361,8 +368,8 @@ def test_induction_distinct_rows_repeat_only_inside_copies(block, min_period):
                          "data": {"source": "induction", "induction_vocab": 20,
                                   "induction_min_period": min_period,
                                   "induction_distinct": distinct}})
-        ds = prepare_dataset(cfg, bytes_tokenizer())
-        x, y = ds.get_batch("train", ds.sample_offsets("train", 200, torch.Generator()
+        ds = rows_for(cfg, bytes_tokenizer())
+        x, y = xy(ds, "train", ds.sample_offsets("train", 200, torch.Generator()
                                                        .manual_seed(3)))
         assert torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < 20
         return torch.cat([x, y[:, -1:]], 1).tolist()

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_gguf import RUNS, TEXTS, corpus, gelu, gguf_forward, make_run, read_gguf, train_bpe
+from conftest import shakespeare
+from test_gguf import RUNS, TEXTS, gelu, gguf_forward, make_run, read_gguf, train_bpe
 
 from minigpt.core.generate import generate
 from minigpt.llamacpp import export_gguf
@@ -39,7 +40,7 @@ def varied_texts(n: int, seed: int = 0) -> list[str]:
     """`n` texts: the test texts, slices of Shakespeare, and random mixes of letters, digits,
     spaces, tabs, newlines, punctuation, apostrophes, CJK, emoji and combining marks."""
     rng = random.Random(seed)
-    text = corpus()
+    text = shakespeare()
     pools = ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " ", "  ",
              "\t", "\n", "\r\n", "\n\n", ".,;:!?-()[]{}\"'/", "'s 've 're 'll 'd 'm 't",
              "日本語中文한국어", "😀🎉👍🏽👨‍👩‍👧🇫🇷", "e\u0301a\u0308n\u0303", "ÀéîõüßçÑ",

@@ -37,7 +37,7 @@ from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import LOCK_NAME
 from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import bytes_tokenizer
-from minigpt.train.optim import build_optimizer
+from minigpt.train.weights import build_optimizer
 
 BLOCK = 16
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK}
@@ -974,6 +974,42 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+# Quick cases of the process tables below that the quick tier runs in this process, through the
+# same app and error path (`in_process`): a process adds only its start-up (~2 CPU-s, most of it
+# importing torch), and the process tests that stay quick check the real exit code and stderr.
+# The slow tier runs these through the installed command as well.
+QUICK_IN_PROCESS = {"model-type-list", "eot-id-billion", "regex-invalid",
+                    "runs-deep-metrics-line", "eval-batches-trillion",
+                    "resume-tensorboard-a-file", "empty-prompt-file-like-empty-prompt",
+                    "inspect-nan-attention", "runs-escape-codes-in-a-name",
+                    "error-naming-a-run-with-escape-codes"}
+
+
+def in_process(args: list[str], **env: str | None) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` run by the app in this process (the working directory and the token cache
+    are the test's: `_isolated`), as a finished process would report it: exit code, stdout,
+    stderr. An exception that escaped the error path (a traceback in a real process) fails the
+    test with its own traceback."""
+    r = CliRunner().invoke(app, args, env=env)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+def where_run(cases) -> list:
+    """pytest params (case, how) of a process table: every case through the installed command
+    ("process": quick for the table's quick cases not in QUICK_IN_PROCESS), and the cases in
+    QUICK_IN_PROCESS in this process too ("in-process", quick)."""
+    params = []
+    for c in cases:
+        quick = c.quick if hasattr(c, "quick") else not c.slow
+        params.append(pytest.param(c, "process", id=c.id, marks=[] if quick and c.id not in
+                                   QUICK_IN_PROCESS else [pytest.mark.slow]))
+        if c.id in QUICK_IN_PROCESS:
+            params.append(pytest.param(c, "in-process", id=f"{c.id}-in-process"))
+    return params
+
+
 def build_hostile(root: Path, models: dict[str, Path]) -> dict[str, Path]:
     """Model directories made from the good exports, each with one hostile file."""
     out: dict[str, Path] = {}
@@ -1191,9 +1227,8 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.id, marks=[] if c.quick else [pytest.mark.slow]) for c in HOSTILE])
-def test_files_from_elsewhere(case: HostileCase, hostile: Hostile, tmp_path: Path):
+@pytest.mark.parametrize("case, how", where_run(HOSTILE))
+def test_files_from_elsewhere(case: HostileCase, how: str, hostile: Hostile, tmp_path: Path):
     prefix: list[str] = []
     if case.unprivileged:
         if hostile.unprivileged is None:
@@ -1202,7 +1237,8 @@ def test_files_from_elsewhere(case: HostileCase, hostile: Hostile, tmp_path: Pat
                         "the message in-process")
         prefix = hostile.unprivileged
     before = tree_hash(hostile.root / "models"), tree_hash(hostile.root / "runs")
-    r = run_minigpt(case.args(hostile, tmp_path), tmp_path, tuple(prefix), **case.env)
+    r = (run_minigpt(case.args(hostile, tmp_path), tmp_path, tuple(prefix), **case.env)
+         if how == "process" else in_process(case.args(hostile, tmp_path), **case.env))
     line = one_error_line(r)
     for needle in case.needles:
         assert needle in line, f"{needle!r} not in {line!r}"
@@ -1420,13 +1456,13 @@ OUTSIDE = [
 ]
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow
-                                               else []) for c in OUTSIDE])
-def test_from_elsewhere_through_the_installed_command(case: Outside, world: World,
+@pytest.mark.parametrize("case, how", where_run(OUTSIDE))
+def test_from_elsewhere_through_the_installed_command(case: Outside, how: str, world: World,
                                                       elsewhere: Elsewhere, tmp_path: Path):
     before = tree_hash(world.good)
     (tmp_path / "heads-out").mkdir()
-    r = installed(case.args(world, elsewhere, tmp_path), tmp_path)
+    args = case.args(world, elsewhere, tmp_path)
+    r = installed(args, tmp_path) if how == "process" else in_process(args)
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
     if case.needles:
         lines = r.stderr.strip().splitlines()
@@ -1689,7 +1725,7 @@ def _still_fifo(r, w, d, t) -> None:
 
 def _runs_status(run: str, status: str) -> Callable:
     def check(r, w, d, t) -> None:
-        listed = run_minigpt(["runs", str(d.runs[run]), "--json"], t)
+        listed = in_process(["runs", str(d.runs[run]), "--json"])
         assert listed.returncode == 0, listed.stderr
         assert json.loads(listed.stdout)["runs"][0]["status"] == status
     return check
@@ -2017,9 +2053,9 @@ def _door_run(case: DoorCase, args: list[str], cwd: Path, prefix: list[str]
     return r
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.id, marks=[] if c.quick else [pytest.mark.slow]) for c in DOOR_CASES])
-def test_one_door_for_files(case: DoorCase, door: Door, world: World, tmp_path: Path):
+@pytest.mark.parametrize("case, how", where_run(DOOR_CASES))
+def test_one_door_for_files(case: DoorCase, how: str, door: Door, world: World,
+                            tmp_path: Path):
     prefix: list[str] = []
     if case.unprivileged:
         if door.unprivileged is None:
@@ -2029,7 +2065,8 @@ def test_one_door_for_files(case: DoorCase, door: Door, world: World, tmp_path: 
         pytest.importorskip("tensorboard")
     target = door.runs[case.target] if case.target else None
     before = tree_hash(world.good), tree_hash(target) if target else None
-    r = _door_run(case, case.args(world, door, tmp_path), tmp_path, prefix)
+    args = case.args(world, door, tmp_path)
+    r = _door_run(case, args, tmp_path, prefix) if how == "process" else in_process(args)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr[-2000:]
     if case.ok:
         assert r.returncode == 0, r.stderr[-2000:]

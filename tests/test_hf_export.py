@@ -11,15 +11,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_hf import MIXED, PROMPT, corpus, perturb
+from conftest import killed_mid_write, perturb, shakespeare
+from test_hf import MIXED, PROMPT
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -50,14 +49,14 @@ RUNS = {
     # configs/default.yaml's (and bytes.yaml's) architecture: zero attention biases written
     "rope-nobias-tied": {"pos_encoding": "rope", "bias": False},
 }
-TEXTS = [t.replace(EOT, "<|end of text|>") for t in MIXED] + [corpus()[-3000:]]
+TEXTS = [t.replace(EOT, "<|end of text|>") for t in MIXED] + [shakespeare()[-3000:]]
 
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
     """A BPE trained by minigpt (rustbpe) on Shakespeare and the mixed texts."""
     root = tmp_path_factory.mktemp("bpe")
-    (root / "corpus.txt").write_text(corpus() + "\n".join(MIXED * 5), encoding="utf-8")
+    (root / "corpus.txt").write_text(shakespeare() + "\n".join(MIXED * 5), encoding="utf-8")
     cfg = from_dict({"tokenizer": {"vocab_size": 400},
                      "data": {"corpus": str(root / "corpus.txt"), "cache_dir": str(root)}})
     return build_tokenizer(cfg)
@@ -388,21 +387,12 @@ def test_a_killed_export_leaves_a_temp_directory_the_next_export_deletes(exporte
     the next export to the same --out deletes it (its process is gone) and writes the model."""
     run_dir, _ = exported["learned"]
     out = tmp_path / "hf"
-    code = ("import os, signal, sys\nimport minigpt.hf.export as ex\n"
-            "def die(path, data):\n"
-            "    open(path, 'wb').write(data)\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "ex.write_file_synced = die\n"
-            "from minigpt.cli import main\n"
-            f"sys.argv = ['minigpt', 'export', '--run', {str(run_dir)!r}, '--out', {str(out)!r}]"
-            "\nmain()\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, check=False)
-    assert r.returncode == -signal.SIGKILL, r.stderr
+    killed_mid_write("minigpt.hf.export:write_file_synced", "open(a[0], 'wb').write(a[1])",
+                     ["export", "--run", str(run_dir), "--out", str(out)])
     left = [p.name for p in tmp_path.iterdir()]
     assert len(left) == 1 and re.fullmatch(r"\.hf\.\d+-[0-9a-f]{8}\.tmp", left[0]), left
     assert len(list((tmp_path / left[0]).iterdir())) == 1
-    r = minigpt_export("--run", str(run_dir), "--out", str(out))
+    r = export_in_process("--run", str(run_dir), "--out", str(out))  # the next export
     assert r.returncode == 0, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     assert (out / "model.safetensors").is_file()

@@ -2,9 +2,10 @@
 batches of token ids: what a training step computes, and nothing about where the batches come
 from or what happens to the numbers.
 
-The trainer (train/loop.py) owns the rest: which batches (every rank's slice of the global
-batch), the learning-rate schedule, the collective that sums the loss over DDP ranks (passed in
-as `mean_loss`), the divergence message, the weight average, checkpoints and events.
+The trainer (train/) owns the rest: which batches (train/batches.py: every rank's slice of the
+global batch), the learning-rate schedule and the collective that sums the loss over DDP ranks
+(train/weights.py, passed in as `mean_loss`), the weight average, the divergence message,
+checkpoints and events.
 
     loss = mean over micro-batches of cross_entropy(model(x), y)        (forward, backward)
     grad_norm = clip_grad_norm_(parameters, grad_clip)                  (before clipping)

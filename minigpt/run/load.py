@@ -84,7 +84,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
                          ckpt: Checkpoint) -> None:
     """Restore the state saved by optimizer_tensors (validated against the params first).
 
-    `optimizer` is one torch optimizer or a chain with `.parts` (train.optim.OptimizerChain);
+    `optimizer` is one torch optimizer or a chain with `.parts` (train.weights.OptimizerChain);
     `names` spans the parts in order. AdamW and Muon parts expect exactly their own keys
     (`_STATE_KEYS`), so a file from the other train.optimizer fails naming the first missing
     tensor instead of resuming with a silently reset state; another optimizer gets the keys

@@ -12,6 +12,7 @@ data.induction_distinct every repeat is a copy; without it a chance repeat count
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 
@@ -27,15 +28,14 @@ def copy_mask(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def copy_metrics(model, data, offsets: torch.Tensor, micro: int, device: torch.device
+def copy_metrics(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
                  ) -> tuple[float, float]:
     """(mean loss in nats/token, top-1 accuracy) of `model` over the copy positions of the
-    validation rows at `offsets`; (nan, nan) when there are none. The model's train/eval mode
-    is restored."""
+    validation batches (x, y); (nan, nan) when there are none. The model's train/eval mode is
+    restored."""
     loss_sum, right, n = 0.0, 0, 0
     with eval_mode(model):
-        for i in range(0, len(offsets), micro):
-            x, y = data.get_batch("val", offsets[i:i + micro], device)
+        for x, y in batches:
             mask = copy_mask(x, y)
             logits, _ = model(x)
             picked = logits[mask].float()  # (N, V)

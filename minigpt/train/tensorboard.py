@@ -1,5 +1,5 @@
 """TensorBoard event files of a run (`train.tensorboard: true`): `<run>/tensorboard/`, written
-by one more consumer of the trainer's events (loop.py, `set_up`), on rank 0 only.
+by one more consumer of the trainer's events (reporting.py), on rank 0 only.
 
 What it logs, one scalar per tag and optimizer step, from the same records metrics.jsonl holds
 (`metrics_record`), stored as TensorBoard stores scalars (float32):
