@@ -44,14 +44,15 @@ CORRUPTED = CLEAN[:8] + [11, 15, 19, 13, 17, 12, 18, 14]  # its second copy repl
 SECOND = list(range(8, 15))
 
 
-def export_pair(name: str, root: Path):
-    """(minigpt model, TransformerBridge) of the model MODELS[name], exported under `root`."""
+def export_pair(name: str, root: Path, spec: dict | None = None):
+    """(minigpt model, TransformerBridge) of the model MODELS[name] (or of the model settings
+    `spec`), exported under `root`."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"  # never the network
     from transformer_lens.model_bridge import TransformerBridge
 
     tok = bytes_tokenizer()
     cfg = from_dict({"model": {"n_head": 4, "n_embd": 64, "block_size": 32,
-                               "vocab_size": tok.n_vocab, **MODELS[name]},
+                               "vocab_size": tok.n_vocab, **(spec or MODELS[name])},
                      "tokenizer": {"vocab_size": 256}})
     model = GPT.from_config(cfg, seed=1)
     with torch.no_grad():  # norms and biases away from their init, so folding them matters,
