@@ -128,7 +128,7 @@ def test_scored_positions_and_bad_input():
 
 def test_chunks_give_the_same_effects(monkeypatch):
     """Memory chunking (here one head per pass) changes nothing but the grouping."""
-    import minigpt.core.patching as patching
+    from minigpt.core import patching
 
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=40)
     model = GPT.from_config(cfg, seed=5).eval()

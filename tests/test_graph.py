@@ -232,4 +232,4 @@ def test_the_hand_built_induction_circuit():
         assert G.top_edges(scores, 1)[ind_logits]
     circuit = G.prune(g, G.top_edges(real, 2))
     f = G.faithfulness(model, clean, corrupted, metric, targets, circuit[None])
-    assert f.corrupted > 3.0 > 0.3 > f.clean and f.recovered[0] > 0.95
+    assert f.corrupted > 3.0 and f.clean < 0.3 and f.recovered[0] > 0.95

@@ -122,7 +122,7 @@ def test_split_reader_inputs_give_the_plain_logits(over):
 
 def test_head_hook_is_the_intervention_at_the_heads():
     model = model_of()
-    hook = lambda layer, z: torch.zeros_like(z) if layer == 1 else z  # noqa: E731
+    hook = lambda layer, z: torch.zeros_like(z) if layer == 1 else z
     with torch.no_grad():
         a = model(IDX, attn=AttnSpec(head_hook=hook))[0]
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed "
                          "(pip install transformer-lens==4.3.0; .ci/run installs it)")
 
-from test_transformer_lens import CLEAN, CORRUPTED, SECOND, export_pair  # noqa: E402
+from test_transformer_lens import CLEAN, CORRUPTED, SECOND, export_pair
 
 MODELS = {
     "gpt2": {"pos_encoding": "learned", "bias": True, "n_layer": 3},

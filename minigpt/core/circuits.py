@@ -47,9 +47,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from minigpt.core.circuit_args import DIRECTIONS
 from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.patching import (  # noqa: F401 - Metric, make_metric, check_same_length re-exported
     CHUNK_FLOATS,
+    SMALL_GAP,
     HeadRows,
     Metric,
     Record,
@@ -64,9 +66,7 @@ KINDS = ("q", "k", "v")
 KIND_HELP = {"q": "the earlier head's output read by the later head's queries (W_OV W_Q W_K^T)",
              "k": "the earlier head's output read by the later head's keys (W_OV W_K W_Q^T)",
              "v": "the earlier head's output read by the later head's values (W_OV W_V W_O)"}
-DIRECTIONS = ("noising", "denoising")
 BASELINE_DRAWS = 16  # random heads per layer: 16 x 16 random pairs for the composition baseline
-SMALL_GAP = 1e-2  # a clean -> corrupted change of the metric below this gets a note
 
 
 # --------------------------------------------------------------------------------------------

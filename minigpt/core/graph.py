@@ -76,11 +76,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from minigpt.core.circuit_args import DEFAULT_RECOVER, DIRECTIONS, check_search  # noqa: F401
 from minigpt.core.gpt import AttnSpec, Intervention, eval_mode
-from minigpt.core.patching import Metric, record, run_value, sweep
+from minigpt.core.patching import SMALL_GAP, Metric, record, run_value, sweep
 from minigpt.errors import ArgumentError, MinigptError
 
-DIRECTIONS = ("noising", "denoising")
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's sizes
 INPUTS = ("q", "k", "v")
 
@@ -387,32 +387,47 @@ class EdgeRows:
                           self.patched[list(rows)].float())
 
 
+class Patcher:
+    """Edge patching of one (base, source) pair of batches (B, T), what every run shares done
+    once: the source's writer values, the base's embedding and the metric of both inputs."""
+
+    def __init__(self, model, base: Tensor, source: Tensor, metric: Metric,
+                 targets: Tensor | None) -> None:
+        self.model, self.base, self.metric, self.targets = model, base, metric, targets
+        self.graph = graph_of(model.cfg)
+        with eval_mode(model), torch.no_grad():
+            self.values = writer_values(model, self.graph, source)
+            self.base_embed = record(model, base)[1].embedded
+            self.m_base = run_value(model, base, metric, targets)
+            self.m_source = run_value(model, source, metric, targets)
+
+    def run(self, patched: Tensor) -> Tensor:
+        """The metric (n,) float64 of the base run with, in row r, the edges `patched[r]`
+        ((n, U, R) bool) taking the source's values."""
+        plan = EdgeRows(self.model, self.graph, self.values, self.base_embed,
+                        patched & self.graph.valid())
+        with eval_mode(self.model):
+            return sweep(self.model, self.base, self.metric, self.targets, plan)[1]
+
+
 def patch_edges(model, base: Tensor, source: Tensor, metric: Metric, targets: Tensor | None,
                 patched: Tensor) -> Tensor:
     """The metric (n,) float64 of the base run on `base` (B, T) with, in row r, the edges
     `patched[r]` ((n, U, R) bool) taking the source run's (`source` (B, T)) values."""
-    graph = graph_of(model.cfg)
-    with eval_mode(model), torch.no_grad():
-        values = writer_values(model, graph, source)
-        base_embed = record(model, base)[1].embedded
-        plan = EdgeRows(model, graph, values, base_embed, patched & graph.valid())
-        return sweep(model, base, metric, targets, plan)[1]
+    return Patcher(model, base, source, metric, targets).run(patched)
 
 
 def edge_effects(model, base: Tensor, source: Tensor, metric: Metric, targets: Tensor | None
                  ) -> Tensor:
     """The real effect (U, R) float64 (NaN where no edge) of patching each edge alone:
     metric(base with that edge from source) - metric(base)."""
-    graph = graph_of(model.cfg)
-    valid = graph.valid()
+    patcher = Patcher(model, base, source, metric, targets)
+    valid = patcher.graph.valid()
     edges = valid.nonzero()
     one = torch.zeros(len(edges), *valid.shape, dtype=torch.bool)
     one[torch.arange(len(edges)), edges[:, 0], edges[:, 1]] = True
-    values = patch_edges(model, base, source, metric, targets, one)
-    with eval_mode(model):
-        m_base = run_value(model, base, metric, targets)
     out = torch.full(valid.shape, math.nan, dtype=torch.float64)
-    out[edges[:, 0], edges[:, 1]] = values - m_base
+    out[edges[:, 0], edges[:, 1]] = patcher.run(one) - patcher.m_base
     return out
 
 
@@ -464,12 +479,14 @@ def faithfulness(model, clean: Tensor, corrupted: Tensor, metric: Metric,
     """The fraction of the clean -> corrupted change each circuit of `circuits` (n, U, R)
     recovers (module docstring) on `clean` and `corrupted` (B, T); ArgumentError when the two
     inputs give the same metric."""
-    graph = graph_of(model.cfg)
-    with eval_mode(model):
-        m_clean = run_value(model, clean, metric, targets)
-        m_corr = run_value(model, corrupted, metric, targets)
+    return recovered(Patcher(model, clean, corrupted, metric, targets), circuits)
+
+
+def recovered(patcher: Patcher, circuits: Tensor) -> Faithfulness:
+    """`faithfulness` with a Patcher whose base is the clean input and source the corrupted."""
+    m_clean, m_corr = patcher.m_base, patcher.m_source
     check_gap(m_clean, m_corr)
-    values = patch_edges(model, clean, corrupted, metric, targets, graph.valid() & ~circuits)
+    values = patcher.run(patcher.graph.valid() & ~circuits)
     rec = ((values - m_corr) / (m_clean - m_corr)).tolist()
     return Faithfulness(m_clean, m_corr, rec, [int(c.sum()) for c in circuits])
 
@@ -496,3 +513,177 @@ def area(recovered: Sequence[float]) -> tuple[float, float]:
         under += dx * (recovered[i] + recovered[i + 1]) / 2
         between += dx * (abs(1 - recovered[i]) + abs(1 - recovered[i + 1])) / 2
     return under, between
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the circuit: scores, the circuit checked by running it, the curves.
+
+BASELINE_MAX_EDGES = 2000  # the real single-edge baseline: one run per edge, small models only
+
+
+@dataclass
+class Circuit:
+    """What `find_circuit` found on a batch of (clean, corrupted) pairs. `scores` (U, R)
+    float64 (NaN: no edge) are the method's (eap or eap-ig) in `direction`; `circuit` (U, R)
+    bool the pruned circuit of the top `requested` edges, which recovers `recovered` (the
+    faithfulness fraction); `curves`: ranking name ("eap", "eap-ig", "patching") ->
+    [(edges kept after pruning, recovered)] at the sizes `sizes` (int(p E), p in FRACTIONS)."""
+
+    graph: Graph
+    method: str
+    ig_steps: int
+    direction: str
+    metric: Metric
+    n_pairs: int
+    clean: float
+    corrupted: float
+    scores: Tensor
+    circuit: Tensor
+    requested: int
+    recovered: float
+    sizes: list[int] = field(default_factory=list)
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    target: float | None = None  # the fraction asked for (--recover), if one was
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.graph.valid().sum())
+
+    @property
+    def gap(self) -> float:
+        """metric(source) - metric(base): what patching every edge does; an edge's score over
+        it is the fraction of that the edge alone is estimated to do."""
+        noising = self.direction == "noising"
+        return (self.corrupted - self.clean) if noising else (self.clean - self.corrupted)
+
+    def to_json(self, digits: int = 6, lens: list | None = None) -> dict:
+        """The JSON document of `minigpt circuit --json` (docs/cli.md); `lens` its place for
+        a logit lens, when one was asked for."""
+        def r(x):
+            return None if x is None else round(float(x), digits)
+        doc = {"method": self.method, "ig_steps": self.ig_steps, "direction": self.direction,
+               "metric": self.metric.to_json(), "n_pairs": self.n_pairs,
+               "clean": r(self.clean), "corrupted": r(self.corrupted),
+               "nodes": [{**n, "score": r(n["score"])} for n in self.nodes()],
+               "edges": [{**e, "score": r(e["score"])} for e in self.edges()],
+               "circuit": {"edges": int(self.circuit.sum()), "requested": self.requested,
+                           "recovered": r(self.recovered), "target": self.target,
+                           "of": self.n_edges},
+               "faithfulness": self._curve_json(self.method, r),
+               "curves": {name: self._curve_json(name, r) for name in self.curves},
+               "area": {name: {"under": r(a), "from_1": r(b)}
+                        for name, (a, b) in self.areas().items()}, "notes": self.notes}
+        if lens is not None:
+            doc["lens"] = lens
+        return doc
+
+    def _curve_json(self, name: str, r) -> list[dict]:
+        return [{"fraction": p, "size": n, "edges": kept, "recovered": r(f)}
+                for p, n, (kept, f) in zip(FRACTIONS, self.sizes, self.curves.get(name, []))]
+
+    def areas(self) -> dict[str, tuple[float, float]]:
+        return {name: area([r for _, r in pts]) for name, pts in self.curves.items()}
+
+    def edges(self) -> list[dict]:
+        """Every edge, strongest |score| first (ties: graph order)."""
+        out = []
+        for u, v in self.graph.valid().nonzero().tolist():
+            node, inp = self.graph.reader_name(v)
+            out.append({"from": self.graph.writer_name(u), "to": node, "input": inp,
+                        "score": float(self.scores[u, v]), "in_circuit": bool(self.circuit[u, v])})
+        return sorted(out, key=lambda e: -abs(e["score"]))
+
+    def nodes(self) -> list[dict]:
+        """Every node: its score (a writer: the sum of its outgoing edges' scores; the
+        logits: of its incoming ones) and whether the circuit goes through it."""
+        g, s = self.graph, self.scores.nan_to_num()
+        used = self.circuit.any(1)
+        out = []
+        for u in range(g.n_writers):
+            name = g.writer_name(u)
+            layer, head = _layer_head(name)
+            out.append({"name": name, "layer": layer, "head": head, "score": float(s[u].sum()),
+                        "in_circuit": bool(used[u])})
+        out.append({"name": "logits", "layer": None, "head": None,
+                    "score": float(s[:, g.logits_reader].sum()),
+                    "in_circuit": bool(self.circuit[:, g.logits_reader].any())})
+        return out
+
+
+def _layer_head(name: str) -> tuple[int | None, int | None]:
+    if name == "embed":
+        return None, None
+    layer, rest = name[1:].split(".")
+    return int(layer), (None if rest == "MLP" else int(rest[1:]))
+
+
+def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
+                 targets: Tensor | None, *, direction: str = "noising", ig_steps: int = 5,
+                 edges: int | None = None, recover: float | None = None, curves: bool = True,
+                 baseline: bool | None = None) -> Circuit:
+    """Score every edge on the pairs (clean, corrupted) (B, T) (EAP, or EAP-IG when
+    `ig_steps` > 1, in `direction`), keep the circuit of the top `edges` (or the smallest top-N
+    that recovers `recover`; neither: DEFAULT_RECOVER), prune it, and measure what it
+    recovers by running it; with `curves`, the faithfulness curve of each ranking (EAP, EAP-IG
+    and, when `baseline` (None: models of at most BASELINE_MAX_EDGES edges), the real
+    single-edge patching effects). ArgumentError for a bad request or inputs whose metric
+    does not differ."""
+    check_search(edges, recover, ig_steps, direction)
+    graph = graph_of(model.cfg)
+    faith = Patcher(model, clean, corrupted, metric, targets)  # base clean: faithfulness
+    check_gap(faith.m_base, faith.m_source)
+    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps)
+    scores = ig if ig_steps > 1 else eap
+    if edges is None:
+        n, circuit, rec = smallest_circuit(faith, scores, recover or DEFAULT_RECOVER)
+    else:
+        circuit = prune(graph, top_edges(scores, edges))
+        n, rec = edges, recovered(faith, circuit[None]).recovered[0]
+    out = Circuit(graph, "eap-ig" if ig_steps > 1 else "eap", ig_steps, direction, metric,
+                  clean.shape[0], faith.m_base, faith.m_source, scores, circuit, n, rec,
+                  target=None if edges is not None else (recover or DEFAULT_RECOVER))
+    if abs(out.gap) < SMALL_GAP:
+        out.notes.append(f"the corrupted input changes the metric by only {abs(out.gap):.2g}: "
+                         "every fraction is a ratio of small numbers; corrupt the input where "
+                         "the model's prediction depends on it")
+    if curves:
+        rankings = {"eap": eap, **({"eap-ig": ig} if ig_steps > 1 else {})}
+        if baseline if baseline is not None else out.n_edges <= BASELINE_MAX_EDGES:
+            rankings["patching"] = edge_effects(model, base, source, metric, targets)
+        for name, ranking in rankings.items():
+            out.sizes, kept = curve_circuits(graph, ranking)
+            f = recovered(faith, kept)
+            out.curves[name] = list(zip(f.sizes, f.recovered))
+    return out
+
+
+def smallest_circuit(patcher: Patcher, scores: Tensor, target: float
+                     ) -> tuple[int, Tensor, float]:
+    """(N, pruned circuit, recovered) for the smallest N of the top-N circuits by |score|
+    found to recover at least `target`: sizes 1, 2, 4, ... first, then bisection between
+    the last that fell short and the first that reached it, 7 sizes per run (a search that
+    assumes the fraction grows with N between those two; all edges recover 1)."""
+    graph = patcher.graph
+    total = int(graph.valid().sum())
+
+    def try_sizes(sizes: list[int]) -> list[tuple[int, Tensor, float]]:
+        kept = torch.stack([prune(graph, top_edges(scores, n)) for n in sizes])
+        return list(zip(sizes, kept, recovered(patcher, kept).recovered))
+
+    sizes = sorted({min(2 ** i, total) for i in range(total.bit_length() + 1)})
+    tried = try_sizes(sizes)
+    hit = next((i for i, t in enumerate(tried) if t[2] >= target), len(tried) - 1)
+    best, lo = tried[hit], (tried[hit - 1][0] if hit else 0)
+    while best[0] - lo > 1:
+        step = max(1, (best[0] - lo) // 8)
+        inner = sorted(set(range(lo + step, best[0], step))) or [lo + 1]
+        found = try_sizes(inner)
+        passing = [t for t in found if t[2] >= target]
+        if passing:
+            best = passing[0]
+            lo = max([t[0] for t in found if t[0] < best[0]], default=lo)
+        else:
+            lo = inner[-1]
+    return best

@@ -46,6 +46,7 @@ METRIC_KINDS = ("loss", "logit", "logit_diff")
 # Floats of activations per row a chunk may hold (the wider of T x 4C and P scored x V, and a
 # plan's own buffers): ~256 MB.
 CHUNK_FLOATS = 64 * 1024 * 1024
+SMALL_GAP = 1e-2  # a clean -> corrupted change of the metric below this gets a note
 
 
 # --------------------------------------------------------------------------------------------
