@@ -86,8 +86,8 @@ class OneEdge(Intervention):
     def attn_in(self, layer, x):
         if layer != 1:
             return x
-        xs = x[:, :, None, None, :].repeat(1, 1, 3, 2, 1)  # (B, T, 3, H, C)
-        xs[:, :, 2, 1] += self.delta  # v of head 1
+        xs = x.repeat(3, 2, 1, 1, 1)  # (3, H, B, T, C)
+        xs[2, 1] += self.delta  # v of head 1
         return xs
 
 
@@ -120,7 +120,7 @@ class SplitAll(Intervention):
         self.inputs = []
 
     def attn_in(self, layer, x):
-        xs = x[:, :, None, None, :].expand(*x.shape[:2], 3, 2, x.shape[-1]).clone()
+        xs = x.expand(3, 2, *x.shape).clone()  # (3, H, B, T, C)
         self.inputs.append(xs)
         return xs
 
@@ -145,10 +145,10 @@ def test_eap_is_the_source_minus_base_writer_dotted_with_the_readers_gradient(ov
     logits, _ = model(clean, attn=AttnSpec(intervention=split))
     metric = METRIC.values(logits[:, POS], targets).sum()
     grads = torch.autograd.grad(metric, split.inputs)
-    flat = torch.cat([gr.reshape(2, T, -1, 16) for gr in grads], dim=2)  # (B, T, R, C)
+    flat = torch.cat([gr.reshape(-1, 2, T, 16) for gr in grads])  # (R, B, T, C)
     with torch.no_grad():
         delta = G.writer_values(model, g, corrupted) - G.writer_values(model, g, clean)
-    want = torch.einsum("ubtc,btrc->ur", delta, flat).double() / 2
+    want = torch.einsum("ubtc,rbtc->ur", delta, flat).double() / 2
     valid = g.valid()
     assert (eap[valid] - want[valid]).abs().max() < 1e-5 * max(1.0, float(want.abs().max()))
     assert torch.isnan(eap[~valid]).all() and want[valid].abs().max() > 1e-2

@@ -94,8 +94,7 @@ class SplitEveryReader(Intervention):
     """Each head's q, k and v its own copy of the stream; MLP and final inputs as copies."""
 
     def attn_in(self, layer, x):
-        B, T, C = x.shape
-        return x[:, :, None, None, :].expand(B, T, 3, 2, C).clone()
+        return x.expand(3, 2, *x.shape).clone()  # (3, H, B, T, C)
 
     def mlp_in(self, layer, x):
         return x.clone()
@@ -117,7 +116,7 @@ def test_split_reader_inputs_give_the_plain_logits(over):
         h.remove()
     assert (split - plain).abs().max() < 1e-5
     assert (hooked - plain).abs().max() < 1e-5  # the module called on every reader's input
-    assert seen and seen[0].shape == (2, 12, 3, 2, 48)
+    assert seen and seen[0].shape == (3, 2, 2, 12, 48)
 
 
 def test_head_hook_is_the_intervention_at_the_heads():

@@ -73,7 +73,7 @@ class Intervention:
     `[batch, head, query, d_head]` of a layer, before W_O mixes them: head h writes
     z[:, h] @ W_O[:, h*D:(h+1)*D]^T), `mlp_out` (an MLP's output, (B, T, C)).
     Readers (what reads it, before their norm): `attn_in` (the stream a layer's heads read,
-    (B, T, C); it may return (B, T, 3, H, C): each head's query, key and value input apart,
+    (B, T, C); it may return (3, H, B, T, C): each head's query, key and value input apart,
     which the layer then projects head by head), `mlp_in` (an MLP's input, (B, T, C)) and
     `final_in` (what the final norm and the LM head read, (B, T, C)). A reader's change
     reaches that reader only: the residual stream itself goes on unchanged."""
@@ -415,11 +415,11 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
                 cache: KVCache | None, layer: int, spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, C), or (B, T, 3, H, C): each head's query, key and value input apart (an
+        """x (B, T, C), or (3, H, B, T, C): each head's query, key and value input apart (an
         Intervention's `attn_in`). Returns the layer's output (B, T, C) and, when asked, the
         attention probabilities."""
-        B, T, C = x.shape[0], x.shape[1], x.shape[-1]
         if x.dim() == 3:
+            B, T, C = x.shape
             # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise
             # K, V); one permute puts every head's q, k and v in the `[batch, head, position,
             # d_head]` layout.
@@ -427,6 +427,7 @@ class CausalSelfAttention(nn.Module):
             qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
             qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D), a view
         else:
+            B, T, C = x.shape[2:]
             qkv = self._split_qkv(x)  # (3, B, H, T, D)
         if rope is None and self.qk_norm is None:
             q, k, v = qkv.unbind(0)  # 3 x (B, H, T, D)
@@ -458,21 +459,22 @@ class CausalSelfAttention(nn.Module):
                 else y), probs
 
     def _split_qkv(self, x: Tensor) -> Tensor:
-        """Every head's q, k and v (3, B, H, T, D) from x (B, T, 3, H, C), which holds each
+        """Every head's q, k and v (3, B, H, T, D) from x (3, H, B, T, C), which holds each
         head's own query, key and value input: each is projected by its own rows of W_Q | W_K
         | W_V (the same numbers as c_attn on that input, 3H times cheaper)."""
         H, D = self.n_head, self.head_dim
-        B, T, _, _, C = x.shape
+        _, _, B, T, C = x.shape
         if self.c_attn.__class__ is not nn.Linear or hooked(self.c_attn):  # call the module
-            full = linear(self.c_attn, x).view(B, T, 3, H, 3, H, D)  # every input, every row
+            full = linear(self.c_attn, x).view(3, H, B, T, 3, H, D)  # every input, every row
             s, h = torch.arange(3)[:, None], torch.arange(H)[None, :]
-            own = full[:, :, s, h, s, h]  # (B, T, 3, H, D): input (s, h) through its own rows
-            return own.permute(2, 0, 3, 1, 4)
-        w = self.c_attn.weight.view(3, H, D, C)  # rows of W_Q | W_K | W_V, head by head
-        qkv = torch.einsum("btshc,shdc->sbhtd", x, w)  # (B,T,3,H,C) -> (3, B, H, T, D)
+            own = full[s, h, :, :, s, h]  # (3, H, B, T, D): input (s, h) through its own rows
+            return own.permute(0, 2, 1, 3, 4)
+        w = self.c_attn.weight.view(3 * H, D, C)  # rows of W_Q | W_K | W_V, head by head
+        qkv = torch.bmm(x.reshape(3 * H, B * T, C), w.transpose(1, 2))  # (3H, BT, D)
+        qkv = qkv.view(3, H, B, T, D)
         if self.c_attn.bias is not None:
-            qkv = qkv + self.c_attn.bias.view(3, 1, H, 1, D)
-        return qkv
+            qkv = qkv + self.c_attn.bias.view(3, H, 1, 1, D)
+        return qkv.permute(0, 2, 1, 3, 4)  # (3, B, H, T, D)
 
 
 def relu2(x: Tensor) -> Tensor:

@@ -189,7 +189,7 @@ def head_contributions(model, layer: int, z: Tensor) -> Tensor:
 
 def writer_values(model, graph: Graph, idx: Tensor) -> Tensor:
     """Every writer's contribution (U, B, T, C) float32 on idx (B, T) (one plain run)."""
-    _, rec = record(model, idx)
+    _, rec = record(model, idx, logits=False)
     out = [rec.embedded[None]]
     for layer in range(graph.n_layer):
         out.append(head_contributions(model, layer, rec.z[layer]))
@@ -226,21 +226,21 @@ class _Attribute(Intervention):
         return self.leaf
 
     def _reader(self, x: Tensor, cols: slice, n_writers: int) -> None:
-        """Score the readers `cols`, whose input is x ((B, T, C) or (B, T, 3, H, C)), when
-        the backward pass brings its gradient."""
-        B = x.shape[0]
+        """Score the readers `cols`, whose input is x ((B, T, C), or (3, H, B, T, C): one
+        (B, T, C) per reader), when the backward pass brings its gradient."""
+        B, R = self.delta.shape[1], cols.stop - cols.start
 
         def hook(g: Tensor) -> None:
-            g = g.reshape(*g.shape[:2], -1, g.shape[-1])  # (B, T, R, C)
-            part = torch.einsum("ubtc,btrc->ur", self.delta[:n_writers], g).double().cpu() / B
+            by_reader = g.reshape(R, -1)  # (R, B*T*C)
+            d = self.delta[:n_writers].reshape(n_writers, -1)  # (w, B*T*C), a view
+            part = (d @ by_reader.T).double().cpu() / B  # (w, R): one matrix product
             for s in self.sums:
                 s[:n_writers, cols] += part
 
         x.register_hook(hook)
 
     def attn_in(self, layer: int, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        xs = x.unsqueeze(2).unsqueeze(2).expand(B, T, 3, self.graph.n_head, C)  # one per reader
+        xs = x.expand(3, self.graph.n_head, *x.shape)  # (3, H, B, T, C): one per reader
         self._reader(xs, self.graph.attn_readers(layer), self.graph.head_writers(layer).start)
         return xs
 
@@ -322,7 +322,7 @@ class _EdgePatch(Intervention):
             self.source[writers][:, None] - current.view(shape))
 
     def _input(self, x: Tensor, cols: slice, n_writers: int) -> Tensor:
-        """Readers `cols`' inputs (n * B, T, R, C), or x (n * B, T, C) itself when every one
+        """Readers `cols`' inputs (R, n * B, T, C), or x (n * B, T, C) itself when every one
         of them reads the same."""
         m = self.patched[:, :n_writers, cols]  # (n, w, R)
         if not m.any():
@@ -330,14 +330,14 @@ class _EdgePatch(Intervention):
         d = self.delta[:n_writers].view(n_writers, self.n, -1)  # (w, n, B*T*C)
         same = bool((m == m[..., :1]).all())
         m = m[..., :1] if same else m
-        corr = torch.bmm(d.permute(1, 2, 0), m)  # (n, B*T*C, R'): sum of the patched deltas
-        corr = corr.view(self.n * self.B, *x.shape[1:], -1).movedim(-1, 2)  # (nB, T, R', C)
-        return x + corr[:, :, 0] if same else x[:, :, None] + corr
+        corr = torch.bmm(m.transpose(1, 2), d.transpose(0, 1))  # (n, R', B*T*C): patched sum
+        corr = corr.transpose(0, 1).reshape(-1, *x.shape)  # (R', n * B, T, C)
+        return x + corr[0] if same else x[None] + corr
 
     def attn_in(self, layer: int, x: Tensor) -> Tensor:
         out = self._input(x, self.graph.attn_readers(layer),
                           self.graph.head_writers(layer).start)
-        return out if out.dim() == 3 else out.unflatten(2, (3, self.graph.n_head))
+        return out if out.dim() == 3 else out.unflatten(0, (3, self.graph.n_head))
 
     def heads(self, layer: int, z: Tensor) -> Tensor:
         self._fill(self.graph.head_writers(layer), head_contributions(self.model, layer, z))
@@ -346,7 +346,7 @@ class _EdgePatch(Intervention):
     def mlp_in(self, layer: int, x: Tensor) -> Tensor:
         v = self.graph.mlp_reader(layer)
         out = self._input(x, slice(v, v + 1), self.graph.available(v))
-        return out if out.dim() == 3 else out[:, :, 0]
+        return out if out.dim() == 3 else out[0]
 
     def mlp_out(self, layer: int, y: Tensor) -> Tensor:
         u = self.graph.mlp_writer(layer)
@@ -356,7 +356,7 @@ class _EdgePatch(Intervention):
     def final_in(self, x: Tensor) -> Tensor:
         v = self.graph.logits_reader
         out = self._input(x, slice(v, v + 1), self.graph.n_writers)
-        return out if out.dim() == 3 else out[:, :, 0]
+        return out if out.dim() == 3 else out[0]
 
 
 @dataclass
@@ -397,7 +397,7 @@ class Patcher:
         self.graph = graph_of(model.cfg)
         with eval_mode(model), torch.no_grad():
             self.values = writer_values(model, self.graph, source)
-            self.base_embed = record(model, base)[1].embedded
+            self.base_embed = record(model, base, logits=False)[1].embedded
             self.m_base = run_value(model, base, metric, targets)
             self.m_source = run_value(model, source, metric, targets)
 

@@ -283,4 +283,4 @@ def _resampled_outputs(model, idx: Tensor, seed: int) -> list[Tensor]:
     order: the reference of resample ablation."""
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(idx.shape[1], generator=gen).to(idx.device)
-    return record(model, idx[:, perm])[1].z
+    return record(model, idx[:, perm], logits=False)[1].z

@@ -204,10 +204,11 @@ def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
 
 def run_value(model, idx: Tensor, metric: Metric, targets: Tensor | None,
               spec: AttnSpec | None = None) -> float:
-    """The metric of one plain run on idx (B, T) (mean over the B sequences), no gradients."""
+    """The metric of one plain run on idx (B, T) (mean over the B sequences), no gradients;
+    the LM head at the scored positions only."""
     with torch.no_grad():
-        logits, _ = model(idx, attn=spec)
-        v = metric.values(logits[:, list(metric.positions)], targets)
+        final = model.residual_stream(idx, attn=spec)[-1]
+        v = metric.values(model.unembed(final[:, list(metric.positions)]), targets)
     return float(v.double().mean())
 
 
@@ -280,9 +281,14 @@ class Record(Intervention):
         return x
 
 
-def record(model, idx: Tensor) -> tuple[Tensor, Record]:
-    """One plain run of idx (B, T), no gradients: its logits (B, T, V) and its Record."""
+def record(model, idx: Tensor, logits: bool = True) -> tuple[Tensor | None, Record]:
+    """One plain run of idx (B, T), no gradients: its logits (B, T, V) (None when `logits` is
+    false: the LM head is not run) and its Record."""
     rec = Record()
+    spec = AttnSpec(model.cfg.attn_impl, intervention=rec)
     with torch.no_grad():
-        logits, _ = model(idx, attn=AttnSpec(model.cfg.attn_impl, intervention=rec))
-    return logits, rec
+        if not logits:
+            model.residual_stream(idx, attn=spec)
+            return None, rec
+        out, _ = model(idx, attn=spec)
+    return out, rec
