@@ -91,7 +91,8 @@ def test_the_documented_commands_were_found():
     """The extraction sees every kind of command and skips only what it says it skips."""
     kinds = {c[0] for c in COMMANDS}
     assert COMMANDS[:2] == [["train"], ["sample", "-p", "ROMEO:", "-n", "200"]]  # README first
-    assert kinds == {"train", "sample", "inspect-heads", "bench", "runs", "curves", "export"}
+    assert kinds == {"train", "sample", "inspect-heads", "circuit", "bench", "runs", "curves",
+                     "export"}
     assert ["sample", "--num-samples", "3", "--stop", "\\n\\n", "--json"] in COMMANDS
     assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
     reasons = {why for _, why in SKIPPED}
