@@ -158,16 +158,17 @@ def test_a_two_layer_run_records_the_circuit(tmp_path):
     edges = circuit["edges"]
     assert len(edges["edges"]) == timeline.EDGE_RECORD_TOP
     assert all("->" in k and ":" in k for k in edges["edges"])
-    assert edges["corrupted"] > 0 and edges["clean"] > 0
+    assert isinstance(edges["clean"], float) and isinstance(edges["corrupted"], float)
 
 
 def test_the_edge_record_finds_the_hand_built_induction_circuit():
-    """With the probe's first copy replaced, the hand-built model's two strongest EAP edges are
-    the induction head into the logits and the embedding into its value input (the token it
-    copies). Its key edge from the previous-token head, whose real single-edge effect is 2.55
-    nats (core.graph.edge_effects, measured when written), scores ~1e-6 here: the hand-built
-    attention is saturated, so the gradient at the clean run is ~0 (EAP's known blind spot,
-    which `minigpt circuit --ig-steps` addresses; the timeline stays EAP to stay cheap)."""
+    """With the probe's first copy replaced, the hand-built model's two strongest EAP edges (the
+    next token's logit) are the induction head into the logits and the embedding into its
+    value input (the token it copies). Its key edge from the previous-token head, whose real
+    single-edge effect on the loss is 2.55 nats (core.graph.edge_effects, measured when
+    written), scores ~0 here: the hand-built attention is saturated, so the gradient through
+    the keys is ~0 (EAP's known blind spot, which `minigpt circuit --ig-steps` addresses; the
+    timeline stays EAP to stay cheap)."""
     from test_circuits import induction_circuit_model
 
     model = induction_circuit_model()
@@ -175,7 +176,7 @@ def test_the_edge_record_finds_the_hand_built_induction_circuit():
                              "model.block_size=16", "tokenizer.vocab_size=256"])
     rec = timeline.edge_record(model, cfg, bytes_tokenizer())
     top = sorted(rec["edges"], key=lambda k: -abs(rec["edges"][k]))
-    assert rec["clean"] < 0.3 and rec["corrupted"] > 3.0
+    assert rec["clean"] > rec["corrupted"] + 5  # the copied token's logit, then without copy
     assert set(top[:2]) == {"L1.H0->logits:logits", "embed->L1.H0:v"}
     assert model.blocks[0].attn.c_attn.weight.grad is None  # no gradient into the weights
 

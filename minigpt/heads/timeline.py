@@ -13,11 +13,12 @@ K-composition of the two (how much the induction head's keys read what the previ
 writes: heads.circuits) beside the score of random weights, and the head with the largest
 direct logit attribution on the induction probe's second copy: the circuit forming, not only
 the patterns.
-`circuit["edges"]` (`edge_record`): the EAP score (core/graph.py, one step, noising) of the
-strongest edges of the model's graph on the induction probe against the same probe with its
-FIRST copy's tokens replaced (nothing to copy, and the previous-token head's output at the
-keys changed): the edges of the induction circuit (previous-token head -> induction head's
-keys, induction head -> logits) seen appearing at the phase change (`heads.png`'s last panel).
+`circuit["edges"]` (`edge_record`): the EAP score (core/graph.py, one step, noising; the metric
+is the logit of the next token inside the second copy, which unlike the loss does not flatten
+once the model copies) of the strongest edges of the model's graph on the induction probe
+against the same probe with its FIRST copy's tokens replaced (nothing to copy, and the
+previous-token head's output at the keys changed): the edges of the induction circuit seen
+appearing at the phase change (`heads.png`'s last panel).
 Measuring reads the model only: eval mode, no gradients into the weights, no random numbers
 drawn from the global generators, so a run with head scores trains exactly like one without.
 """
@@ -144,8 +145,9 @@ def corrupt_first_copy(ids: list[int], pool: list[int], seed: int = 0) -> list[i
 
 def edge_record(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict | None:
     """The EDGE_RECORD_TOP strongest edges' EAP scores (module docstring) {"edges": {key:
-    score}, "clean": copy loss, "corrupted": its loss with the first copy replaced}; None
-    when the pool has no token to corrupt with."""
+    score}, "clean": the mean logit of the next token inside the second copy, "corrupted":
+    the same with the first copy replaced}; None when the pool has no token to corrupt
+    with."""
     length = min(cfg.model.block_size, MAX_PROBE_TOKENS) // 2 * 2
     pool = probe_pool(cfg, tokenizer)
     ids = probe_tokens("induction", length, pool, seed)
@@ -154,7 +156,7 @@ def edge_record(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict |
     device = device_of(model)
     clean = torch.tensor([ids], device=device)
     bad = torch.tensor([corrupt_first_copy(ids, pool, seed)], device=device)
-    metric = make_metric(length, range(length // 2, length - 1))
+    metric = make_metric(length, range(length // 2, length - 1), kind="logit")
     targets = torch.tensor([metric.targets(ids)], device=device)
     eap, _ = attribute_edges(model, clean, bad, metric, targets, ig_steps=1)
     flat = eap.abs().nan_to_num(-1.0).flatten()  # no edge: -1, after every edge
@@ -283,6 +285,6 @@ def _draw_edges(ax, recs: Sequence[dict], n: int = EDGES_DRAWN) -> None:
     ax.set_ylabel("EAP score")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="best")
-    ax.set_title(f"edges (EAP, nats/token of copy loss when the edge alone takes the value of "
-                 f"the probe with its first copy replaced; gaps: not among the "
+    ax.set_title(f"edges (EAP: what the edge alone, taking its value from the probe with its "
+                 f"first copy replaced, changes the next token's logit by; gaps: not among the "
                  f"{EDGE_RECORD_TOP} strongest then)", fontsize=7, wrap=True)
