@@ -10,6 +10,7 @@ from __future__ import annotations
 from minigpt.core.graph import FRACTIONS, Circuit
 from minigpt.heads.heatmap import _png_bytes
 
+BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
 RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching"}
 
 
@@ -52,13 +53,17 @@ def circuit_png(result: Circuit, title: str = "") -> bytes:
     for e in sorted(kept, key=lambda e: abs(e["score"])):
         (x0, y0), (x1, y1) = pos[e["from"]], pos[e["to"]]
         frac = e["score"] / result.gap if result.gap else e["score"]
+        rad = BEND.get(e["input"], 0.08)  # q, k and v of one pair of nodes: three curves
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=2, arrowprops={
             "arrowstyle": "-|>", "lw": 0.6 + 5.0 * abs(e["score"]) / top, "alpha": 0.8,
             "color": "tab:red" if frac > 0 else "tab:blue", "shrinkA": 9, "shrinkB": 9,
-            "connectionstyle": "arc3,rad=0.08"})
-        if e["input"] in ("q", "k", "v"):
-            ax.text(x0 + 0.8 * (x1 - x0), y0 + 0.8 * (y1 - y0), e["input"], fontsize=8,
-                    fontweight="bold", ha="center", va="center", zorder=5,
+            "connectionstyle": f"arc3,rad={rad}"})
+        if e["input"] in ("q", "k", "v"):  # on the curve (its control point, in data units)
+            cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
+            t = 0.78
+            ax.text((1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t ** 2 * x1,
+                    (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t ** 2 * y1, e["input"],
+                    fontsize=8, fontweight="bold", ha="center", va="center", zorder=5,
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none"})
     ax.set_xlim(-1, g.n_head)
     ax.set_ylim(-0.7, rows - 0.3)
