@@ -41,14 +41,14 @@ patched in one batched forward pass (one row per head, plus one unpatched row).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from minigpt.core.circuit_args import DIRECTIONS
-from minigpt.core.gpt import device_of, eval_mode
+from minigpt.core.gpt import device_of, eval_mode, norm
 from minigpt.core.patching import (  # noqa: F401 - Metric, make_metric, check_same_length re-exported
     CHUNK_FLOATS,
     SMALL_GAP,
@@ -128,24 +128,27 @@ def _w_o(model, layer: int) -> Tensor:
 
 
 def residual_rows(model, idx: Tensor, rec: Record, pos: Sequence[int]
-                  ) -> list[tuple[str, Tensor]]:
+                  ) -> Iterator[tuple[str, Tensor]]:
     """The components of the final residual other than the heads, at the positions `pos` of
     the sequence idx (1, T), each (P, C) float64, in residual-stream order (module
-    docstring); with every layer's heads (through W_O) they add up to it."""
+    docstring), one at a time; with every layer's heads (through W_O) they add up to it."""
     cfg = model.cfg
-    rows: list[tuple[str, Tensor]] = [("token embedding",
-                                       model.wte.weight[idx[0, pos]].double().cpu())]
+    yield "token embedding", model.wte.weight[idx[0, pos]].detach().double().cpu()
     if model.wpe is not None:
-        rows.append(("position embedding", model.wpe.weight[pos].double().cpu()))
+        yield "position embedding", model.wpe.weight[pos].detach().double().cpu()
     elif cfg.pos_encoding == "sinusoidal":
-        rows.append(("position embedding", model.pe[pos].double().cpu()))
+        yield "position embedding", model.pe[pos].double().cpu()
     for la, block in enumerate(model.blocks):
         if block.attn.c_proj.bias is not None:
-            rows.append((f"layer {la} attention bias",
-                         block.attn.c_proj.bias.detach().double().cpu().expand(len(pos), -1)))
+            yield (f"layer {la} attention bias",
+                   block.attn.c_proj.bias.detach().double().cpu().expand(len(pos), -1))
         if la in rec.mlp:
-            rows.append((f"layer {la} MLP", rec.mlp[la][0, pos].detach().double().cpu()))
-    return rows
+            yield f"layer {la} MLP", rec.mlp[la][0, pos].detach().double().cpu()
+
+
+def _heads_at(rec: Record, layer: int, pos: Sequence[int]) -> Tensor:
+    """Layer `layer`'s head outputs z at the positions `pos`, (H, P, D) float64."""
+    return rec.z[layer][0][:, pos].detach().double().cpu()
 
 
 @torch.no_grad()
@@ -155,16 +158,18 @@ def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> At
 
     The read direction is pushed back through each head's slice of W_O instead of pushing
     every head's output forward into the residual stream: a head's share is its output z at
-    the scored positions dotted with W_O(h)^T (P r) / s, so nothing of size layers x heads x
-    positions x width is ever held (GPT-2 small at 1,024 tokens: a few MB, not ~1 GB)."""
+    the scored positions dotted with W_O(h)^T (P r) / s. Beyond the forward pass's own
+    recording, only (positions, width) tensors are held (GPT-2 small at 1,024 tokens: a few
+    MB each; the (layers, heads, positions, width) stack this replaced was ~1 GB), and the
+    LM head runs only on the rows of the tokens attributed."""
     with eval_mode(model):
         idx = torch.tensor([list(tokens)], dtype=torch.long, device=device_of(model))
-        logits, rec = record(model, idx)
-    pos = list(metric.positions)
-    zs = [z[0][:, pos].detach().double().cpu() for z in rec.z]  # L x (H, P, D)
-    rows = residual_rows(model, idx, rec, pos)
-    resid = sum(r for _, r in rows) + sum(  # (P, C): the final residual, summed in float64
-        torch.einsum("hpd,chd->pc", z, _w_o(model, la)) for la, z in enumerate(zs))
+        _, rec = record(model, idx, logits=False)
+        pos = list(metric.positions)
+        normed = norm(model.ln_f, rec.final[0, pos]).double().cpu()  # (P, C): what U reads
+    L = model.cfg.n_layer
+    resid = sum(r for _, r in residual_rows(model, idx, rec, pos)) + sum(  # (P, C), float64
+        torch.einsum("hpd,chd->pc", _heads_at(rec, la, pos), _w_o(model, la)) for la in range(L))
     gain, bias = _norm_params(model.ln_f, model.cfg.n_embd)
     u = model.lm_head.weight.detach()  # (V, C): only the rows needed are copied
     if metric.logit_diff:
@@ -174,25 +179,14 @@ def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> At
         direction = u[metric.targets(tokens)].double().cpu()  # (P, C)
     # (P c) . (gain u) / s = c . read: the read direction of one unit of residual at each position
     read = _centre(model, direction * gain) / _final_scale(model, resid)  # (P, C)
-    out = {name: float((r * read).sum(-1).mean()) for name, r in rows}
+    out = {name: float((r * read).sum(-1).mean())
+           for name, r in residual_rows(model, idx, rec, pos)}
     out["final norm bias"] = float((direction @ bias).mean())
     head_share = torch.stack([  # each head's z . (W_O(h)^T read), mean over positions
-        torch.einsum("hpd,pc,chd->h", z, read, _w_o(model, la)) / len(pos)
-        for la, z in enumerate(zs)])  # (L, H)
-    pre_cap = _uncapped_logit(model, logits, metric, tokens)
-    return Attribution(head_share, out, pre_cap, metric.as_logit().describe(), len(pos))
-
-
-def _uncapped_logit(model, logits: Tensor, metric: Metric, tokens: Sequence[int]) -> float:
-    """The model's mean logit (or logit difference) at the metric's positions, with the
-    soft-cap undone (cap * atanh(logit / cap))."""
-    lg = logits[0, list(metric.positions)].double().cpu()  # (P, V)
-    cap = model.cfg.logit_softcap
-    if cap:
-        lg = cap * torch.atanh((lg / cap).clamp(-1 + 1e-15, 1 - 1e-15))
-    if metric.logit_diff:
-        return float((lg[:, metric.answer] - lg[:, metric.wrong]).mean())
-    return float(lg.gather(1, torch.tensor(metric.targets(tokens))[:, None]).mean())
+        torch.einsum("hpd,pc,chd->h", _heads_at(rec, la, pos), read, _w_o(model, la)) / len(pos)
+        for la in range(L)])  # (L, H)
+    logit = float((normed * direction).sum(-1).mean())  # the model's own, before any soft-cap
+    return Attribution(head_share, out, logit, metric.as_logit().describe(), len(pos))
 
 
 # --------------------------------------------------------------------------------------------
