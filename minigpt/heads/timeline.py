@@ -269,16 +269,20 @@ def _draw_circuit(ax, recs: Sequence[dict]) -> None:
                  f"H{last['dla_head'][1]} at the end)", fontsize=7, wrap=True)
 
 
-EDGES_DRAWN = 5  # the strongest edges at the last measurement, drawn against step
+EDGES_DRAWN = 6  # the edges drawn against step: the strongest over the run
 
 
 def _draw_edges(ax, recs: Sequence[dict], n: int = EDGES_DRAWN) -> None:
-    """The EAP score of the `n` strongest edges of the last measurement against step (a gap
-    where an edge was not among the EDGE_RECORD_TOP strongest at that step)."""
+    """The EAP score against step of the `n` edges strongest over the run (by the sum of
+    their |score| over the measurements, so an edge that stays strong outranks one spike; a
+    gap where an edge was not among the EDGE_RECORD_TOP strongest at that step)."""
     pts = [(r["step"], r["circuit"]["edges"]) for r in recs
            if (r.get("circuit") or {}).get("edges")]
-    last = pts[-1][1]["edges"]
-    for key in sorted(last, key=lambda k: -abs(last[k]))[:n]:
+    total: dict[str, float] = {}
+    for _, e in pts:
+        for key, v in e["edges"].items():
+            total[key] = total.get(key, 0.0) + abs(v)
+    for key in sorted(total, key=lambda k: -total[k])[:n]:
         ax.plot([s for s, _ in pts], [e["edges"].get(key, float("nan")) for _, e in pts],
                 "-o", markersize=2.5, linewidth=1.3, label=key.replace(":", " "))
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
