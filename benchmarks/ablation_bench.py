@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT, AttnSpec
-from minigpt.core.heads import CHUNK_FLOATS, ablate_heads
+from minigpt.core.heads import ablate_heads
+from minigpt.core.patching import CHUNK_FLOATS
 
 SHAPES = {
     "default": ("default (4 x 128, V 1024)", ModelConfig(

@@ -128,13 +128,13 @@ def test_scored_positions_and_bad_input():
 
 def test_chunks_give_the_same_effects(monkeypatch):
     """Memory chunking (here one head per pass) changes nothing but the grouping."""
-    import minigpt.core.heads as abl
+    from minigpt.core import patching
 
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=40)
     model = GPT.from_config(cfg, seed=5).eval()
     ids = torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(3)).tolist()
     whole = ablate_heads(model, ids, "resample", seed=7)
-    monkeypatch.setattr(abl, "CHUNK_FLOATS", 1)
+    monkeypatch.setattr(patching, "CHUNK_FLOATS", 1)
     split = ablate_heads(model, ids, "resample", seed=7)
     assert torch.allclose(whole.effect, split.effect, atol=1e-6)
 

@@ -11,6 +11,7 @@ import torch
 
 from minigpt.config import ModelConfig
 from minigpt.core import circuits as c
+from minigpt.core import patching
 from minigpt.core.gpt import GPT, AttnSpec
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import corrupt_copy, corrupt_second_copy
@@ -269,7 +270,7 @@ def test_batched_patching_equals_patching_one_head_at_a_time(monkeypatch):
                                                           abs=1e-5)
     assert p.clean == pytest.approx(base, abs=1e-5)
     assert torch.allclose(p.effect, p.delta / (p.corrupted - p.clean))
-    monkeypatch.setattr(c, "CHUNK_FLOATS", 1)  # one head per pass: the same numbers
+    monkeypatch.setattr(patching, "CHUNK_FLOATS", 1)  # one head per pass: the same numbers
     assert torch.allclose(c.patch_heads(model, clean, corrupted, metric).delta, p.delta,
                           atol=1e-6)
 

@@ -186,8 +186,8 @@ def test_the_destinations_checked_are_the_files_written(run_dir, tmp_path):
 
     r = invoke(run_dir, "--format", "png,html,safetensors,json", "--out", str(tmp_path),
                "--layer", "1", "--head", "0", "--head", "2", "--ablate", "zero", "--dla",
-               "--composition", "--probe", "induction")
+               "--composition", "--probe", "induction", "--lens")
     assert r.exit_code == 0, r.stderr
     names = output.file_names(["png", "html", "safetensors", "json"], [1], [0, 2],
-                              ablation=True, composition=True, circuits=True)
+                              ablation=True, composition=True, circuits=True, lens=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)

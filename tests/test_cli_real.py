@@ -91,7 +91,8 @@ def test_the_documented_commands_were_found():
     """The extraction sees every kind of command and skips only what it says it skips."""
     kinds = {c[0] for c in COMMANDS}
     assert COMMANDS[:2] == [["train"], ["sample", "-p", "ROMEO:", "-n", "200"]]  # README first
-    assert kinds == {"train", "sample", "inspect-heads", "bench", "runs", "curves", "export"}
+    assert kinds == {"train", "sample", "inspect-heads", "circuit", "bench", "runs", "curves",
+                     "export"}
     assert ["sample", "--num-samples", "3", "--stop", "\\n\\n", "--json"] in COMMANDS
     assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
     reasons = {why for _, why in SKIPPED}
@@ -173,8 +174,8 @@ def test_every_command_rejects_an_unknown_flag(program, env, tmp_path):
     """Every command `minigpt --help` lists, with a flag it does not have."""
     help_text = minigpt(program, ["--help"], tmp_path, env).stdout
     names = re.findall(r"^  ([a-z-]+) ", help_text[help_text.index("Commands:"):], re.MULTILINE)
-    assert set(names) == {"train", "sample", "inspect-heads", "bench", "runs", "curves",
-                          "export"}
+    assert set(names) == {"train", "sample", "inspect-heads", "circuit", "bench", "runs",
+                          "curves", "export"}
     for name in names:
         _usage_error(minigpt(program, [name, "--no-such-flag"], tmp_path, env, ok=False),
                      "No such option: --no-such-flag")
@@ -203,6 +204,16 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
         if "--json" not in argv:  # the table, whatever files were asked for (issue 34)
             assert "head scores" in r.stdout, r.stdout
         for fmt, name in (("html", "attention.html"), ("png", "attention_grid.png")):
+            if fmt in argv:
+                written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
+                assert written and (cwd / written[0]).is_file(), r.stderr
+    elif argv[0] == "circuit":
+        assert "edges recover" in r.stderr, r.stderr
+        if "--json" in argv:
+            assert json.loads(r.stdout)["edges"]
+        else:
+            assert "strongest edges" in r.stdout, r.stdout
+        for fmt, name in (("html", "circuit.html"), ("png", "circuit.png")):
             if fmt in argv:
                 written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
                 assert written and (cwd / written[0]).is_file(), r.stderr

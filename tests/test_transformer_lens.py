@@ -48,13 +48,14 @@ CORRUPTED = CLEAN[:8] + [11, 15, 19, 13, 17, 12, 18, 14]  # its second copy repl
 SECOND = list(range(8, 15))
 
 
-def export_pair(name: str, root: Path):
-    """(minigpt model, TransformerBridge) of the model MODELS[name], exported under `root`."""
+def export_pair(name: str, root: Path, spec: dict | None = None):
+    """(minigpt model, TransformerBridge) of the model MODELS[name] (or of the model settings
+    `spec`), exported under `root`."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"  # never the network
     from transformer_lens.model_bridge import TransformerBridge
 
     tok = bytes_tokenizer()
-    model = MODELS[name]
+    model = spec or MODELS[name]
     if isinstance(model, str):  # a shipped config's model section, at SMALL's widths
         model = {k: v for k, v in to_dict(load_config(model))["model"].items()
                  if k not in ("vocab_size", "dropout")}

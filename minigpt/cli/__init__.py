@@ -17,6 +17,7 @@ except FileNotFoundError:
 
 from minigpt.cli import (  # noqa: F401 - importing registers the commands
     bench,
+    circuit,
     curves,
     export,
     heads,

@@ -16,7 +16,7 @@ from minigpt.cli.main import (
     RunOpt,
     ThreadsOpt,
     app,
-    latest_run,
+    load_inspected,
     out_console,
     say,
 )
@@ -112,11 +112,11 @@ def inspect_heads_command(
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
 
-    loaded = _load(run, model, device, checkpoint)
+    loaded = load_inspected(run, model, device, checkpoint)
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
     out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
-        fmts, layers, heads, ablate, composition, dla or patch_from))  # file's place checked
+        fmts, layers, heads, ablate, composition, dla or patch_from, lens))  # file's place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
@@ -162,23 +162,6 @@ def _check_flags(formats: list[str] | None, seed: int, ablate: str | None,
     check_ablate(ablate)
     check_threads(threads)
     return fmts
-
-
-def _load(run: Path | None, model: str | None, device: str, checkpoint: int | None):
-    """The run or model to inspect: without --run and --model, the latest finished run of any
-    kind, named with what it was trained on (and what newer run was passed over)."""
-    from minigpt.inputs import load_run_or_model
-    from minigpt.run.listing import data_kind
-
-    if run is not None or model is not None:
-        return load_run_or_model(run, model, device, checkpoint)
-    run, which = latest_run()
-    loaded = load_run_or_model(run, None, device, checkpoint)
-    kind = data_kind(run)
-    trained = ("synthetic induction data (try --probe induction)"
-               if kind.get("source") == "induction" else f"text, {kind.get('tokenizer', '?')}")
-    say(f"using {which}{loaded.label}, trained on {trained}")
-    return loaded
 
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,

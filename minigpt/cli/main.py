@@ -137,6 +137,24 @@ def latest_run(fits=None, *, require_fit: bool = True, wanted: str = "a run",
     return pick.run_dir, f"the latest {kind}, {pick.status.phrase()}: "
 
 
+def load_inspected(run: Path | None, model: str | None, device: str, checkpoint: int | None):
+    """The run or model `inspect-heads` and `circuit` study: without --run and --model, the
+    latest finished run of any kind, named with what it was trained on (and what newer run was
+    passed over)."""
+    from minigpt.inputs import load_run_or_model
+    from minigpt.run.listing import data_kind
+
+    if run is not None or model is not None:
+        return load_run_or_model(run, model, device, checkpoint)
+    run, which = latest_run()
+    loaded = load_run_or_model(run, None, device, checkpoint)
+    kind = data_kind(run)
+    trained = ("synthetic induction data (try --probe induction)"
+               if kind.get("source") == "induction" else f"text, {kind.get('tokenizer', '?')}")
+    say(f"using {which}{loaded.label}, trained on {trained}")
+    return loaded
+
+
 class StdoutError(MinigptError):
     """stdout cannot be written (a full disk, `> /dev/full`, an I/O error)."""
 

@@ -41,87 +41,32 @@ patched in one batched forward pass (one row per head, plus one unpatched row).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from minigpt.core.gpt import AttnSpec, device_of, eval_mode
-from minigpt.core.heads import CHUNK_FLOATS, head_rows
+from minigpt.core.circuit_args import DIRECTIONS
+from minigpt.core.gpt import device_of, eval_mode, norm
+from minigpt.core.patching import (  # noqa: F401 - Metric, make_metric, check_same_length re-exported
+    CHUNK_FLOATS,
+    SMALL_GAP,
+    HeadRows,
+    Metric,
+    Record,
+    check_same_length,
+    make_metric,
+    record,
+    sweep,
+)
 from minigpt.errors import ArgumentError, MinigptError
 
 KINDS = ("q", "k", "v")
 KIND_HELP = {"q": "the earlier head's output read by the later head's queries (W_OV W_Q W_K^T)",
              "k": "the earlier head's output read by the later head's keys (W_OV W_K W_Q^T)",
              "v": "the earlier head's output read by the later head's values (W_OV W_V W_O)"}
-DIRECTIONS = ("noising", "denoising")
 BASELINE_DRAWS = 16  # random heads per layer: 16 x 16 random pairs for the composition baseline
-SMALL_GAP = 1e-2  # a clean -> corrupted change of the metric below this gets a note
-
-
-# --------------------------------------------------------------------------------------------
-# What the metric is: the next-token loss on some positions, or a logit difference.
-
-
-@dataclass(frozen=True)
-class Metric:
-    """What DLA attributes and patching measures. `answer` None: the logit (DLA) or the loss
-    (patching) of the next token at `positions` (or of `target` at each of them); `answer` and
-    `wrong`: logit[answer] - logit[wrong] at the last position."""
-
-    positions: tuple[int, ...]
-    target: int | None = None
-    answer: int | None = None
-    wrong: int | None = None
-
-    @property
-    def logit_diff(self) -> bool:
-        return self.answer is not None
-
-    def targets(self, tokens: Sequence[int]) -> list[int]:
-        """The token whose logit is attributed at each scored position (none for a logit
-        difference)."""
-        if self.logit_diff:
-            return []
-        if self.target is not None:
-            return [self.target] * len(self.positions)
-        return [tokens[p + 1] for p in self.positions]
-
-    def describe(self, loss: bool = False) -> str:
-        """What is attributed (`loss` False) or measured by patching (`loss` True)."""
-        if self.logit_diff:
-            return f"logit[{self.answer}] - logit[{self.wrong}] at the last position"
-        what = f"token {self.target}" if self.target is not None else "the next token"
-        if loss:
-            return (f"the loss of predicting {what} (nats/token), averaged over "
-                    f"{len(self.positions)} positions")
-        return f"the logit of {what}, averaged over {len(self.positions)} positions"
-
-
-def make_metric(n_tokens: int, positions: Sequence[int] | None = None, *,
-                target: int | None = None, answer: int | None = None,
-                wrong: int | None = None) -> Metric:
-    """A checked Metric for an input of `n_tokens` tokens (positions None: every one with a
-    next token); ArgumentError naming the parameter otherwise."""
-    if (answer is None) != (wrong is None):
-        raise ArgumentError("answer" if answer is None else "wrong",
-                            "the logit difference needs both {name} and the other token "
-                            "(--answer and --wrong)")
-    if answer is not None:
-        if target is not None:
-            raise ArgumentError("target", "a target token and a logit difference (--answer, "
-                                "--wrong) exclude each other; give one")
-        if answer == wrong:
-            raise ArgumentError("wrong", "is the same token as the answer: the difference "
-                                "would be 0")
-        return Metric((n_tokens - 1,), answer=answer, wrong=wrong)
-    scored = list(range(n_tokens - 1)) if positions is None else list(positions)
-    if not scored:
-        raise ArgumentError("max_tokens", f"the input has {n_tokens} tokens, too short to score "
-                            "a prediction: it needs at least 2")
-    return Metric(tuple(scored), target=target)
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,7 +102,7 @@ class Attribution:
 
 def _final_scale(model, resid: Tensor) -> Tensor:
     """The final norm's per-position scale s (..., 1) on the residual `resid` (..., C)."""
-    eps = model.ln_f.eps if model.ln_f.eps is not None else torch.finfo(resid.dtype).eps
+    eps = model.ln_f.eps  # make_norm always sets it (cfg.norm_eps)
     if model.cfg.norm == "rmsnorm":
         return (resid.square().mean(-1, keepdim=True) + eps).sqrt()
     return (resid.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
@@ -175,64 +120,56 @@ def _norm_params(norm, width: int) -> tuple[Tensor, Tensor]:
     return w.detach().double().cpu(), b.detach().double().cpu()
 
 
-def head_outputs(model, idx: Tensor) -> tuple[Tensor, list[Tensor], dict[int, Tensor]]:
-    """One forward pass of `idx` (1, T): logits (1, T, V), every layer's head outputs z
-    (1, H, T, D) (read through `AttnSpec.head_hook`) and every MLP's output (1, T, C) (read with
-    a forward hook on the module, removed afterwards)."""
-    zs: list[Tensor] = []
-    mlps: dict[int, Tensor] = {}
-
-    def keep(layer: int, z: Tensor) -> Tensor:
-        zs.append(z)
-        return z
-
-    hooks = [block.mlp.register_forward_hook(lambda m, i, out, la=la: mlps.__setitem__(la, out))
-             for la, block in enumerate(model.blocks) if block.mlp is not None]
-    try:
-        logits, _ = model(idx, attn=AttnSpec(model.cfg.attn_impl, head_hook=keep))
-    finally:
-        for h in hooks:
-            h.remove()
-    return logits, zs, mlps
-
-
-def residual_components(model, idx: Tensor, zs: list[Tensor], mlps: dict[int, Tensor]
-                        ) -> tuple[Tensor, list[tuple[str, Tensor]]]:
-    """Every head's output in the residual stream (L, H, T, C) and the other components
-    [(name, (T, C))], float64, for the sequence `idx` (1, T). They add up to the final residual."""
+def _w_o(model, layer: int) -> Tensor:
+    """W_O of `layer` as (C, H, D) float64: column block h is head h's slice."""
     cfg = model.cfg
-    L, H, D, C = cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_embd
-    T = idx.shape[1]
-    heads = torch.empty(L, H, T, C, dtype=torch.float64)
-    rows: list[tuple[str, Tensor]] = [("token embedding", model.wte.weight[idx[0]].double().cpu())]
+    return model.blocks[layer].attn.c_proj.weight.detach().double().cpu().view(
+        cfg.n_embd, cfg.n_head, cfg.head_dim)
+
+
+def residual_rows(model, idx: Tensor, rec: Record, pos: Sequence[int]
+                  ) -> Iterator[tuple[str, Tensor]]:
+    """The components of the final residual other than the heads, at the positions `pos` of
+    the sequence idx (1, T), each (P, C) float64, in residual-stream order (module
+    docstring), one at a time; with every layer's heads (through W_O) they add up to it."""
+    cfg = model.cfg
+    yield "token embedding", model.wte.weight[idx[0, pos]].detach().double().cpu()
     if model.wpe is not None:
-        rows.append(("position embedding", model.wpe.weight[:T].double().cpu()))
+        yield "position embedding", model.wpe.weight[pos].detach().double().cpu()
     elif cfg.pos_encoding == "sinusoidal":
-        rows.append(("position embedding", model.pe[:T].double().cpu()))
+        yield "position embedding", model.pe[pos].double().cpu()
     for la, block in enumerate(model.blocks):
-        w_o = block.attn.c_proj.weight.detach().double().cpu().view(C, H, D)  # (C, H*D)->(C,H,D)
-        z = zs[la][0].detach().double().cpu()  # (H, T, D)
-        heads[la] = torch.einsum("htd,chd->htc", z, w_o)  # each head through its slice of W_O
         if block.attn.c_proj.bias is not None:
-            rows.append((f"layer {la} attention bias",
-                         block.attn.c_proj.bias.detach().double().cpu().expand(T, C)))
-        if la in mlps:
-            rows.append((f"layer {la} MLP", mlps[la][0].detach().double().cpu()))
-    return heads, rows
+            yield (f"layer {la} attention bias",
+                   block.attn.c_proj.bias.detach().double().cpu().expand(len(pos), -1))
+        if la in rec.mlp:
+            yield f"layer {la} MLP", rec.mlp[la][0, pos].detach().double().cpu()
+
+
+def _heads_at(rec: Record, layer: int, pos: Sequence[int]) -> Tensor:
+    """Layer `layer`'s head outputs z at the positions `pos`, (H, P, D) float64."""
+    return rec.z[layer][0][:, pos].detach().double().cpu()
 
 
 @torch.no_grad()
 def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> Attribution:
     """Every head's (and every other component's) direct share of the metric's logit on
-    `tokens`, in one forward pass (see the module docstring). Eval mode, restored after."""
+    `tokens`, in one forward pass (see the module docstring). Eval mode, restored after.
+
+    The read direction is pushed back through each head's slice of W_O instead of pushing
+    every head's output forward into the residual stream: a head's share is its output z at
+    the scored positions dotted with W_O(h)^T (P r) / s. Beyond the forward pass's own
+    recording, only (positions, width) tensors are held (GPT-2 small at 1,024 tokens: a few
+    MB each; the (layers, heads, positions, width) stack this replaced was ~1 GB), and the
+    LM head runs only on the rows of the tokens attributed."""
     with eval_mode(model):
-        device = device_of(model)
-        idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-        logits, zs, mlps = head_outputs(model, idx)
-        heads, rows = residual_components(model, idx, zs, mlps)
-    pos = list(metric.positions)
-    resid = heads.sum((0, 1)) + sum(r for _, r in rows)  # (T, C): the final residual
-    scale = _final_scale(model, resid[pos])  # (P, 1)
+        idx = torch.tensor([list(tokens)], dtype=torch.long, device=device_of(model))
+        _, rec = record(model, idx, logits=False)
+        pos = list(metric.positions)
+        normed = norm(model.ln_f, rec.final[0, pos]).double().cpu()  # (P, C): what U reads
+    L = model.cfg.n_layer
+    resid = sum(r for _, r in residual_rows(model, idx, rec, pos)) + sum(  # (P, C), float64
+        torch.einsum("hpd,chd->pc", _heads_at(rec, la, pos), _w_o(model, la)) for la in range(L))
     gain, bias = _norm_params(model.ln_f, model.cfg.n_embd)
     u = model.lm_head.weight.detach()  # (V, C): only the rows needed are copied
     if metric.logit_diff:
@@ -240,28 +177,16 @@ def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> At
         direction = (pair[0] - pair[1]).expand(len(pos), -1)  # (P, C)
     else:
         direction = u[metric.targets(tokens)].double().cpu()  # (P, C)
-    read = direction * gain  # (P, C): what one unit of normed residual adds to the logit
-
-    def share(x: Tensor) -> Tensor:  # x (..., P, C) -> (...,) mean over the positions
-        return ((_centre(model, x) / scale) * read).sum(-1).mean(-1)
-
-    out = {name: float(share(r[pos])) for name, r in rows}
+    # (P c) . (gain u) / s = c . read: the read direction of one unit of residual at each position
+    read = _centre(model, direction * gain) / _final_scale(model, resid)  # (P, C)
+    out = {name: float((r * read).sum(-1).mean())
+           for name, r in residual_rows(model, idx, rec, pos)}
     out["final norm bias"] = float((direction @ bias).mean())
-    head_share = share(heads[:, :, pos])  # (L, H)
-    pre_cap = _uncapped_logit(model, logits, metric, tokens)
-    return Attribution(head_share, out, pre_cap, metric.describe(), len(pos))
-
-
-def _uncapped_logit(model, logits: Tensor, metric: Metric, tokens: Sequence[int]) -> float:
-    """The model's mean logit (or logit difference) at the metric's positions, with the
-    soft-cap undone (cap * atanh(logit / cap))."""
-    lg = logits[0, list(metric.positions)].double().cpu()  # (P, V)
-    cap = model.cfg.logit_softcap
-    if cap:
-        lg = cap * torch.atanh((lg / cap).clamp(-1 + 1e-15, 1 - 1e-15))
-    if metric.logit_diff:
-        return float((lg[:, metric.answer] - lg[:, metric.wrong]).mean())
-    return float(lg.gather(1, torch.tensor(metric.targets(tokens))[:, None]).mean())
+    head_share = torch.stack([  # each head's z . (W_O(h)^T read), mean over positions
+        torch.einsum("hpd,pc,chd->h", _heads_at(rec, la, pos), read, _w_o(model, la)) / len(pos)
+        for la in range(L)])  # (L, H)
+    logit = float((normed * direction).sum(-1).mean())  # the model's own, before any soft-cap
+    return Attribution(head_share, out, logit, metric.as_logit().describe(), len(pos))
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,7 +347,7 @@ class Patching:
     clean, corrupted: the metric on the clean and on the corrupted input."""
 
     direction: str
-    metric: str  # "loss" | "logit_diff"
+    metric: str  # the metric's kind: "loss" | "logit" | "logit_diff"
     what: str
     effect: Tensor
     delta: Tensor
@@ -440,64 +365,35 @@ class Patching:
                              else "the head's clean output alone restores")}
 
 
-def _metric_values(logits: Tensor, metric: Metric, targets: Tensor) -> Tensor:
-    """(rows,) float64 from logits (rows, P, V) at the metric's positions: the mean loss
-    there, or the logit difference (its one position, the last)."""
-    if metric.logit_diff:
-        last = logits[:, -1].double()
-        return (last[:, metric.answer] - last[:, metric.wrong]).cpu()
-    picked = logits.double()  # (rows, P, V)
-    loss = F.cross_entropy(picked.reshape(-1, picked.shape[-1]), targets.repeat(len(logits)),
-                           reduction="none")
-    return loss.view(len(logits), -1).mean(1).cpu()
-
-
-def check_same_length(clean: Sequence[int], corrupted: Sequence[int]) -> None:
-    if len(clean) != len(corrupted):
-        raise ArgumentError("patch_from", f"has {len(corrupted)} tokens but the input has "
-                            f"{len(clean)}: patching swaps a head's output position by "
-                            "position, so both need the same number of tokens")
-
-
 @torch.no_grad()
 def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: Metric, *,
                 direction: str = "noising", source: str = "") -> Patching:
     """Every head patched alone (module docstring): one run of the input the outputs come
-    from, then the input that receives them: one clean pass keeps its residual stream, and the
-    rows patching layer l's heads run layers l.. only (`core.heads.head_rows`, the pass
-    ablation uses), in batches bounded by CHUNK_FLOATS. Eval mode,
+    from, then the input that receives them: core.patching's `HeadRows` run by its `sweep`,
+    the driver ablation runs (one clean pass keeps its residual stream, and the rows patching
+    layer l's heads run layers l.. only, in batches bounded by CHUNK_FLOATS). Eval mode,
     restored after. ArgumentError for inputs of different lengths or a corrupted input that
     leaves the metric where it was (nothing to attribute)."""
     if direction not in DIRECTIONS:
         raise ArgumentError("direction", f"'{direction}' is not one of {', '.join(DIRECTIONS)}")
     check_same_length(clean, corrupted)
-    cfg = model.cfg
-    L, H = cfg.n_layer, cfg.n_head
+    L, H = model.cfg.n_layer, model.cfg.n_head
     device = device_of(model)
     base_ids, from_ids = (clean, corrupted) if direction == "noising" else (corrupted, clean)
     base = torch.tensor([list(base_ids)], dtype=torch.long, device=device)
-    source_idx = torch.tensor([list(from_ids)], dtype=torch.long, device=device)
-    targets = torch.tensor(metric.targets(clean), device=device)
+    targets = torch.tensor([metric.targets(clean)], device=device) if not metric.logit_diff \
+        else None
+    pos = list(metric.positions)
     with eval_mode(model):
-        pos = list(metric.positions)
-        src_logits, reference, _ = head_outputs(model, source_idx)
-        m_source = float(_metric_values(src_logits[:, pos], metric, targets)[0])
-        stream = model.residual_stream(base, attn=AttnSpec(cfg.attn_impl))  # L + 1 x (1, T, C)
+        src_logits, reference = record(model, torch.tensor([list(from_ids)], device=device))
+        m_source = float(metric.values(src_logits[:, pos], targets).double()[0])
 
         def replace(layer: int, z: Tensor) -> Tensor:  # the head's output on the other input
-            return reference[layer].expand_as(z)
+            return reference.z[layer].expand_as(z)
 
-        rows = max(1, CHUNK_FLOATS // max(base.shape[1] * 4 * cfg.n_embd,
-                                          len(pos) * cfg.vocab_size) - 1)
-        delta = torch.zeros(L, H, dtype=torch.float64)
-        m_base = None
-        for layer in range(L):  # rows of layer l start from the stream entering it
-            for first in range(0, H, rows):
-                heads = list(range(first, min(H, first + rows)))
-                logits = head_rows(model, stream[layer], layer, heads, replace, pos)
-                values = _metric_values(logits, metric, targets)
-                m_base = float(values[0]) if m_base is None else m_base
-                delta[layer, heads] = values[1:] - values[0]
+        heads = [(layer, head) for layer in range(L) for head in range(H)]
+        m_base, values = sweep(model, base, metric, targets, HeadRows(heads, H, replace))
+    delta = (values - m_base).view(L, H)
     gap = m_source - m_base
     if not math.isfinite(gap) or abs(gap) < 1e-9:
         raise ArgumentError("patch_from", f"leaves the metric where it was ({m_base:.6g} on "
@@ -509,6 +405,5 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
         notes.append(f"the corrupted input changes the metric by only {abs(gap):.2g}: each "
                      "head's fraction is a ratio of small numbers; corrupt the input where "
                      "the model's prediction depends on it")
-    return Patching(direction, "logit_diff" if metric.logit_diff else "loss",
-                    metric.describe(loss=True), delta / gap, delta,
+    return Patching(direction, metric.kind, metric.describe(), delta / gap, delta,
                     clean_v, corr_v, source, notes)

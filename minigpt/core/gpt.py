@@ -49,16 +49,62 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as _torch_module
 
 from minigpt.settings import Config, ModelConfig
 
-__all__ = ["GPT", "AttnSpec", "KVCache", "attention", "device_of", "eval_mode",
-           "flops_per_token"]
+__all__ = ["GPT", "AttnSpec", "Intervention", "KVCache", "attention", "device_of",
+           "eval_mode", "flops_per_token"]
 
 # --------------------------------------------------------------------------------------------
 # Attention: both kernels, one result.
 
 IMPLS = ("sdpa", "explicit")
+
+
+class Intervention:
+    """The forward pass's one intervention point, carried by `AttnSpec.intervention`: every
+    layer calls it where the residual stream is read and where it is written, and goes on with
+    what it returns. Here each method is the identity; core/patching.py and core/graph.py
+    subclass it (ablation, head patching, edge patching, edge attribution, recording).
+
+    Writers (what adds to the residual stream): `embed` (the token embedding plus the position
+    embedding where one is added, (B, T, C)), `heads` (every head's output z
+    `[batch, head, query, d_head]` of a layer, before W_O mixes them: head h writes
+    z[:, h] @ W_O[:, h*D:(h+1)*D]^T), `mlp_out` (an MLP's output, (B, T, C)).
+    Readers (what reads it, before their norm): `attn_in` (the stream a layer's heads read,
+    (B, T, C); it may return (3, H, B, T, C): each head's query, key and value input apart,
+    which the layer then projects head by head), `mlp_in` (an MLP's input, (B, T, C)) and
+    `final_in` (what the final norm and the LM head read, (B, T, C)). A reader's change
+    reaches that reader only: the residual stream itself goes on unchanged."""
+
+    def embed(self, x: Tensor) -> Tensor:
+        return x
+
+    def attn_in(self, layer: int, x: Tensor) -> Tensor:
+        return x
+
+    def heads(self, layer: int, z: Tensor) -> Tensor:
+        return z
+
+    def mlp_in(self, layer: int, x: Tensor) -> Tensor:
+        return x
+
+    def mlp_out(self, layer: int, y: Tensor) -> Tensor:
+        return y
+
+    def final_in(self, x: Tensor) -> Tensor:
+        return x
+
+
+class HeadHook(Intervention):
+    """`AttnSpec.head_hook` as an Intervention: `hook(layer, z)` on every layer's head outputs."""
+
+    def __init__(self, hook: Callable[[int, Tensor], Tensor]) -> None:
+        self.hook = hook
+
+    def heads(self, layer: int, z: Tensor) -> Tensor:
+        return self.hook(layer, z)
 
 
 @dataclass(frozen=True)
@@ -69,10 +115,12 @@ class AttnSpec:
     (explicit only); `causal` False lifts the mask (the permutation demonstration only: models
     are trained causal).
 
-    `head_hook`, if given, is called in every layer as `head_hook(layer, z)` with z the heads'
-    outputs `[batch, head, query, d_head]` (each head's attention-weighted values, before W_O
-    mixes the heads into the residual stream) and returns the z to use: the one place to read,
-    scale, zero or replace a single head's output (core/heads.py's ablation builds on it).
+    `intervention` (an `Intervention`) is the one place to read or change what a writer adds
+    to the residual stream or what a reader takes from it. `head_hook`, if given, is the
+    short form for the heads alone: it is called in every layer as `head_hook(layer, z)` with
+    z the heads' outputs `[batch, head, query, d_head]` (each head's attention-weighted values,
+    before W_O mixes the heads into the residual stream) and returns the z to use (it becomes
+    `intervention = HeadHook(head_hook)`; giving both is an error).
     `impl` and `return_probs` are checked where they are used, by `attention()`."""
 
     impl: str = "sdpa"
@@ -80,6 +128,13 @@ class AttnSpec:
     return_probs: bool = False
     causal: bool = True
     head_hook: Callable[[int, Tensor], Tensor] | None = None
+    intervention: Intervention | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_hook is not None:
+            if self.intervention is not None:
+                raise ValueError("give AttnSpec a head_hook or an intervention, not both")
+            object.__setattr__(self, "intervention", HeadHook(self.head_hook))
 
 
 INSPECT = AttnSpec("explicit", return_probs=True)  # what inspect-heads runs
@@ -298,30 +353,52 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-# The leaf layers (nn.Linear, the norms) run as functions of their parameters: the same op and
-# the same numbers as calling the module, without nn.Module.__call__, whose overhead is a fair
-# share of a one-token decode step on CPU (~10% at 4 x 128). Their modules stay, for the
-# parameter names and the initialisation; forward hooks belong on a Block, its attn or its mlp
-# (which are still called as modules), a head's output on `AttnSpec.head_hook`. A leaf replaced
-# by another kind of module (an adapter, a quantised layer) is called as a module.
+# The leaf layers (nn.Linear, the norms, the embeddings) run as functions of their parameters:
+# the same op and the same numbers as calling the module, without nn.Module.__call__, whose
+# overhead is a fair share of a one-token decode step on CPU (~10% at 4 x 128). A leaf with a
+# hook on it (its own forward, pre-forward or backward hooks, or torch's global ones) is called
+# as a module, so every hook a user registers fires, as in any torch model: `hooked` is the
+# test nn.Module.__call__ itself makes before skipping its hook machinery. A leaf replaced by
+# another kind of module (an adapter, a quantised layer) is called as a module too.
+
+
+# torch's global hook registries (dicts torch fills and empties in place, never rebinds)
+_GLOBAL_FWD = _torch_module._global_forward_hooks
+_GLOBAL_FWD_PRE = _torch_module._global_forward_pre_hooks
+_GLOBAL_BWD = _torch_module._global_backward_hooks
+_GLOBAL_BWD_PRE = _torch_module._global_backward_pre_hooks
+
+
+def hooked(m: nn.Module) -> bool:
+    """Whether calling `m` would run any hook (torch's own fast-path test in Module.__call__)."""
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks or _GLOBAL_FWD or _GLOBAL_FWD_PRE or _GLOBAL_BWD
+                or _GLOBAL_BWD_PRE)
 
 
 def linear(m: nn.Module, x: Tensor) -> Tensor:
     """`m(x)`: x (..., in) -> (..., out); a module put in place of the nn.Linear (a subclass,
-    an adapter) is called as a module."""
-    if m.__class__ is nn.Linear:
+    an adapter), or one with hooks, is called as a module."""
+    if m.__class__ is nn.Linear and not hooked(m):
         return F.linear(x, m.weight, m.bias)
     return m(x)
 
 
 def norm(m: nn.Module, x: Tensor) -> Tensor:
     """`m(x)` for the norms `make_norm` builds (LayerNorm or RMSNorm over the last dim); any
-    other module is called as a module."""
-    if m.__class__ is nn.LayerNorm:
+    other module, or one with hooks, is called as a module."""
+    if m.__class__ is nn.LayerNorm and not hooked(m):
         return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
-    if m.__class__ is nn.RMSNorm:
+    if m.__class__ is nn.RMSNorm and not hooked(m):
         return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
     return m(x)
+
+
+def embedding(m: nn.Module, idx: Tensor) -> Tensor:
+    """`m(idx)` for an nn.Embedding: the rows of its weight; with hooks, the module is called."""
+    if m.__class__ is nn.Embedding and not hooked(m):
+        return F.embedding(idx, m.weight)
+    return m(idx)
 
 
 class CausalSelfAttention(nn.Module):
@@ -338,12 +415,20 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
                 cache: KVCache | None, layer: int, spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
-        B, T, C = x.shape
-        # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise K, V);
-        # one permute puts every head's q, k and v in the `[batch, head, position, d_head]` layout.
-        qkv = linear(self.c_attn, x)  # (B, T, C) -> (B, T, 3C)
-        qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
-        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D), a view
+        """x (B, T, C), or (3, H, B, T, C): each head's query, key and value input apart (an
+        Intervention's `attn_in`). Returns the layer's output (B, T, C) and, when asked, the
+        attention probabilities."""
+        if x.dim() == 3:
+            B, T, C = x.shape
+            # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise
+            # K, V); one permute puts every head's q, k and v in the `[batch, head, position,
+            # d_head]` layout.
+            qkv = linear(self.c_attn, x)  # (B, T, C) -> (B, T, 3C)
+            qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
+            qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D), a view
+        else:
+            B, T, C = x.shape[2:]
+            qkv = self._split_qkv(x)  # (3, B, H, T, D)
         if rope is None and self.qk_norm is None:
             q, k, v = qkv.unbind(0)  # 3 x (B, H, T, D)
         else:  # q and k are normalised and rotated together (one op each); v is left alone
@@ -367,11 +452,29 @@ class CausalSelfAttention(nn.Module):
         z, probs = attention(q, k, v, scale=spec.scale, causal=spec.causal, past_length=past,
                              impl=spec.impl, return_probs=spec.return_probs,
                              dropout_p=drop)  # z: every head's output, (B, H, T, D)
-        if spec.head_hook is not None:  # the one place to read or change a single head
-            z = spec.head_hook(layer, z)
+        if spec.intervention is not None:  # the one place to read or change a single head
+            z = spec.intervention.heads(layer, z)
         y = linear(self.c_proj, z.transpose(1, 2).reshape(B, T, C))  # merge: (B,T,H*D) -> (B,T,C)
         return (F.dropout(y, self.resid_dropout) if self.training and self.resid_dropout
                 else y), probs
+
+    def _split_qkv(self, x: Tensor) -> Tensor:
+        """Every head's q, k and v (3, B, H, T, D) from x (3, H, B, T, C), which holds each
+        head's own query, key and value input: each is projected by its own rows of W_Q | W_K
+        | W_V (the same numbers as c_attn on that input, 3H times cheaper)."""
+        H, D = self.n_head, self.head_dim
+        _, _, B, T, C = x.shape
+        if self.c_attn.__class__ is not nn.Linear or hooked(self.c_attn):  # call the module
+            full = linear(self.c_attn, x).view(3, H, B, T, 3, H, D)  # every input, every row
+            s, h = torch.arange(3)[:, None], torch.arange(H)[None, :]
+            own = full[s, h, :, :, s, h]  # (3, H, B, T, D): input (s, h) through its own rows
+            return own.permute(0, 2, 1, 3, 4)
+        w = self.c_attn.weight.view(3 * H, D, C)  # rows of W_Q | W_K | W_V, head by head
+        qkv = torch.bmm(x.reshape(3 * H, B * T, C), w.transpose(1, 2))  # (3H, BT, D)
+        qkv = qkv.view(3, H, B, T, D)
+        if self.c_attn.bias is not None:
+            qkv = qkv + self.c_attn.bias.view(3, H, 1, 1, D)
+        return qkv.permute(0, 2, 1, 3, 4)  # (3, B, H, T, D)
 
 
 def relu2(x: Tensor) -> Tensor:
@@ -414,10 +517,15 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, *, rope, cache: KVCache | None, layer: int,
                 spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
-        a, probs = self.attn(norm(self.ln_1, x), rope=rope, cache=cache, layer=layer, spec=spec)
+        g = spec.intervention  # what each reader reads and each writer writes, when set
+        xa = x if g is None else g.attn_in(layer, x)  # (B, T, C) or (B, T, 3, H, C)
+        a, probs = self.attn(norm(self.ln_1, xa), rope=rope, cache=cache, layer=layer, spec=spec)
         x = x + a
         if self.mlp is not None:
-            x = x + self.mlp(norm(self.ln_2, x))
+            if g is None:
+                x = x + self.mlp(norm(self.ln_2, x))
+            else:
+                x = x + g.mlp_out(layer, self.mlp(norm(self.ln_2, g.mlp_in(layer, x))))
         return x, probs
 
 
@@ -493,7 +601,7 @@ class GPT(nn.Module):
     def _embed(self, idx: Tensor, start: int) -> Tensor:
         """Token (+ absolute position) embeddings for positions [start, start + T): (B, T, C)."""
         T = idx.shape[1]
-        x = F.embedding(idx, self.wte.weight)  # (B, T) -> (B, T, C)
+        x = embedding(self.wte, idx)  # (B, T) -> (B, T, C)
         if self.wpe is not None:
             if start + T > self.cfg.block_size:  # callers crop (core/generate.py, inspect-heads)
                 raise ValueError(
@@ -501,7 +609,10 @@ class GPT(nn.Module):
                     f"{self.cfg.block_size} with pos_encoding 'learned' has no embedding past "
                     f"position {self.cfg.block_size - 1}; crop the context to the last "
                     f"{self.cfg.block_size} tokens")
-            x = x + self.wpe.weight[start:start + T]  # (T, C) broadcast over B
+            if hooked(self.wpe):  # its hooks fire: called as a module on the positions
+                x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+            else:
+                x = x + self.wpe.weight[start:start + T]  # (T, C) broadcast over B
         elif self.cfg.pos_encoding == "sinusoidal":
             if start + T > self.pe.shape[0]:  # generation past block_size: grow the fixed table
                 self.pe = sinusoidal_table(max(start + T, 2 * self.pe.shape[0]),
@@ -515,11 +626,12 @@ class GPT(nn.Module):
         """THE forward pass. idx (B, T) long -> logits (B, T, vocab_size) float32 and, with
         targets (B, T), the mean cross-entropy (targets of -1 are ignored).
 
-        `attn` says how attention is computed (default: `cfg.attn_impl`) and is where a head's
-        output can be read or changed (`AttnSpec.head_hook`). With `kv_cache`, idx continues
-        the cached sequence (see KVCache for the contract); one token at a time this is the
-        decode step of generation, where the one query sees every cached key and no mask is
-        built. Training, sampling, inspection and imported models all run this pass."""
+        `attn` says how attention is computed (default: `cfg.attn_impl`) and is where a
+        writer's output or a reader's input can be read or changed (`AttnSpec.intervention`).
+        With `kv_cache`, idx continues the cached sequence (see KVCache for the contract); one
+        token at a time this is the decode step of generation, where the one query sees every
+        cached key and no mask is built. Training, sampling, inspection and imported models
+        all run this pass."""
         logits, _ = self._run(idx, kv_cache, attn or self._spec)
         loss = None
         if targets is not None:
@@ -550,6 +662,8 @@ class GPT(nn.Module):
                                  f" of {kv_cache.max_len} positions used, batch "
                                  f"{kv_cache.batch_size}); crop, reset() and prefill again")
         x = self._embed(idx, start)  # (B, T, C)
+        if spec.intervention is not None:
+            x = spec.intervention.embed(x)
         x, all_probs = self._blocks(x, 0, start, kv_cache, spec)
         if kv_cache is not None:
             kv_cache.advance(T)
@@ -559,7 +673,9 @@ class GPT(nn.Module):
                 spec: AttnSpec, stream: list[Tensor] | None = None
                 ) -> tuple[Tensor, list[Tensor]]:
         """Blocks `first`.. on the residual stream x (B, T, C) entering block `first`, at
-        positions [start, start + T). Appends to `stream` the residual entering each block."""
+        positions [start, start + T). Appends to `stream` the residual entering each block.
+        Returns the stream leaving the last block as the final norm reads it (an
+        Intervention's `final_in`)."""
         rope = self.rotary.tables(start, x.shape[1]) if self.rotary is not None else None
         all_probs = []
         for i, block in enumerate(self.blocks):
@@ -570,6 +686,8 @@ class GPT(nn.Module):
             x, probs = block(x, rope=rope, cache=kv_cache, layer=i, spec=spec)
             if probs is not None:
                 all_probs.append(probs)
+        if spec.intervention is not None:
+            x = spec.intervention.final_in(x)
         return x, all_probs
 
     def unembed(self, x: Tensor) -> Tensor:
@@ -582,8 +700,12 @@ class GPT(nn.Module):
         """The residual stream of the forward pass on idx (B, T) (no cache): n_layer + 1
         tensors (B, T, C), the one entering each block and, last, the one leaving the last
         block (`unembed` of it = the logits)."""
+        spec = attn or self._spec
         stream: list[Tensor] = []
-        x, _ = self._blocks(self._embed(idx, 0), 0, 0, None, attn or self._spec, stream)
+        x = self._embed(idx, 0)
+        if spec.intervention is not None:
+            x = spec.intervention.embed(x)
+        x, _ = self._blocks(x, 0, 0, None, spec, stream)
         return [*stream, x]
 
     def from_layer(self, layer: int, x: Tensor, *, attn: AttnSpec | None = None) -> Tensor:

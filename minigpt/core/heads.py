@@ -5,9 +5,11 @@ text rendering: heads/ writes and draws them, cli/ prints them). Read in this or
    probabilities `[layer, head, query, key]`, with the SDPA path's logits as a check.
 2. What pattern that is: `score_heads` and `dominant_type` (definitions below).
 3. What the head carries: `ablate_heads`, one head knocked out at a time through the forward
-   pass's one intervention point (`AttnSpec.head_hook` in core/gpt.py).
+   pass's one intervention point (`AttnSpec.intervention` in core/gpt.py), run by
+   core/patching.py's one sweep driver.
 
-Circuit maths (how heads work together) goes after part 3, on the same hook.
+Circuit maths (how heads work together) is in core/circuits.py and core/graph.py, on the
+same intervention point.
 
 Head scores
 -----------
@@ -63,9 +65,10 @@ loses. `ablate_heads` returns, for every head alone, the loss with that head abl
 unablated loss, in nats per token: 0 = the prediction never needed it, > 0 = it carried part
 of the prediction (< 0: the model does better without it on this input).
 
-The intervention is the forward pass's one head hook (`AttnSpec.head_hook`): the head's output
-z `[batch, head, query, d_head]` (its attention-weighted values, before W_O mixes the heads
-into the residual stream) is replaced, in one layer, for one head:
+The intervention is the forward pass's one intervention point (`AttnSpec.intervention`, at
+the heads' outputs): the head's output z `[batch, head, query, d_head]` (its attention-weighted
+values, before W_O mixes the heads into the residual stream) is replaced, in one layer, for one
+head:
 
 - `zero`: by zeros, so W_O receives nothing from the head (a bias of W_O stays: it belongs to
   no head);
@@ -82,9 +85,10 @@ sees exactly the inputs of the unablated pass: the mean and the resampled output
 the unablated model. So the layers below l are never rerun: one clean pass keeps the residual
 stream entering every layer (`GPT.residual_stream`), and the heads of layer l are ablated in one
 batched pass from layer l on (`GPT.from_layer`: one row per head, plus one unablated row; in
-chunks that bound the memory), the LM head only at the scored positions. Each row's effect is
+chunks that bound the memory), the LM head only at the scored positions: core/patching.py's
+one sweep driver, which head patching and edge patching run too. Each row's effect is
 measured against the unablated row of its own batch, so a head whose output is already what
-replaces it gives an effect of exactly 0. `head_losses` is that pass, for any replacement.
+replaces it gives an effect of exactly 0.
 
 Where the loss is scored is the caller's choice (`positions`): every next-token prediction of a
 text; on the induction probe only the predictions inside the second copy, where copying is
@@ -95,16 +99,15 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from minigpt.core.gpt import AttnSpec, device_of, eval_mode
 from minigpt.core.modes import MODE_HELP, MODES, check_mode  # noqa: F401 - re-exported
-from minigpt.errors import ArgumentError
+from minigpt.core.patching import HeadRows, make_metric, record, sweep
 
 # --------------------------------------------------------------------------------------------
 # 1. Where each head looks.
@@ -289,9 +292,6 @@ def dominant_type(scores: dict[str, float]) -> str:
 # --------------------------------------------------------------------------------------------
 # 3. What it carries: ablation.
 
-# Floats of activations per row a chunk may hold (the wider of T x 4C and P scored x V): ~256 MB.
-CHUNK_FLOATS = 64 * 1024 * 1024
-
 
 @dataclass
 class Ablation:
@@ -313,39 +313,28 @@ class Ablation:
                 "unit": "nats/token"}
 
 
-def check_positions(n_tokens: int, positions: Sequence[int] | None, minimum: int = 2) -> list[int]:
-    """The scored query positions (None: every one with a next token); ArgumentError when the
-    input leaves nothing to score (`minimum`: the shortest input that would)."""
-    scored = list(range(n_tokens - 1)) if positions is None else list(positions)
-    if not scored:
-        raise ArgumentError("ablate", f"the input has {n_tokens} tokens, too short to score a "
-                            f"prediction: it needs at least {minimum} (see --max-tokens)")
-    assert all(0 <= p < n_tokens - 1 for p in scored), "positions must have a next token"
-    return scored
-
-
 @torch.no_grad()
 def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                  positions: Sequence[int] | None = None, scored: str = "every next-token "
                  "prediction", minimum: int = 2, seed: int = 0) -> Ablation:
-    """Every head's ablation effect on `tokens` (one sequence within the model's block_size);
-    `positions` and `minimum` as in `check_positions`; `seed` orders the resample reference.
-    The model runs in eval mode with its own attention kernel and is restored afterwards.
+    """Every head's ablation effect on `tokens` (one sequence within the model's block_size):
+    the loss (core.patching's `loss` metric) at `positions` (None: every prediction; an input
+    shorter than `minimum` tokens has none: ArgumentError); `seed` orders the resample
+    reference. The model runs in eval mode with its own attention kernel and is restored
+    afterwards.
 
-    One clean pass keeps the residual stream entering every layer; the rows ablating the heads
-    of layer l start from it and run layers l.. only (`GPT.from_layer`), and the LM head runs
-    at the scored positions only: about half the work of rerunning every layer for every row."""
+    The rows are core.patching's `HeadRows` run by its `sweep`: one clean pass keeps the
+    residual stream entering every layer; the rows ablating the heads of layer l start from
+    it and run layers l.. only (`GPT.from_layer`), and the LM head runs at the scored
+    positions only: about half the work of rerunning every layer for every row."""
     check_mode(mode)
-    pos = check_positions(len(tokens), positions, minimum)
+    metric = make_metric(len(tokens), positions, minimum=minimum, param="ablate")
     cfg = model.cfg
     L, H = cfg.n_layer, cfg.n_head
-    device = device_of(model)
-    idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
-    targets = idx[0, 1:][pos]  # (P,)
+    idx = torch.tensor([list(tokens)], dtype=torch.long, device=device_of(model))  # (1, T)
+    targets = torch.tensor([metric.targets(tokens)], device=idx.device)  # (1, P)
     with eval_mode(model):
         reference = _resampled_outputs(model, idx, seed) if mode == "resample" else None
-        spec = AttnSpec(cfg.attn_impl)
-        stream = model.residual_stream(idx, attn=spec)  # n_layer + 1 x (1, T, C)
 
         def replace(layer: int, z: Tensor) -> Tensor:  # z: (rows, H, T, D) -> what replaces it
             if mode == "zero":
@@ -354,52 +343,10 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                 return z.mean(dim=2, keepdim=True).expand_as(z)  # (rows, H, 1, D) at every query
             return reference[layer].expand_as(z)  # (1, H, T, D) from the permuted input
 
-        rows = max(1, CHUNK_FLOATS // max(idx.shape[1] * 4 * cfg.n_embd,
-                                          len(pos) * cfg.vocab_size) - 1)
-        effect = torch.zeros(L, H, dtype=torch.float64)
-        base = None
-        for layer in range(L):
-            for first in range(0, H, rows):
-                heads = list(range(first, min(H, first + rows)))
-                losses = head_losses(model, stream[layer], layer, heads, replace, pos, targets)
-                base = losses[0] if base is None else base
-                effect[layer, heads] = losses[1:] - losses[0]
-    return Ablation(mode, effect, float(base), pos, scored)
-
-
-def head_rows(model, resid: Tensor, layer: int, heads: Sequence[int],
-              replace: Callable[[int, Tensor], Tensor], pos: Sequence[int]) -> Tensor:
-    """Logits (1 + len(heads), P, V) at the positions `pos` of one batched pass from `layer`
-    on, starting from `resid` (1, T, C), the residual stream entering `layer`: row 0
-    unchanged, row r + 1 with head heads[r]'s output z replaced by `replace(layer, z)[r + 1,
-    heads[r]]` (replace gets every row's z (rows, H, T, D) and returns a tensor of that shape).
-    Row 0 shares the batch, so a replacement equal to the head's own output changes nothing.
-    Ablation and activation patching are both this pass with another replacement."""
-    n_rows = 1 + len(heads)
-    mask = torch.zeros(n_rows, model.cfg.n_head, 1, 1, dtype=torch.bool, device=resid.device)
-    for r, head in enumerate(heads, start=1):
-        mask[r, head] = True  # (rows, H, 1, 1)
-
-    def hook(at: int, z: Tensor) -> Tensor:  # z: (rows, H, T, D)
-        return torch.where(mask, replace(at, z), z) if at == layer else z
-
-    spec = AttnSpec(model.cfg.attn_impl, head_hook=hook)
-    x = model.from_layer(layer, resid.expand(n_rows, -1, -1), attn=spec)  # (rows, T, C)
-    return model.unembed(x[:, list(pos)])  # (rows, P, V): the scored positions only
-
-
-def head_losses(model, resid: Tensor, layer: int, heads: Sequence[int],
-                replace: Callable[[int, Tensor], Tensor], pos: Sequence[int],
-                targets: Tensor) -> Tensor:
-    """Losses (1 + len(heads),) float64, nats/token over the positions `pos` whose next
-    tokens are `targets` (P,), of the rows of `head_rows` (same arguments)."""
-    logits = head_rows(model, resid, layer, heads, replace, pos)  # (rows, P, V)
-    n_rows = logits.shape[0]
-    # float32 cross-entropy (per token within ~1e-6 of float64, a third of the time at
-    # GPT-2's vocabulary), averaged in float64
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.repeat(n_rows),
-                           reduction="none")
-    return loss.double().view(n_rows, -1).mean(dim=1).cpu()  # (rows,)
+        heads = [(layer, head) for layer in range(L) for head in range(H)]
+        base, losses = sweep(model, idx, metric, targets, HeadRows(heads, H, replace))
+    return Ablation(mode, (losses - base).view(L, H), float(base), list(metric.positions),
+                    scored)
 
 
 def _resampled_outputs(model, idx: Tensor, seed: int) -> list[Tensor]:
@@ -407,11 +354,4 @@ def _resampled_outputs(model, idx: Tensor, seed: int) -> list[Tensor]:
     order: the reference of resample ablation."""
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(idx.shape[1], generator=gen).to(idx.device)
-    outputs: list[Tensor] = []
-
-    def keep(layer: int, z: Tensor) -> Tensor:
-        outputs.append(z.clone())
-        return z
-
-    model(idx[:, perm], attn=AttnSpec(model.cfg.attn_impl, head_hook=keep))
-    return outputs
+    return record(model, idx[:, perm], logits=False)[1].z

@@ -10,17 +10,18 @@ from minigpt.core.modes import check_mode
 from minigpt.errors import ArgumentError
 
 FORMATS = ("table", "png", "html", "safetensors", "json")
+CIRCUIT_FORMATS = ("table", "png", "html", "json")  # what `minigpt circuit --format` writes
 
 
-def parse_formats(values: Sequence[str]) -> list[str]:
-    """Format names (each may be comma-separated), validated against FORMATS; none given:
-    the table."""
+def parse_formats(values: Sequence[str], valid: Sequence[str] = FORMATS) -> list[str]:
+    """Format names (each may be comma-separated), validated against `valid` (inspect-heads':
+    FORMATS); none given: the table."""
     out: list[str] = []
     for value in values:
         for name in (v.strip().lower() for v in value.split(",")):
-            if name not in FORMATS:
+            if name not in valid:
                 raise ArgumentError("format", f"'{name}' is not a format; valid: "
-                                   f"{', '.join(FORMATS)}")
+                                   f"{', '.join(valid)}")
             if name not in out:
                 out.append(name)
     return out or ["table"]

@@ -55,17 +55,18 @@ def make_out_dir(path: Path) -> Path:
 
 def file_names(formats: Sequence[str], layers: Sequence[int], heads: Sequence[int],
                ablation: object = None, composition: object = None,
-               circuits: object = None) -> list[str]:
+               circuits: object = None, lens: object = None) -> list[str]:
     """The names of the files `write_files` writes for `formats`, the selected `layers` and
     `heads`, and what is measured (each true when it is: `ablation` the mode, `composition`,
-    `circuits` dla or the text patched from)."""
+    `circuits` dla or the text patched from, `lens` the logit lens)."""
     pairs = [(layer, head) for layer in layers for head in heads]
     names = []
     if "png" in formats:
         names += ["attention_grid.png", *(["ablation.png"] if ablation else []),
                   *(f"attention_L{la}_H{h}.png" for la, h in pairs),
                   *(["composition.png"] if composition else []),
-                  *(["circuits.png"] if circuits else [])]
+                  *(["circuits.png"] if circuits else []),
+                  *(["lens.png"] if lens else [])]
     for fmt, name in (("html", "attention.html"), ("safetensors", "attention.safetensors"),
                       ("json", "scores.json")):
         if fmt in formats:

@@ -13,8 +13,14 @@ K-composition of the two (how much the induction head's keys read what the previ
 writes: heads.circuits) beside the score of random weights, and the head with the largest
 direct logit attribution on the induction probe's second copy: the circuit forming, not only
 the patterns.
-Measuring reads the model only: eval mode, no gradients, no random numbers drawn from the
-global generators, so a run with head scores trains exactly like one without.
+`circuit["edges"]` (`edge_record`): the EAP score (core/graph.py, one step, noising; the metric
+is the logit of the next token inside the second copy, which unlike the loss does not flatten
+once the model copies) of the strongest edges of the model's graph on the induction probe
+against the same probe with its FIRST copy's tokens replaced (nothing to copy, and the
+previous-token head's output at the keys changed): the edges of the induction circuit seen
+appearing at the phase change (`heads.png`'s last panel).
+Measuring reads the model only: eval mode, no gradients into the weights, no random numbers
+drawn from the global generators, so a run with head scores trains exactly like one without.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from minigpt.core.circuits import (
     make_metric,
 )
 from minigpt.core.gpt import device_of, eval_mode
+from minigpt.core.graph import attribute_edges, graph_of
 from minigpt.core.heads import score_heads
+from minigpt.core.patching import run_value
 from minigpt.events import HeadFormedEvent, HeadScoresEvent
-from minigpt.heads.probes import probe_pool, probe_tokens
+from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
 
 # Which probe each timeline score is measured on: induction, previous-token and first-token
 # attention on random tokens repeated twice; duplicate-token attention on tokens from 8 ids.
@@ -114,6 +122,42 @@ def circuit_record(model: torch.nn.Module, cfg, tokenizer, scores: dict[str, lis
             "dla": round(float(dla.heads[ld, hd]), 6)}
 
 
+EDGE_RECORD_TOP = 12  # edges kept per measurement: the strongest by |EAP score|
+
+
+def edge_key(graph, u: int, v: int) -> str:
+    """An edge as one string: "L0.H2->L1.H0:k"."""
+    node, inp = graph.reader_name(v)
+    return f"{graph.writer_name(u)}->{node}:{inp}"
+
+
+def edge_record(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict | None:
+    """The EDGE_RECORD_TOP strongest edges' EAP scores (module docstring) {"edges": {key:
+    score}, "clean": the mean logit of the next token inside the second copy, "corrupted":
+    the same with the first copy replaced}; None when the pool has no token to corrupt
+    with."""
+    length = min(cfg.model.block_size, MAX_PROBE_TOKENS) // 2 * 2
+    pool = probe_pool(cfg, tokenizer)
+    ids = probe_tokens("induction", length, pool, seed)
+    if not [t for t in pool if t not in set(ids)]:
+        return None
+    device = device_of(model)
+    clean = torch.tensor([ids], device=device)
+    bad = torch.tensor([corrupt_copy(ids, 0, pool, seed, copy=1)], device=device)
+    metric = make_metric(length, range(length // 2, length - 1), kind="logit")
+    targets = torch.tensor([metric.targets(ids)], device=device)
+    eap, _ = attribute_edges(model, clean, bad, metric, targets, ig_steps=1)
+    flat = eap.abs().nan_to_num(-1.0).flatten()  # no edge: -1, after every edge
+    graph = graph_of(model.cfg)
+    n = min(EDGE_RECORD_TOP, int(graph.valid().sum()))
+    top = flat.topk(n).indices.tolist()
+    with eval_mode(model):
+        m_clean, m_bad = (run_value(model, x, metric, targets) for x in (clean, bad))
+    return {"edges": {edge_key(graph, *divmod(i, eap.shape[1])): round(float(eap.flatten()[i]),
+                                                                        6) for i in top},
+            "clean": round(m_clean, 6), "corrupted": round(m_bad, 6)}
+
+
 class HeadWatch:
     """Measures a model's heads during training and reports each head that forms, once.
     `already` holds what formed before a resume (from the run's earlier records)."""
@@ -131,6 +175,8 @@ class HeadWatch:
         t0 = time.perf_counter()
         scores = probe_scores(self.model, self.cfg, self.tokenizer)
         circuit = circuit_record(self.model, self.cfg, self.tokenizer, scores)
+        if circuit is not None:
+            circuit["edges"] = edge_record(self.model, self.cfg, self.tokenizer)
         new = sorted(formed_heads(scores) - self.formed)
         self.formed |= set(new)
         formed = [HeadFormedEvent(step, la, h, kind, KIND_NAMES[kind], scores[kind][la][h])
@@ -152,7 +198,8 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     n_layer = len(recs[-1]["scores"]["induction"])
     steps = [r["step"] for r in recs]
     circuit = any(r.get("circuit") for r in recs)
-    panels = n_layer + circuit
+    edges = any((r.get("circuit") or {}).get("edges") for r in recs)
+    panels = n_layer + circuit + edges
     fig = Figure(figsize=(7.5, 1.9 * panels + 1.0), layout="constrained")
     axes = fig.subplots(panels, 1, squeeze=False, sharex=True)
     styles = (("induction", "-", "tab:red"), ("previous", "-", "tab:blue"),
@@ -170,7 +217,9 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
         ax.set_ylabel(f"layer {la}")
         ax.grid(alpha=0.3)
     if circuit:
-        _draw_circuit(axes[-1][0], recs)
+        _draw_circuit(axes[n_layer][0], recs)
+    if edges:
+        _draw_edges(axes[-1][0], recs)
     fig.suptitle(title or "head scores on the built-in probes", fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, [*labels], loc="outside lower center", ncol=3, fontsize=8,
@@ -280,3 +329,28 @@ def _name_changes(ax, pts: Sequence[tuple[int, list, float]]) -> None:
                         xytext=(0, 5), fontsize=6,
                         color="tab:orange", ha="center")
             last = head
+
+
+EDGES_DRAWN = 6  # the edges drawn against step: the strongest over the run
+
+
+def _draw_edges(ax, recs: Sequence[dict], n: int = EDGES_DRAWN) -> None:
+    """The EAP score against step of the `n` edges strongest over the run (by the sum of
+    their |score| over the measurements, so an edge that stays strong outranks one spike; a
+    gap where an edge was not among the EDGE_RECORD_TOP strongest at that step)."""
+    pts = [(r["step"], r["circuit"]["edges"]) for r in recs
+           if (r.get("circuit") or {}).get("edges")]
+    total: dict[str, float] = {}
+    for _, e in pts:
+        for key, v in e["edges"].items():
+            total[key] = total.get(key, 0.0) + abs(v)
+    for key in sorted(total, key=lambda k: -total[k])[:n]:
+        ax.plot([s for s, _ in pts], [e["edges"].get(key, float("nan")) for _, e in pts],
+                "-o", markersize=2.5, linewidth=1.3, label=key.replace(":", " "))
+    ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_ylabel("EAP score")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, loc="best")
+    ax.set_title(f"edges (EAP: what the edge alone, taking its value from the probe with its "
+                 f"first copy replaced, changes the next token's logit by; gaps: not among the "
+                 f"{EDGE_RECORD_TOP} strongest then)", fontsize=7, wrap=True)

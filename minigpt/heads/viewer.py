@@ -499,3 +499,70 @@ def write_html(insp: Inspection, path: Path,
     """Write the viewer to `path` (durably); it opens on the most distinctive of `heads`
     (`Inspection.most_distinctive`; None: of all heads)."""
     return atomic_write_bytes(path, render_html(insp, heads).encode("utf-8"))
+
+
+# --------------------------------------------------------------------------------------------
+# The circuit page (`minigpt circuit --format html`): the same escaping contract, its own
+# script (and hash). The pictures are the PNGs `minigpt circuit` draws, inlined as data: URIs
+# (base64 of bytes minigpt made); every word of the data reaches the page through textContent.
+
+CIRCUIT_TABLE_ROWS = 500  # the strongest edges listed (all of them are in circuit.json)
+
+_CIRCUIT_JS = r"""
+"use strict";
+(function () {
+  const D = JSON.parse(document.getElementById("circuit-data").textContent);
+  const $ = (id) => document.getElementById(id);
+  function add(parent, tag, s) {
+    const el = document.createElement(tag);
+    if (s !== undefined) el.textContent = s;
+    parent.appendChild(el);
+    return el;
+  }
+  const c = D.circuit, pct = (x) => (100 * x).toFixed(1) + "%";
+  $("title").textContent = "Circuit: " + D.title;
+  $("summary").textContent = c.edges + " of " + c.of + " edges recover " + pct(c.recovered) +
+    " of the clean -> corrupted change of " + D.metric.what + " (clean " +
+    D.clean.toFixed(4) + ", corrupted " + D.corrupted.toFixed(4) + "; " +
+    D.method.toUpperCase() + (D.ig_steps > 1 ? " with " + D.ig_steps + " steps" : "") + ", " +
+    D.direction + ", " + D.n_pairs + " pair(s)). An edge's score estimates what patching it " +
+    "alone from the other input changes the metric by; score / gap is that as a fraction " +
+    "of what patching every edge does.";
+  const head = add($("edges"), "thead"), hr = add(head, "tr");
+  ["#", "from", "to", "input", "score", "score / gap", "in circuit"]
+    .forEach((n) => add(hr, "th", n));
+  const body = add($("edges"), "tbody"), gap = D.direction === "noising" ?
+    D.corrupted - D.clean : D.clean - D.corrupted;
+  D.edges.slice(0, D.rows).forEach((e, i) => {
+    const tr = add(body, "tr");
+    [String(i + 1), e.from, e.to, e.input, e.score.toFixed(5),
+     gap ? (e.score / gap).toFixed(3) : "-", e.in_circuit ? "yes" : ""]
+      .forEach((s) => add(tr, "td", s));
+    if (e.in_circuit) tr.className = "sel";
+  });
+  $("more").textContent = D.edges.length > D.rows ? "The strongest " + D.rows + " of " +
+    D.edges.length + " edges; circuit.json has them all." : "";
+})();
+"""
+
+
+def render_circuit_html(doc: dict, pictures: dict[str, bytes]) -> str:
+    """The circuit page: `doc` (core.graph.Circuit.to_json plus a "title") and the PNGs
+    `pictures` ({file name: bytes}), one self-contained file."""
+    script_hash = base64.b64encode(hashlib.sha256(_CIRCUIT_JS.encode("utf-8")).digest()).decode()
+    csp = (f"default-src 'none'; script-src 'sha256-{script_hash}'; "
+           "style-src 'unsafe-inline'; img-src data:")
+    images = "".join(f"<p><img alt=\"{name}\" src=\"data:image/png;base64,"
+                     f"{base64.b64encode(data).decode()}\"></p>\n"
+                     for name, data in pictures.items())
+    data = {**doc, "rows": CIRCUIT_TABLE_ROWS}
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">\n"
+        "<link rel=\"icon\" href=\"data:,\">\n<title>minigpt circuit</title>\n"
+        f"<style>{_CSS}img{{max-width:100%}}</style></head>\n<body>\n"
+        "<h1 id=\"title\"></h1><p id=\"summary\"></p>\n"
+        f"{images}<h2>Edges, strongest first</h2><table id=\"edges\"></table>"
+        "<p id=\"more\"></p>\n"
+        "<script type=\"application/json\" id=\"circuit-data\">"
+        f"{safe_json(data)}</script>\n<script>{_CIRCUIT_JS}</script>\n</body></html>\n")

@@ -1,0 +1,202 @@
+"""`minigpt circuit`: the edges of a model's graph that carry the difference between a clean
+input and a corrupted one (EAP or EAP-IG scores, `minigpt.core.graph`), the circuit of the
+strongest of them checked by running it (the fraction recovered), the faithfulness curve; a
+table of the top edges and one line on stderr, the files asked for, or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from minigpt.cli.heads import (
+    AnswerOpt,
+    CheckpointOpt,
+    MaxTokensOpt,
+    ProbeOpt,
+    SeedOpt,
+    TextFileOpt,
+    TextOpt,
+    WrongOpt,
+)
+from minigpt.cli.main import (
+    DeviceOpt,
+    ModelOpt,
+    RunOpt,
+    ThreadsOpt,
+    app,
+    load_inspected,
+    out_console,
+    say,
+)
+from minigpt.display import printable
+from minigpt.files import shown
+
+PatchFromOpt = Annotated[str | None, typer.Option(
+    "--patch-from", metavar="TEXT|corrupted-second|corrupted-first", help="The corrupted input "
+    "(required): a text of the same length (with --text / --text-file), or, with --probe "
+    "induction, `corrupted-second` (alias `corrupted`: its second copy's tokens replaced) or "
+    "`corrupted-first` (its first copy's tokens replaced).")]
+LensOpt = Annotated[bool, typer.Option(
+    "--lens", help="Also the logit lens of the (first) clean input: the residual stream after "
+    "the embedding and after each layer read through the final norm and the unembedding, at "
+    "the scored positions (a table, and `lens` in the JSON).")]
+DirectionOpt = Annotated[str, typer.Option(
+    "--patch-direction", help="noising: each edge's score estimates what taking it from the "
+    "corrupted run does to the clean run; denoising: what taking it from the clean run does "
+    "to the corrupted run (TransformerLens's sign).")]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", metavar="TOKEN", help="Score this token at every scored position instead of "
+    "the actual next token. One token of the vocabulary.")]
+MetricOpt = Annotated[str, typer.Option(
+    "--metric", help="loss (of the next token, nats/token) or logit (of the next token) at "
+    "the scored positions; --answer/--wrong make it logit[answer] - logit[wrong].")]
+IgStepsOpt = Annotated[int, typer.Option(
+    "--ig-steps", help="EAP-IG: the gradient averaged over this many points between the two "
+    "inputs' embeddings; 1 = EAP.")]
+EdgesOpt = Annotated[int | None, typer.Option(
+    "--edges", metavar="N", help="The circuit: the N edges of largest |score|, pruned. "
+    "Default: the smallest such circuit that recovers --recover.")]
+RecoverOpt = Annotated[float | None, typer.Option(
+    "--recover", metavar="FRACTION", help="The circuit: the fewest top edges that recover "
+    "this fraction of the clean -> corrupted change (default 0.9).")]
+PairsOpt = Annotated[int, typer.Option(
+    "--pairs", help="With a probe: this many (clean, corrupted) pairs, seeds --seed, "
+    "--seed + 1, ...; scores and fractions are over all of them.")]
+CurveOpt = Annotated[bool, typer.Option(
+    "--curve/--no-curve", help="Also the faithfulness curve (10 circuit sizes, 0.1% to 100% "
+    "of the edges) of EAP, EAP-IG and, on models of at most 2,000 edges, the real "
+    "single-edge patching effects.")]
+TopOpt = Annotated[int, typer.Option("--top", help="Edges in the table.")]
+FormatOpt = Annotated[list[str] | None, typer.Option(
+    "--format", help="Files to write as well: png (circuit.png, faithfulness.png), html "
+    "(circuit.html), json (circuit.json); repeatable or comma-separated.")]
+OutOpt = Annotated[Path | None, typer.Option(
+    "--out", help="Directory for the files. Default: <run>/heads/.")]
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Print the circuit as JSON on stdout (every edge; no table).")]
+
+
+@app.command("circuit")
+def circuit_command(
+    run: RunOpt = None, model: ModelOpt = None, checkpoint: CheckpointOpt = None,
+    text: TextOpt = None, text_file: TextFileOpt = None, probe: ProbeOpt = None,
+    patch_from: PatchFromOpt = None, patch_direction: DirectionOpt = "noising",
+    metric: MetricOpt = "loss", target: TargetOpt = None, answer: AnswerOpt = None,
+    wrong: WrongOpt = None, ig_steps: IgStepsOpt = 5, edges: EdgesOpt = None,
+    recover: RecoverOpt = None, pairs: PairsOpt = 1, curve: CurveOpt = True, top: TopOpt = 20,
+    max_tokens: MaxTokensOpt = None, seed: SeedOpt = 0, formats: FormatOpt = None,
+    out: OutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
+    threads: ThreadsOpt = 0, lens: LensOpt = False,
+) -> None:
+    """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
+    from minigpt.core.circuit_args import check_search
+    from minigpt.core.sampling import check_seed
+    from minigpt.heads.flags import CIRCUIT_FORMATS, parse_formats
+    from minigpt.threads import check_threads
+
+    fmts = parse_formats(formats or [], CIRCUIT_FORMATS)  # every flag before torch loads
+    check_seed(seed)
+    check_threads(threads)
+    check_search(edges, recover, ig_steps, patch_direction)
+    from minigpt.core.graph import graph_of
+    from minigpt.device import cpu_threads
+    from minigpt.heads import output
+    from minigpt.heads.graph import circuit_file_names, circuit_pairs, write_circuit_files
+
+    loaded = load_inspected(run, model, device, checkpoint)
+    graph_of(loaded.cfg.model)  # a model with no head: refused before any work
+    out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
+    p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
+                      text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
+                      eot_first=loaded.eot_first, pairs=pairs, metric=metric, target=target,
+                      answer=answer, wrong=wrong, device=loaded.device)
+    say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}: scoring every "
+        f"edge on {p.clean.shape[0]} pair(s) of {p.clean.shape[1]} tokens ({p.source}; "
+        f"corrupted: {shown(p.corrupted_source)}); metric: {p.metric.describe()}")
+    with cpu_threads(threads, loaded.model):
+        result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
+                                curve, lens)
+    tok = loaded.tokenizer
+    lens_records = seen.records(token_str=tok.token_str) if seen is not None else None
+    say(summary_line(result))
+    for note in result.notes:
+        say(f"note: {note}")
+    if out_dir is not None:
+        for path in write_circuit_files(result, out_dir, fmts, loaded.label, lens=lens_records):
+            say(f"wrote {path}")
+    if json_out:
+        sys.stdout.write(json.dumps(result.to_json(lens=lens_records), ensure_ascii=False,
+                                    allow_nan=False) + "\n")
+        sys.stdout.flush()
+    else:
+        _print_tables(result, top, seen, tok, p.clean[0].tolist())
+
+
+def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
+    """The top edges, and the logit lens's tables when it was asked for."""
+    out_console.print(edges_table(result, top))
+    if seen is not None:
+        from minigpt.cli.lens_tables import lens_tables
+
+        strs = [tok.token_str(t) for t in tokens]
+        for table in lens_tables(seen, strs, tok.token_str, out_console.width):
+            out_console.print(table)
+
+
+def _measure(model, p, direction, ig_steps, edges, recover, curve, lens):
+    """The circuit of the pairs `p` and, with `lens`, the logit lens (core.lens.Lens) of the
+    first clean input at the metric's positions, of the metric's token (with --answer: the
+    answer's, at the last position); None without."""
+    from minigpt.core.graph import find_circuit
+    from minigpt.core.lens import logit_lens
+
+    result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets,
+                          direction=direction, ig_steps=ig_steps, edges=edges,
+                          recover=recover, curves=curve)
+    if not lens:
+        return result, None
+    tokens, m = p.clean[0].tolist(), p.metric
+    targets = [m.answer] * len(m.positions) if m.logit_diff else m.targets(tokens)
+    return result, logit_lens(model, tokens, list(m.positions), targets)
+
+
+def summary_line(result) -> str:
+    """What the circuit recovers, in one line."""
+    n, asked = int(result.circuit.sum()), result.requested
+    how = (f"the top {asked} edges by |score|" + (f", {n} left after pruning" if n != asked
+                                                  else "")
+           if result.target is None else
+           f"the fewest top edges found to recover {result.target:g}: {asked}"
+           + (f", {n} left after pruning" if n != asked else ""))
+    areas = result.areas()
+    curve = (f"; faithfulness curve area {areas[result.method][0]:.3f} (best 0.999)"
+             if result.method in areas else "")
+    return (f"circuit ({how}): {n} of {result.n_edges} edges recover "
+            f"{100 * result.recovered:.1f}% of the clean -> corrupted change (clean "
+            f"{result.clean:.4f}, corrupted {result.corrupted:.4f}){curve}")
+
+
+def edges_table(result, top: int):
+    """The `top` strongest edges, narrow enough for 80 columns."""
+    from rich import box
+    from rich.table import Table
+
+    steps = f", {result.ig_steps} steps" if result.ig_steps > 1 else ""
+    table = Table(title=printable(f"strongest edges ({result.method.upper()}{steps}, "
+                                  f"{result.direction}) of {result.n_edges}"),
+                  caption="score: the estimated change of the metric when the edge alone is "
+                  "patched; of gap: score / the change when every edge is; * = in the "
+                  "circuit", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("#", "from", "to", "input", "score", "of gap", ""):
+        table.add_column(name, justify="left" if name in ("from", "to", "input") else "right",
+                         no_wrap=True)
+    gap = result.gap
+    for i, e in enumerate(result.edges()[:max(0, top)], start=1):
+        table.add_row(str(i), e["from"], e["to"], e["input"], f"{e['score']:+.4f}",
+                      f"{e['score'] / gap:+.3f}" if gap else "-",
+                      "*" if e["in_circuit"] else "")
+    return table

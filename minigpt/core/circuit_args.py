@@ -1,0 +1,32 @@
+"""What a circuit search is asked for, checked without torch: `minigpt circuit` refuses a bad
+`--edges`, `--recover`, `--ig-steps` or `--patch-direction` at once, before torch and the model
+load, and `core.graph.find_circuit` checks the same rule for Python callers (both call
+`check_search`)."""
+
+from __future__ import annotations
+
+from minigpt.errors import ArgumentError, ConflictError
+
+DIRECTIONS = ("noising", "denoising")
+DEFAULT_RECOVER = 0.9  # the circuit asked for when neither --edges nor --recover is given
+
+
+def check_search(edges: int | None, recover: float | None, ig_steps: int,
+                 direction: str) -> None:
+    """ArgumentError (ConflictError for both edges and recover) naming the bad parameter:
+    `edges` >= 1, 0 < `recover` <= 1, `ig_steps` >= 1, `direction` one of DIRECTIONS."""
+    if edges is not None and recover is not None:
+        raise ConflictError(("edges", "recover"), "a circuit is its size or the fraction it "
+                            "must recover")
+    if edges is not None and edges < 1:
+        raise ArgumentError("edges", "must be at least 1: a circuit of no edge recovers "
+                            "nothing by definition", subject=edges)
+    if recover is not None and not 0.0 < recover <= 1.0:
+        raise ArgumentError("recover", "must be a fraction in (0, 1], e.g. 0.9",
+                            subject=recover)
+    if ig_steps < 1:
+        raise ArgumentError("ig_steps", "must be at least 1 (1 = EAP, more = EAP-IG)",
+                            subject=ig_steps)
+    if direction not in DIRECTIONS:
+        raise ArgumentError("patch_direction", f"'{direction}' is not a direction; valid: "
+                            f"{', '.join(DIRECTIONS)}")

@@ -1,0 +1,104 @@
+"""The pictures of `minigpt circuit` (matplotlib, headless, lazily imported): `circuit.png`
+(the circuit as a graph: nodes in rows by layer, the embedding at the bottom and the logits on
+top, each kept edge drawn with its width by |score| and its colour by sign, the input it goes
+into (q, k, v) named where it enters a head, the recovered fraction in the title) and
+`faithfulness.png` (the fraction recovered against the fraction of edges kept, one line per
+ranking, with each curve's area)."""
+
+from __future__ import annotations
+
+from minigpt.core.graph import FRACTIONS, Circuit
+from minigpt.heads.heatmap import _png_bytes
+
+BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
+RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching"}
+
+
+def _positions(result: Circuit) -> dict[str, tuple[float, float]]:
+    """Every node's (x, y): rows bottom to top: embed, then per layer its heads and its MLP
+    (a row above the heads), then the logits; each row centred."""
+    g = result.graph
+    pos = {"embed": ((g.n_head - 1) / 2, 0.0)}
+    y = 1.0
+    for layer in range(g.n_layer):
+        for h in range(g.n_head):
+            pos[f"L{layer}.H{h}"] = (float(h), y)
+        if g.mlp:
+            pos[f"L{layer}.MLP"] = ((g.n_head - 1) / 2, y + 1)
+        y += 2 if g.mlp else 1
+    pos["logits"] = ((g.n_head - 1) / 2, y)
+    return pos
+
+
+def circuit_png(result: Circuit, title: str = "") -> bytes:
+    """The circuit (module docstring): red edges push the metric the way patching the whole
+    input does (score / gap > 0), blue ones against it."""
+    from matplotlib.figure import Figure
+
+    g, pos = result.graph, _positions(result)
+    kept = [e for e in result.edges() if e["in_circuit"]]
+    top = max((abs(e["score"]) for e in kept), default=1.0) or 1.0
+    rows = max(y for _, y in pos.values()) + 1
+    fig = Figure(figsize=(min(16.0, 1.0 * g.n_head + 3.0), min(18.0, 0.9 * rows + 1.6)),
+                 layout="constrained")
+    ax = fig.subplots()
+    used = {e["from"] for e in kept} | {e["to"] for e in kept}
+    for name, (x, y) in pos.items():
+        on = name in used
+        ax.scatter([x], [y], s=420 if on else 160, zorder=3, edgecolors="black",
+                   color="#ffd27a" if on else "#eeeeee", linewidths=1.0 if on else 0.4)
+        ax.text(x, y, name.replace(".", "\n") if "." in name else name, ha="center",
+                va="center", fontsize=6 if on else 5, zorder=4,
+                color="black" if on else "#999999")
+    for e in sorted(kept, key=lambda e: abs(e["score"])):
+        (x0, y0), (x1, y1) = pos[e["from"]], pos[e["to"]]
+        frac = e["score"] / result.gap if result.gap else e["score"]
+        rad = BEND.get(e["input"], 0.08)  # q, k and v of one pair of nodes: three curves
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=2, arrowprops={
+            "arrowstyle": "-|>", "lw": 0.6 + 5.0 * abs(e["score"]) / top, "alpha": 0.8,
+            "color": "tab:red" if frac > 0 else "tab:blue", "shrinkA": 9, "shrinkB": 9,
+            "connectionstyle": f"arc3,rad={rad}"})
+        if e["input"] in ("q", "k", "v"):  # on the curve (its control point, in data units)
+            cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
+            t = 0.78
+            ax.text((1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t ** 2 * x1,
+                    (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t ** 2 * y1, e["input"],
+                    fontsize=8, fontweight="bold", ha="center", va="center", zorder=5,
+                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none"})
+    ax.set_xlim(-1, g.n_head)
+    ax.set_ylim(-0.7, rows - 0.3)
+    ax.axis("off")
+    ax.set_title(_title(result, title), fontsize=9, wrap=True)
+    return _png_bytes(fig)
+
+
+def _title(result: Circuit, title: str) -> str:
+    n = int(result.circuit.sum())
+    steps = f", {result.ig_steps} steps" if result.ig_steps > 1 else ""
+    return (f"{title + ': ' if title else ''}{n} of {result.n_edges} edges recover "
+            f"{100 * result.recovered:.1f}% of the clean -> corrupted change "
+            f"({result.method.upper()}{steps}, {result.direction}); red: the edge moves the "
+            "metric the way the whole corruption does, blue: against it; width: |score|")
+
+
+def faithfulness_png(result: Circuit, title: str = "") -> bytes:
+    """The faithfulness curves: recovered against the fraction of edges, log axis."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.2), layout="constrained")
+    ax = fig.subplots()
+    areas = result.areas()
+    for name, pts in result.curves.items():
+        ax.plot(FRACTIONS, [f for _, f in pts], "-o", markersize=3,
+                label=f"{RANKING_LABEL.get(name, name)} (area {areas[name][0]:.3f})")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"fraction of the {result.n_edges} edges kept (top by |score|, then pruned)")
+    ax.set_ylabel("fraction recovered")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title((f"{title}: " if title else "") + "faithfulness: (m_circuit - m_corrupted) / "
+                 "(m_clean - m_corrupted); area: trapezoids over the fraction of edges, "
+                 "0.001..1 (MIB's CPR, best 0.999)", fontsize=8, wrap=True)
+    return _png_bytes(fig)

@@ -1,0 +1,110 @@
+"""A circuit of a model on its inputs (`minigpt circuit`): the (clean, corrupted) pairs from a
+probe or a text (`circuit_pairs`, through the same input layer as inspect-heads: probes.py),
+the search (`core.graph.find_circuit`) and the files (`write_circuit_files`: circuit.png and
+faithfulness.png from circuit_png.py, circuit.html from viewer.py, circuit.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from minigpt.core.graph import Circuit
+from minigpt.core.patching import Metric, check_same_length, make_metric
+from minigpt.errors import ArgumentError
+from minigpt.files import atomic_write_bytes
+from minigpt.heads.probes import corrupted_input, prepare_input, token_id
+
+
+@dataclass
+class Pairs:
+    """Batches of (clean, corrupted) token ids (B, T), the scored tokens `targets` (B, P)
+    (None for a logit difference), the metric, and what the inputs are, for people."""
+
+    clean: Tensor
+    corrupted: Tensor
+    targets: Tensor | None
+    metric: Metric
+    source: str
+    corrupted_source: str
+    scored: str
+    tokens: list[int]
+    token_strs: list[str]
+
+
+def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = None,
+                  text_file: Path | None = None, probe: str | None = None,
+                  max_tokens: int | None = None, seed: int = 0, eot_first: bool = False,
+                  pairs: int = 1, metric: str = "loss", target: str | None = None,
+                  answer: str | None = None, wrong: str | None = None,
+                  device: torch.device | str = "cpu") -> Pairs:
+    """The inputs of a circuit search: `pairs` (clean, corrupted) pairs of a probe (seeds
+    seed, seed + 1, ...) or one of a text, corrupted as inspect-heads' --patch-from does, and
+    the metric (`metric` loss or logit; `answer` and `wrong`: the logit difference; `target`:
+    a fixed token), every token checked; ArgumentError naming the flag otherwise."""
+    if patch_from is None:
+        raise ArgumentError("patch_from", "a circuit is what carries the difference between "
+                            "a clean input and a corrupted one: give {name} corrupted (with "
+                            "--probe induction) or {name} TEXT (a corrupted text)")
+    if pairs < 1 or (pairs > 1 and probe is None):
+        raise ArgumentError("pairs", "must be 1 for a text (one clean, one corrupted), and at "
+                            "least 1 for a probe (each pair drawn with the next seed)",
+                            subject=pairs)
+    ids = {k: None if v is None else token_id(tokenizer, v, k)
+           for k, v in (("target", target), ("answer", answer), ("wrong", wrong))}
+    clean, bad, first = [], [], None
+    for i in range(pairs):
+        inp = prepare_input(cfg, tokenizer, text=text, text_file=text_file, probe=probe,
+                            max_tokens=max_tokens, seed=seed + i, eot_first=eot_first)
+        other, desc = corrupted_input(cfg, tokenizer, inp, patch_from, max_tokens=max_tokens,
+                                      seed=seed + i, eot_first=eot_first)
+        check_same_length(inp.tokens, other)
+        clean.append(inp.tokens)
+        bad.append(other)
+        first = first or inp
+    m = make_metric(len(first.tokens), first.positions, kind=metric, minimum=first.min_tokens,
+                    **ids)
+    targets = None if m.logit_diff else torch.tensor([m.targets(c) for c in clean],
+                                                     device=device)
+    return Pairs(torch.tensor(clean, device=device), torch.tensor(bad, device=device),
+                 targets, m, first.source + (f" x {pairs} seeds" if pairs > 1 else ""), desc,
+                 first.scored, list(first.tokens), list(first.token_strs))
+
+
+def circuit_file_names(formats: Sequence[str], curves: bool) -> list[str]:
+    """The names of the files `write_circuit_files` writes for `formats` (faithfulness.png
+    only with the curves): what is checked before any work."""
+    names = []
+    if "png" in formats:
+        names += ["circuit.png", *(["faithfulness.png"] if curves else [])]
+    return names + [name for fmt, name in (("html", "circuit.html"), ("json", "circuit.json"))
+                    if fmt in formats]
+
+
+def write_circuit_files(result: Circuit, out: Path, formats: Sequence[str], title: str,
+                        lens: list | None = None) -> list[Path]:
+    """circuit.png and faithfulness.png (png), circuit.html (html), circuit.json (json) in
+    `out`; the paths written."""
+    from minigpt.heads.circuit_png import circuit_png, faithfulness_png
+    from minigpt.heads.viewer import render_circuit_html
+
+    written: list[Path] = []
+    pictures = {}
+    if "png" in formats or "html" in formats:
+        pictures["circuit.png"] = circuit_png(result, title)
+        if result.curves:
+            pictures["faithfulness.png"] = faithfulness_png(result, title)
+    if "png" in formats:
+        written += [atomic_write_bytes(out / name, data) for name, data in pictures.items()]
+    doc = result.to_json(lens=lens)
+    if "html" in formats:
+        page = render_circuit_html({"title": title, **doc}, pictures)
+        written.append(atomic_write_bytes(out / "circuit.html", page.encode("utf-8")))
+    if "json" in formats:
+        text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
+        written.append(atomic_write_bytes(out / "circuit.json", (text + "\n").encode("utf-8")))
+    return written
