@@ -170,17 +170,24 @@ def _masked_mean(mass: Tensor, rows: Tensor) -> Tensor:
     return (mass * rows).sum(-1) / n
 
 
+def _checked(attn: Tensor, tokens: Sequence[int]) -> tuple[Tensor, int]:
+    """`attn` (..., T, T) as float64 on the CPU, and T; ValueError unless it is square and
+    matches the T tokens."""
+    attn = attn.detach().to(torch.float64).cpu()
+    T = attn.shape[-1]
+    if attn.shape[-2] != T or len(tokens) != T:
+        raise ValueError(f"attention (..., {attn.shape[-2]}, {T}) does not match "
+                         f"{len(tokens)} tokens")
+    return attn, T
+
+
 def score_heads(attn: Tensor, tokens: Sequence[int],
                 token_strs: Sequence[str] | None = None) -> dict[str, Tensor]:
     """All head scores (see the module docstring) for `attn` of shape (..., T, T), float.
 
     Returns {name: tensor of shape attn.shape[:-2]} for every name in SCORE_NAMES, in [0, 1] or
     NaN. `tokens` (length T) are the ids; `token_strs` (length T) enable the delimiter score."""
-    attn = attn.detach().to(torch.float64).cpu()
-    T = attn.shape[-1]
-    if attn.shape[-2] != T or len(tokens) != T:
-        raise ValueError(f"attention (..., {attn.shape[-2]}, {T}) does not match "
-                         f"{len(tokens)} tokens")
+    attn, T = _checked(attn, tokens)
     x = torch.as_tensor(list(tokens))
     q = torch.arange(T).unsqueeze(1)   # (T, 1) query positions
     k = torch.arange(T).unsqueeze(0)   # (1, T) key positions
@@ -241,11 +248,7 @@ def lag_scores(attn: Tensor, tokens: Sequence[int], max_lag: int = LAG_WINDOW
     """{"previous": (..., max_lag), "induction": (..., max_lag)} float32: the previous-token and
     induction scores of `attn` (..., T, T) at lags k = 1..max_lag (module docstring; index k-1
     holds lag k); NaN where no query applies."""
-    attn = attn.detach().to(torch.float64).cpu()
-    T = attn.shape[-1]
-    if attn.shape[-2] != T or len(tokens) != T:
-        raise ValueError(f"attention (..., {attn.shape[-2]}, {T}) does not match "
-                         f"{len(tokens)} tokens")
+    attn, T = _checked(attn, tokens)
     x = torch.as_tensor(list(tokens))
     q, s = ((x.unsqueeze(1) == x.unsqueeze(0)).tril(-1)).nonzero(as_tuple=True)  # x[s] == x[q]
     induction = torch.full((*attn.shape[:-2], max_lag), float("nan"), dtype=torch.float64)
