@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minigpt.config import ConfigError, MinigptError, ModelConfig, load_config, to_dict
+from minigpt.config import ConfigError, MinigptError, ModelConfig, from_dict, load_config, to_dict
 from minigpt.core.gpt import GPT
 from minigpt.errors import TrainingDiverged
 from minigpt.events import CheckpointEvent, DoneEvent, EvalEvent, StepEvent
@@ -439,3 +439,29 @@ def test_adamw_groups_cover_each_parameter_once():
     ids = [id(p) for g in groups for p in g["params"]]
     assert len(ids) == len(set(ids)) == len(list(m.parameters())) == len(names)
     assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0.0
+
+
+def test_a_step_runs_through_a_forward_module_that_has_no_truth_value():
+    """train_step's `fwd` may be a torch.compile wrapper, whose truth value raises (it has a
+    __len__ that refuses): the step must not ask `fwd or model`, which crashed every CUDA run
+    (train.compile auto = on for CUDA) at its first step."""
+    from minigpt.core.step import train_step
+
+    class NoTruth(torch.nn.Module):  # what torch.compile returns behaves like this
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def __len__(self):
+            raise TypeError("no len()")
+
+        def forward(self, x, y):
+            return self.inner(x, y)
+
+    cfg = from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8,
+                               "vocab_size": 32}})
+    model = GPT(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(32, (2, 8))
+    result = train_step(model, opt, [(x, x)], n_micro=1, grad_clip=1.0, fwd=NoTruth(model))
+    assert result.stepped

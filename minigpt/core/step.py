@@ -51,7 +51,7 @@ def train_step(model: nn.Module, optimizer, batches: Iterable[tuple[Tensor, Tens
     `mean_loss(t)` turns this process's mean micro-loss t (a 0-dim CPU tensor) into the batch's
     mean loss (the trainer's all-reduce; default: `t.item()`). `grad_clip` <= 0 = no clipping.
     The optimizer's learning rate is the caller's to set beforehand."""
-    fwd = fwd or model
+    fwd = model if fwd is None else fwd  # never `fwd or model`: a wrapper may refuse bool()
     loss_sum = torch.zeros((), device=device_of(model))
     for m, (x, y) in enumerate(batches):
         sync = no_sync() if no_sync is not None and m < n_micro - 1 else contextlib.nullcontext()
