@@ -465,3 +465,17 @@ def test_a_step_runs_through_a_forward_module_that_has_no_truth_value():
     x = torch.randint(32, (2, 8))
     result = train_step(model, opt, [(x, x)], n_micro=1, grad_clip=1.0, fwd=NoTruth(model))
     assert result.stepped
+
+
+@pytest.mark.slow
+def test_a_compiled_run_trains_on_the_cpu(tmp_path):
+    """train.compile=true through the real loop on the CPU (torch.compile's inductor): the run
+    finishes and its checkpoint holds the plain parameter names."""
+    from minigpt.train import train
+
+    run = tmp_path / "run"
+    done = train(load_config(None, tiny_sets(tmp_path, **{"train.compile": "true",
+                                                          "train.max_steps": 4})), run)
+    assert done.reason == "finished" and done.step == 4
+    weights = load_file(run / "model.safetensors")
+    assert weights and not any("_orig_mod" in n for n in weights)
