@@ -29,6 +29,30 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+def in_process(args: list[str], *, cwd: Path | None = None, **env: str | None):
+    """`minigpt ARGS` run by the app in this process (typer's CliRunner), in `cwd` when given,
+    with `env` set for the call (None unsets), as a finished process would report it: exit
+    code, stdout, stderr. What the quick tier runs where a real process would add only its
+    start-up (~2 CPU-s, most of it importing torch); an exception that escaped the error path (a
+    traceback in a real process) fails the test with its own traceback."""
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    before = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    finally:
+        os.chdir(before)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
 def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) -> Path:
     """A committed step-7 checkpoint of a random-init 2-layer byte model, with the top-level
     files `minigpt train` leaves (no training).
