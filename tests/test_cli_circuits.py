@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import in_process
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -169,16 +170,33 @@ def test_a_one_layer_model_has_no_composition(tmp_path):
     assert "composition needs heads in two layers" in error_line(invoke(run, "--composition"))
 
 
-def test_the_installed_command(run_dir, tmp_path):
-    """Through the `minigpt` console script: a working call and two one-line errors."""
+def installed(run_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`minigpt inspect-heads --run RUN_DIR ARGS` through the installed console script."""
     program = shutil.which("minigpt")
     assert program, "the `minigpt` console script is not on PATH: pip install -e ."
+    return subprocess.run([program, "inspect-heads", "--run", str(run_dir), "--device", "cpu",
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"},
+                          check=False)
+
+
+def here(run_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The same command run by the app in this process."""
+    return in_process(["inspect-heads", "--run", str(run_dir), "--device", "cpu", *args],
+                      cwd=cwd, COLUMNS="80")
+
+
+# Each call loads the model (a process: ~2 CPU-s of importing torch): in this process in the
+# quick tier, through the installed command in the slow tier (the quick tier runs the installed
+# `minigpt inspect-heads` in tests/test_cli_real.py and tests/test_run_choice.py).
+@pytest.mark.parametrize("how", [pytest.param(here, id="in-process"),
+                                 pytest.param(installed, id="installed",
+                                              marks=pytest.mark.slow)])
+def test_the_installed_command(run_dir, tmp_path, how):
+    """Through the `minigpt` console script: a working call and two one-line errors."""
 
     def run(*args):
-        r = subprocess.run([program, "inspect-heads", "--run", str(run_dir), "--device", "cpu",
-                            *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"},
-                           check=False)
+        r = how(run_dir, tmp_path, *args)
         assert "Traceback" not in r.stderr, r.stderr
         return r
 
