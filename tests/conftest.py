@@ -222,3 +222,41 @@ def induction_inspection(half: int = 16, base: int = 100, strs: list[str] | None
     return Inspection(tokens=tokens, token_strs=token_strs, attention=attn,
                       scores=score_heads(attn, tokens), parity_max_diff=0.0, parity_tol=1e-4,
                       source="probe:induction", copy_start=half)
+
+
+# A 2-layer, 4-head, 32-wide byte model: every documented command can read it (inspect-heads
+# --layer 1 --head 2), and 3 steps train in a few seconds.
+REAL_TINY = {"model.n_layer": 2, "model.n_head": 4, "model.n_embd": 32, "model.block_size": 32,
+             "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 3,
+             "train.warmup_steps": 1, "train.eval_interval": 3, "train.eval_batches": 1,
+             "train.checkpoint_interval": 3, "train.log_interval": 1, "train.sample_tokens": 0}
+
+
+@pytest.fixture(scope="session")
+def real_env(tmp_path_factory) -> dict[str, str]:
+    """The environment of the installed `minigpt` processes: the token cache in tmp."""
+    return {**os.environ, "MINIGPT_CACHE": str(tmp_path_factory.mktemp("real-cache"))}
+
+
+@pytest.fixture(scope="session")
+def place(real_env, tmp_path_factory) -> Path:
+    """A working directory outside the checkout whose runs/ holds `default` (the default
+    config with REAL_TINY's `--set`s, 3 steps, trained by the installed `minigpt train`),
+    `bytes` and `induction` (copies), as the documented commands expect (tests/test_cli_real.py);
+    tests/test_cli_train.py trains the same in this process and compares the files."""
+    import subprocess
+
+    from minigpt.paths import PROJECT_ROOT
+
+    program = shutil.which("minigpt")
+    assert program is not None, "the `minigpt` console script is not on PATH: pip install -e ."
+    cwd = tmp_path_factory.mktemp("real-cwd")
+    assert not cwd.resolve().is_relative_to(PROJECT_ROOT), "run outside the checkout"
+    sets = [x for k, v in REAL_TINY.items() for x in ("--set", f"{k}={v}")]
+    r = subprocess.run([program, "train", "--out", "runs/default", *sets], cwd=cwd,
+                       env=real_env, capture_output=True, text=True, timeout=300, check=False)
+    assert "Traceback" not in r.stderr + r.stdout and r.returncode == 0, r.stderr
+    for name in ("bytes", "induction"):
+        shutil.copytree(cwd / "runs" / "default", cwd / "runs" / name, symlinks=True)
+    return cwd
+
