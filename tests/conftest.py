@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -18,6 +19,29 @@ import torch
 if "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def pictures_off():
+    """Trainings inside draw neither curves.png nor heads.png; their records, metrics.jsonl and
+    every other file are written as always. Drawing is most of a tiny run's CPU time
+    (matplotlib lays a figure out at each evaluation: ~0.2 CPU-s for curves.png, ~1.5 for
+    heads.png, against milliseconds a step), so tests that read neither picture train without
+    them. The pictures a training draws are checked in tests/test_curves.py,
+    tests/test_timeline.py and on the installed command's run in tests/test_cli_real.py."""
+    from minigpt.train import outputs
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(outputs, "write_curves", lambda series: None)
+        m.setattr(outputs, "draw_timeline", lambda *a, **k: None)
+        yield
+
+
+@pytest.fixture
+def no_pictures():
+    """pictures_off() for the test."""
+    with pictures_off():
+        yield
 
 
 @pytest.fixture

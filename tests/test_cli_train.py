@@ -22,6 +22,10 @@ from minigpt.config import load_config, to_yaml
 from minigpt.run import load_run
 from minigpt.run.lock import RunLock
 
+# Trainings here draw no pictures (conftest.pictures_off: no test here reads curves.png or
+# heads.png, and drawing is most of a tiny run's CPU time).
+pytestmark = pytest.mark.usefixtures("no_pictures")
+
 
 def tiny_sets(tmp: Path, **over) -> list[str]:
     """conftest's tiny byte model, sampling 2 tokens at each evaluation."""
