@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -20,6 +21,32 @@ if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
 
 
+@contextlib.contextmanager
+def pictures_off(curves: bool = True, heads: bool = True):
+    """Trainings inside draw neither curves.png nor heads.png (or only the one not turned off);
+    their records, metrics.jsonl and every other file are written as always. Drawing is most
+    of a tiny run's CPU time (matplotlib lays a figure out at each evaluation: ~0.2 CPU-s for
+    curves.png, ~1.5 for heads.png, against milliseconds a step), so tests that read neither
+    picture train without them. The pictures a training draws are checked in
+    tests/test_curves.py, tests/test_timeline.py and on the installed command's run in
+    tests/test_cli_real.py."""
+    from minigpt.train import outputs
+
+    with pytest.MonkeyPatch.context() as m:
+        if curves:
+            m.setattr(outputs, "write_curves", lambda series: None)
+        if heads:
+            m.setattr(outputs, "draw_timeline", lambda *a, **k: None)
+        yield
+
+
+@pytest.fixture
+def no_pictures():
+    """pictures_off() for the test."""
+    with pictures_off():
+        yield
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models decode fastest on one thread (and the CLI sets one): restore afterwards."""
@@ -27,6 +54,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def in_process(args: list[str], *, cwd: Path | None = None, **env: str | None):
+    """`minigpt ARGS` run by the app in this process (typer's CliRunner), in `cwd` when given,
+    with `env` set for the call (None unsets), as a finished process would report it: exit
+    code, stdout, stderr. What the quick tier runs where a real process would add only its
+    start-up (~2 CPU-s, most of it importing torch); an exception that escaped the error path (a
+    traceback in a real process) fails the test with its own traceback."""
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    before = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    finally:
+        os.chdir(before)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) -> Path:
@@ -168,8 +219,9 @@ def trained_runs(tmp_path_factory) -> dict:
                 info["pictures"].append((png.stat().st_ino,
                                          hashlib.sha256(png.read_bytes()).hexdigest()))
 
-        info["done"] = train(load_config(None, tiny_train_sets(root)), run, on_event=on_event,
-                             stop_after=stop)
+        with pictures_off(curves=False):  # curves.png only: no test reads their heads.png
+            info["done"] = train(load_config(None, tiny_train_sets(root)), run,
+                                 on_event=on_event, stop_after=stop)
         out[name] = info
     return out
 
@@ -198,3 +250,41 @@ def induction_inspection(half: int = 16, base: int = 100, strs: list[str] | None
     return Inspection(tokens=tokens, token_strs=token_strs, attention=attn,
                       scores=score_heads(attn, tokens), parity_max_diff=0.0, parity_tol=1e-4,
                       source="probe:induction", copy_start=half)
+
+
+# A 2-layer, 4-head, 32-wide byte model: every documented command can read it (inspect-heads
+# --layer 1 --head 2), and 3 steps train in a few seconds.
+REAL_TINY = {"model.n_layer": 2, "model.n_head": 4, "model.n_embd": 32, "model.block_size": 32,
+             "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 3,
+             "train.warmup_steps": 1, "train.eval_interval": 3, "train.eval_batches": 1,
+             "train.checkpoint_interval": 3, "train.log_interval": 1, "train.sample_tokens": 0}
+
+
+@pytest.fixture(scope="session")
+def real_env(tmp_path_factory) -> dict[str, str]:
+    """The environment of the installed `minigpt` processes: the token cache in tmp."""
+    return {**os.environ, "MINIGPT_CACHE": str(tmp_path_factory.mktemp("real-cache"))}
+
+
+@pytest.fixture(scope="session")
+def place(real_env, tmp_path_factory) -> Path:
+    """A working directory outside the checkout whose runs/ holds `default` (the default
+    config with REAL_TINY's `--set`s, 3 steps, trained by the installed `minigpt train`),
+    `bytes` and `induction` (copies), as the documented commands expect (tests/test_cli_real.py);
+    tests/test_cli_train.py trains the same in this process and compares the files."""
+    import subprocess
+
+    from minigpt.paths import PROJECT_ROOT
+
+    program = shutil.which("minigpt")
+    assert program is not None, "the `minigpt` console script is not on PATH: pip install -e ."
+    cwd = tmp_path_factory.mktemp("real-cwd")
+    assert not cwd.resolve().is_relative_to(PROJECT_ROOT), "run outside the checkout"
+    sets = [x for k, v in REAL_TINY.items() for x in ("--set", f"{k}={v}")]
+    r = subprocess.run([program, "train", "--out", "runs/default", *sets], cwd=cwd,
+                       env=real_env, capture_output=True, text=True, timeout=300, check=False)
+    assert "Traceback" not in r.stderr + r.stdout and r.returncode == 0, r.stderr
+    for name in ("bytes", "induction"):
+        shutil.copytree(cwd / "runs" / "default", cwd / "runs" / name, symlinks=True)
+    return cwd
+

@@ -167,6 +167,21 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return r
 
 
+def run_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The same command run by the app in this process."""
+    from conftest import in_process
+
+    r = in_process(list(args), cwd=cwd)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+# A call that loads the model: in this process in the quick tier (a process adds ~2 CPU-s of
+# importing torch), through the installed command in the slow tier.
+HOW = [pytest.param(run_here, id="in-process"),
+       pytest.param(run_cli, id="installed", marks=pytest.mark.slow)]
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     from conftest import save_tiny_run
@@ -174,14 +189,15 @@ def tiny_run(tmp_path_factory) -> Path:
     return save_tiny_run(tmp_path_factory.mktemp("abl") / "run")
 
 
+@pytest.mark.parametrize("how", HOW)
 @pytest.mark.parametrize("mode", [  # each mode's numbers: the library tests above, in-process
     pytest.param(m, marks=[] if m == "zero" else [pytest.mark.slow]) for m in MODES])
-def test_the_command_prints_the_librarys_effects(tiny_run, tmp_path, mode):
+def test_the_command_prints_the_librarys_effects(tiny_run, tmp_path, mode, how):
     from minigpt.heads.probes import prepare_input
     from minigpt.run import load_run
 
-    r = run_cli("inspect-heads", "--run", str(tiny_run), "--probe", "induction", "--ablate",
-                mode, "--json", "--device", "cpu", cwd=tmp_path)
+    r = how("inspect-heads", "--run", str(tiny_run), "--probe", "induction", "--ablate",
+            mode, "--json", "--device", "cpu", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     loaded = load_run(tiny_run, "cpu")
@@ -196,11 +212,12 @@ def test_the_command_prints_the_librarys_effects(tiny_run, tmp_path, mode):
                                                 abs=1e-6)
 
 
-def test_table_png_html_and_json_files_carry_the_effects(tiny_run, tmp_path):
+@pytest.mark.parametrize("how", HOW)
+def test_table_png_html_and_json_files_carry_the_effects(tiny_run, tmp_path, how):
     out = tmp_path / "out"
-    r = run_cli("inspect-heads", "--run", str(tiny_run), "--text", "To be, or not to be",
-                "--ablate", "zero", "--format", "table,png,html,json", "--out", str(out),
-                cwd=tmp_path)
+    r = how("inspect-heads", "--run", str(tiny_run), "--text", "To be, or not to be",
+            "--ablate", "zero", "--format", "table,png,html,json", "--out", str(out),
+            cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "ablate" in r.stdout and "every next-token prediction" in r.stderr
     assert (out / "ablation.png").read_bytes()[:4] == b"\x89PNG"

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import in_process
 from test_cli_circuits import error_line, make_run
 from typer.testing import CliRunner
 
@@ -119,30 +120,49 @@ def test_bad_input_is_one_line_exit_2(run_dir, args, expect):
     assert expect in error_line(invoke(run_dir, *args))
 
 
-def test_the_installed_command(run_dir, tmp_path):
-    """Through the `minigpt` console script: a working call and one-line errors, each before
-    any work (the bad flags before the model loads)."""
+def installed(run_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`minigpt circuit --run RUN_DIR ARGS` through the installed console script, 80 columns."""
     program = shutil.which("minigpt")
     assert program, "the `minigpt` console script is not on PATH: pip install -e ."
+    return subprocess.run([program, "circuit", "--run", str(run_dir), "--device", "cpu", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"})
 
-    def run(*args):
-        r = subprocess.run([program, "circuit", "--run", str(run_dir), "--device", "cpu",
-                            *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"},
-                           check=False)
-        assert "Traceback" not in r.stderr, r.stderr
-        return r
 
-    ok = run(*PROBE, "--edges", "5", "--ig-steps", "2")
-    assert ok.returncode == 0, ok.stderr
-    assert "strongest edges" in ok.stdout and "5 of" not in ok.stdout
-    for args, needle in (
-            (["--text", "abcd", "--patch-from", "ab"], "has 2 tokens"),
-            (["--text", "abcd", "--patch-from", "abce", "--answer", "xy", "--wrong", "a"],
-             "is 2 tokens"),
-            ([*PROBE, "--edges", "0"], "--edges 0: must be at least 1"),
-            ([*PROBE, "--ig-steps", "0"], "--ig-steps 0: must be at least 1")):
-        r = run(*args)
+def here(run_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The same command run by the app in this process."""
+    return in_process(["circuit", "--run", str(run_dir), "--device", "cpu", *args], cwd=cwd,
+                      COLUMNS="80")
+
+
+HOW_ID = {installed: "installed", here: "in-process"}
+# The bad flags are refused before the model loads, so a process costs little there; a working
+# call or a refusal after loading costs a process its torch import (~2 CPU-s): in-process in
+# the quick tier, through the installed command in the slow tier (the quick tier runs the
+# installed `minigpt circuit` in tests/test_cli_real.py).
+INSTALLED_CASES = [
+    pytest.param(args, needle, how, id=f"{name}-{HOW_ID[how]}",
+                 marks=[pytest.mark.slow] if how is installed and loads else [])
+    for name, args, needle, loads in (
+        ("works", [*PROBE, "--edges", "5", "--ig-steps", "2"], None, True),
+        ("text-pair-length", ["--text", "abcd", "--patch-from", "ab"], "has 2 tokens", True),
+        ("answer-length", ["--text", "abcd", "--patch-from", "abce", "--answer", "xy",
+                           "--wrong", "a"], "is 2 tokens", True),
+        ("edges-0", [*PROBE, "--edges", "0"], "--edges 0: must be at least 1", False),
+        ("ig-steps-0", [*PROBE, "--ig-steps", "0"], "--ig-steps 0: must be at least 1", False))
+    for how in ((installed,) if not loads else (here, installed))]
+
+
+@pytest.mark.parametrize("args, needle, how", INSTALLED_CASES)
+def test_the_installed_command(run_dir, tmp_path, args, needle, how):
+    """Through the `minigpt` console script: a working call and one-line errors, each before
+    any work (the bad flags before the model loads)."""
+    r = how(run_dir, tmp_path, *args)
+    assert "Traceback" not in r.stderr, r.stderr
+    if needle is None:
+        assert r.returncode == 0, r.stderr
+        assert "strongest edges" in r.stdout and "5 of" not in r.stdout
+    else:
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import in_process
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -99,13 +100,23 @@ def test_text_patching_and_the_logit_difference(run_dir):
     assert all(isinstance(row["patch"], float) for row in doc["heads"])
 
 
-def test_files_have_the_pictures(run_dir, tmp_path):
+@pytest.fixture(scope="module")
+def with_files(run_dir, tmp_path_factory):
+    """One call with every measurement that draws a picture and the PNG, HTML and JSON files
+    (drawing is most of its CPU time), read by the tests of the pictures and of the lens:
+    (result, the --out directory)."""
+    out = tmp_path_factory.mktemp("files")
     r = invoke(run_dir, "--probe", "induction", "--dla", "--composition", "--patch-from",
-               "corrupted", "--format", "png,json", "--out", str(tmp_path))
+               "corrupted", "--lens", "--json", "--format", "png,html,json", "--out", str(out))
     assert r.exit_code == 0, r.stderr
+    return r, out
+
+
+def test_files_have_the_pictures(with_files):
+    _, out = with_files
     for name in ("composition.png", "circuits.png"):
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
-    assert "composition" in json.loads((tmp_path / "scores.json").read_text())
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert "composition" in json.loads((out / "scores.json").read_text())
 
 
 @pytest.mark.parametrize("width", [80, 200])
@@ -169,16 +180,33 @@ def test_a_one_layer_model_has_no_composition(tmp_path):
     assert "composition needs heads in two layers" in error_line(invoke(run, "--composition"))
 
 
-def test_the_installed_command(run_dir, tmp_path):
-    """Through the `minigpt` console script: a working call and two one-line errors."""
+def installed(run_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`minigpt inspect-heads --run RUN_DIR ARGS` through the installed console script."""
     program = shutil.which("minigpt")
     assert program, "the `minigpt` console script is not on PATH: pip install -e ."
+    return subprocess.run([program, "inspect-heads", "--run", str(run_dir), "--device", "cpu",
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"},
+                          check=False)
+
+
+def here(run_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The same command run by the app in this process."""
+    return in_process(["inspect-heads", "--run", str(run_dir), "--device", "cpu", *args],
+                      cwd=cwd, COLUMNS="80")
+
+
+# Each call loads the model (a process: ~2 CPU-s of importing torch): in this process in the
+# quick tier, through the installed command in the slow tier (the quick tier runs the installed
+# `minigpt inspect-heads` in tests/test_cli_real.py and tests/test_run_choice.py).
+@pytest.mark.parametrize("how", [pytest.param(here, id="in-process"),
+                                 pytest.param(installed, id="installed",
+                                              marks=pytest.mark.slow)])
+def test_the_installed_command(run_dir, tmp_path, how):
+    """Through the `minigpt` console script: a working call and two one-line errors."""
 
     def run(*args):
-        r = subprocess.run([program, "inspect-heads", "--run", str(run_dir), "--device", "cpu",
-                            *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"},
-                           check=False)
+        r = how(run_dir, tmp_path, *args)
         assert "Traceback" not in r.stderr, r.stderr
         return r
 
@@ -225,17 +253,15 @@ def test_the_patch_column_says_how_to_read_a_fraction_above_1(run_dir):
     assert "effects do not add up" in " ".join(r.stderr.split())
 
 
-def test_the_lens_through_the_command(run_dir, tmp_path):
-    r = invoke(run_dir, "--probe", "induction", "--lens", "--json", "--format", "png,html",
-               "--out", str(tmp_path))
-    assert r.exit_code == 0, r.stderr
+def test_the_lens_through_the_command(run_dir, with_files):
+    r, out = with_files
     doc = json.loads(r.stdout)
     half = len(doc["tokens"]) // 2
     points = {rec["point"] for rec in doc["lens"]}
     assert points == {"embed", "L0", "L1"} and len(doc["lens"]) == 3 * (half - 1)
     assert {rec["position"] for rec in doc["lens"]} == set(range(half, 2 * half - 1))
     assert all(rec["target"] == doc["tokens"][rec["position"] + 1] for rec in doc["lens"])
-    assert (tmp_path / "lens.png").read_bytes()[:4] == b"\x89PNG"
-    assert '"lens":{"points"' in (tmp_path / "attention.html").read_text()
+    assert (out / "lens.png").read_bytes()[:4] == b"\x89PNG"
+    assert '"lens":{"points"' in (out / "attention.html").read_text()
     r = invoke(run_dir, "--text", "abcabc", "--lens", "--target", "a", "--json")
     assert {rec["target"] for rec in json.loads(r.stdout)["lens"]} == {ord("a")}

@@ -23,7 +23,6 @@ with the token cache in a temporary directory.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REAL_TINY, in_process
 from doc_commands import RUN_DOCS, code_lines, minigpt_parts
 
 from minigpt.paths import PROJECT_ROOT
@@ -40,12 +40,7 @@ MINIGPT = shutil.which("minigpt")
 CUDA = torch.cuda.is_available()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-# A 2-layer, 4-head, 32-wide byte model: every README command can read it (inspect-heads
-# --layer 1 --head 2), and 3 steps train in a few seconds.
-TINY = {"model.n_layer": 2, "model.n_head": 4, "model.n_embd": 32, "model.block_size": 32,
-        "tokenizer.vocab_size": 256, "train.batch_size": 4, "train.max_steps": 3,
-        "train.warmup_steps": 1, "train.eval_interval": 3, "train.eval_batches": 1,
-        "train.checkpoint_interval": 3, "train.log_interval": 1, "train.sample_tokens": 0}
+TINY = REAL_TINY  # conftest's: the documented commands' run (`place`) and the trainings here
 
 
 def tiny(**over) -> list[str]:
@@ -114,8 +109,8 @@ def program() -> str:
 
 
 @pytest.fixture(scope="session")
-def env(tmp_path_factory) -> dict[str, str]:
-    return {**os.environ, "MINIGPT_CACHE": str(tmp_path_factory.mktemp("real-cache"))}
+def env(real_env) -> dict[str, str]:
+    return real_env
 
 
 def minigpt(program: str, args: list[str], cwd: Path, env: dict, timeout: float = 300,
@@ -129,15 +124,8 @@ def minigpt(program: str, args: list[str], cwd: Path, env: dict, timeout: float 
     return r
 
 
-@pytest.fixture(scope="session")
-def place(program, env, tmp_path_factory) -> Path:
-    """A working directory outside the checkout whose runs/ holds `default` (3 steps, trained
-    by the real command), `bytes` and `induction` (copies), as the documented commands expect."""
-    cwd = tmp_path_factory.mktemp("real-cwd")
-    minigpt(program, ["train", "--out", "runs/default", *tiny()], cwd, env)
-    for name in ("bytes", "induction"):
-        shutil.copytree(cwd / "runs" / "default", cwd / "runs" / name, symlinks=True)
-    return cwd
+# `place` (conftest): a working directory whose runs/ holds `default` (3 steps, trained by the
+# installed `minigpt train`), `bytes` and `induction` (copies), as the documented commands expect.
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,20 +153,47 @@ def _usage_error(r: subprocess.CompletedProcess, needle: str) -> None:
     assert len(errors) == 1 and needle in errors[0], r.stderr
 
 
-@pytest.mark.parametrize("args, needle", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
-def test_usage_errors_are_the_parsers_message_and_exit_2(program, env, tmp_path, args, needle):
-    _usage_error(minigpt(program, args, tmp_path, env, ok=False), needle)
+def here(args: list[str], cwd: Path, ok: bool = True) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` run by the app in this process, shaped like `minigpt` above."""
+    r = in_process(args, cwd=cwd)
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    if ok:
+        assert r.returncode == 0, f"minigpt {shlex.join(args)}: exit {r.returncode}\n{r.stderr}"
+    return r
 
 
-def test_every_command_rejects_an_unknown_flag(program, env, tmp_path):
+# The parser's errors come before any command runs: the quick tier runs one unknown command and
+# one unknown flag through the installed program, the rest in this process (the same parser,
+# ~0.3 CPU-s a process saved each); the slow tier runs every one through the installed program.
+QUICK_USAGE_PROCESSES = {("trian",), ("sample", "--bogus")}
+
+
+@pytest.mark.parametrize("args, needle, installed", [
+    pytest.param(a, n, i, id=f"{' '.join(a)}{'' if i else '-in-process'}",
+                 marks=[pytest.mark.slow] if i and tuple(a) not in QUICK_USAGE_PROCESSES else [])
+    for a, n in USAGE_ERRORS for i in (True, False) if i or tuple(a) not in QUICK_USAGE_PROCESSES])
+def test_usage_errors_are_the_parsers_message_and_exit_2(program, env, tmp_path, args, needle,
+                                                         installed):
+    r = minigpt(program, args, tmp_path, env, ok=False) if installed else here(args, tmp_path,
+                                                                                ok=False)
+    _usage_error(r, needle)
+
+
+@pytest.mark.parametrize("installed", [pytest.param(False, id="in-process"),
+                                       pytest.param(True, id="installed",
+                                                    marks=pytest.mark.slow)])
+def test_every_command_rejects_an_unknown_flag(program, env, tmp_path, installed):
     """Every command `minigpt --help` lists, with a flag it does not have."""
-    help_text = minigpt(program, ["--help"], tmp_path, env).stdout
+    def run(args: list[str], ok: bool = True) -> subprocess.CompletedProcess:
+        return minigpt(program, args, tmp_path, env, ok=ok) if installed else here(args, tmp_path,
+                                                                                   ok=ok)
+
+    help_text = run(["--help"]).stdout
     names = re.findall(r"^  ([a-z-]+) ", help_text[help_text.index("Commands:"):], re.MULTILINE)
     assert set(names) == {"train", "sample", "inspect-heads", "circuit", "bench", "runs",
                           "curves", "export"}
     for name in names:
-        _usage_error(minigpt(program, [name, "--no-such-flag"], tmp_path, env, ok=False),
-                     "No such option: --no-such-flag")
+        _usage_error(run([name, "--no-such-flag"], ok=False), "No such option: --no-such-flag")
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,27 +256,44 @@ def downloads(argv: list[str]) -> bool:
 
 
 def first_of_each_kind(commands: list[list[str]]) -> list:
-    """Each command as a pytest param: the first of each kind (command name; the downloading
-    ones are one kind) in the quick tier, the others slow (each is a process that imports
-    torch; the in-process CLI tests cover their flags, test_hf.py the offline hub)."""
+    """Each command as a pytest param: the first of each kind (command name) in the quick tier,
+    the others slow (each is a process that imports torch; the in-process CLI tests cover their
+    flags). The downloading ones are slow too: in this process in the quick tier
+    (test_documented_hub_command_offline_in_process)."""
     seen, params = set(), []
     for argv in commands:
         kind = "hf:" if downloads(argv) else argv[0]
         params.append(pytest.param(argv, id=" ".join(argv),
-                                   marks=[pytest.mark.slow] if kind in seen else []))
+                                   marks=[pytest.mark.slow] if kind in seen or kind == "hf:"
+                                   else []))
         seen.add(kind)
     return params
+
+
+def _download_failed_offline(r: subprocess.CompletedProcess) -> None:
+    """Offline, the real download path fails in one line, nothing else."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: --model hf:") and "download failed" in lines[0]
 
 
 @pytest.mark.parametrize("argv", first_of_each_kind(QUICK))
 def test_documented_command_works_on_a_trained_run(program, env, place, argv):
     if downloads(argv):  # offline: the real download path fails in one line, nothing else
-        r = minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"}, ok=False)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, r.stderr
-        assert lines[0].startswith("error: --model hf:") and "download failed" in lines[0]
+        _download_failed_offline(minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"},
+                                         ok=False))
         return
     check_output(argv, minigpt(program, argv, place, env), place)
+
+
+@pytest.mark.parametrize("argv", [pytest.param(a, id=" ".join(a)) for a in QUICK if downloads(a)])
+def test_documented_hub_command_offline_in_process(place, argv, tmp_path, monkeypatch):
+    """The documented `--model hf:` commands by the app in this process, huggingface_hub
+    offline (as HF_HUB_OFFLINE=1 makes it when it is imported) with an empty cache."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    _download_failed_offline(here(argv, place, ok=False))
 
 
 def test_every_run_has_its_curves_png(place):

@@ -22,6 +22,10 @@ from minigpt.config import load_config, to_yaml
 from minigpt.run import load_run
 from minigpt.run.lock import RunLock
 
+# Trainings here draw no pictures (conftest.pictures_off: no test here reads curves.png or
+# heads.png, and drawing is most of a tiny run's CPU time).
+pytestmark = pytest.mark.usefixtures("no_pictures")
+
 
 def tiny_sets(tmp: Path, **over) -> list[str]:
     """conftest's tiny byte model, sampling 2 tokens at each evaluation."""
@@ -163,16 +167,21 @@ def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, 
     assert "model.n_layer=2" in r.stderr and "gives 3" in r.stderr
 
 
-def test_two_identical_runs_write_identical_files(trained_runs, tmp_path):
-    """Issue 26: the same training in two processes (the installed command, and the session's
-    run trained in the test process) gives byte-identical weights and optimizer state:
-    safetensors metadata is written in a fixed order."""
-    ref = trained_runs["finished"]
-    r = installed("train", *with_sets(ref["sets"]), "--out", str(tmp_path / "b"), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+def test_two_identical_runs_write_identical_files(place, real_env, tmp_path, monkeypatch):
+    """Issue 26: the same training in two processes (the installed command's run of the
+    documented commands, conftest's `place`, and the same command in the test process) gives
+    byte-identical weights and optimizer state: safetensors metadata is written in a fixed
+    order."""
+    from conftest import REAL_TINY
+
+    monkeypatch.chdir(tmp_path)  # the installed command's token cache, as it ran
+    monkeypatch.setenv("MINIGPT_CACHE", real_env["MINIGPT_CACHE"])
+    r = invoke("--out", str(tmp_path / "b"), *with_sets([f"{k}={v}" for k, v in
+                                                         REAL_TINY.items()]))
+    assert r.exit_code == 0, r.stderr
     digests = [[hashlib.sha256((run / f).read_bytes()).hexdigest()
                 for f in ("model.safetensors", "optimizer.safetensors")]
-               for run in (ref["dir"], tmp_path / "b")]
+               for run in (place / "runs" / "default", tmp_path / "b")]
     assert digests[0] == digests[1]
 
 

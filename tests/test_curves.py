@@ -93,6 +93,7 @@ def test_the_trainer_draws_from_its_records_and_never_reads_the_log_back(tmp_pat
         m.setattr(outputs_mod, "metrics_upto", lambda *a: reads.append(a[1]) or upto(*a))
         m.setattr(listing_mod, "read_metrics", never)
         m.setattr(state_mod, "read_metrics", never)
+        m.setattr(outputs_mod, "draw_timeline", lambda *a, **k: None)  # heads.png: not read
         run = tmp_path / "a" / "run"
         train(load_config(None, tiny_train_sets(tmp_path, **{"train.max_steps": 9})), run,
               stop_after=4)

@@ -83,7 +83,9 @@ def test_kill_9_then_resume(tmp_path, corpus, kind, seed):
 
 
 # --------------------------------------------------------------------------------------------
-# Disk full while saving.
+# Disk full while saving. (`no_pictures`, here and below: the test reads neither picture, and
+# drawing them is most of a tiny run's CPU time; the tests whose "changes nothing" covers the
+# pictures a resume would redraw, and the real full disk, draw them.)
 
 
 def _assert_failed_save_left_a_good_run(run: Path, r, prev_step: int, corpus: Path,
@@ -98,7 +100,7 @@ def _assert_failed_save_left_a_good_run(run: Path, r, prev_step: int, corpus: Pa
     assert load_run(run, "cpu").step == 6
 
 
-def test_disk_full_just_before_the_commit(tmp_path, corpus, monkeypatch):
+def test_disk_full_just_before_the_commit(tmp_path, corpus, monkeypatch, no_pictures):
     """ENOSPC at the last moment before the step-4 commit (the checkpoint is complete and
     renamed to step-000004, the metrics log is being made durable): the step dir and the
     temporary link are removed, step 2 stays committed."""
@@ -116,7 +118,7 @@ def test_disk_full_just_before_the_commit(tmp_path, corpus, monkeypatch):
     _assert_failed_save_left_a_good_run(run, r, 2, corpus, tmp_path)
 
 
-def test_disk_full_injected_in_the_write_helper(tmp_path, corpus, monkeypatch):
+def test_disk_full_injected_in_the_write_helper(tmp_path, corpus, monkeypatch, no_pictures):
     """An independent injection: the durable-write helper raises ENOSPC on the step-4
     optimizer file (after the weights were written into the temporary directory)."""
     run = tmp_path / "run"
@@ -210,7 +212,8 @@ def one_line(r: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("run_cli", HOW)
-def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, corpus, run_cli):
+def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, corpus, run_cli,
+                                                                     no_pictures):
     """`checkpoints/latest` gone (a copy tool that drops links): the newest complete step is
     the committed one; --resume continues from it, bit for bit as an uninterrupted run, and
     never rewrites it."""
@@ -323,7 +326,8 @@ def _hold_lock_then(run: Path, then: str) -> subprocess.Popen:
     return p
 
 
-def test_second_trainer_refuses_and_a_killed_trainers_lock_does_not_stick(tmp_path, corpus):
+def test_second_trainer_refuses_and_a_killed_trainers_lock_does_not_stick(tmp_path, corpus,
+                                                                         no_pictures):
     run = tmp_path / "run"
     r = invoke("--out", str(run), *sets(corpus, tmp_path), "--stop-after", "2")
     assert r.exit_code == 0, r.stderr
@@ -348,7 +352,7 @@ def test_second_trainer_refuses_and_a_killed_trainers_lock_does_not_stick(tmp_pa
         pass
 
 
-def test_run_dir_with_only_a_stale_lock_can_be_started(tmp_path, corpus):
+def test_run_dir_with_only_a_stale_lock_can_be_started(tmp_path, corpus, no_pictures):
     run = tmp_path / "run"
     run.mkdir()
     dead = _hold_lock_then(run, "die")

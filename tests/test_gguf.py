@@ -619,9 +619,22 @@ def test_without_the_gguf_package_one_line_says_what_to_install(small_run, tmp_p
     assert names(tmp_path) == []
 
 
-def test_the_installed_command_writes_the_file_and_says_where(small_run, tmp_path):
+def export_here(*args: str) -> subprocess.CompletedProcess:
+    """`minigpt export ARGS` run by the app in this process."""
+    from conftest import in_process
+
+    return in_process(["export", *args])
+
+
+# In this process in the quick tier (a process adds ~2 CPU-s of importing torch; the quick
+# tier's installed `minigpt export` processes: the file-size-limit test above, the killed
+# export, tests/test_cli_real.py), through the installed command in the slow tier.
+@pytest.mark.parametrize("export", [pytest.param(export_here, id="in-process"),
+                                    pytest.param(minigpt, id="installed",
+                                                 marks=pytest.mark.slow)])
+def test_the_installed_command_writes_the_file_and_says_where(small_run, tmp_path, export):
     out = tmp_path / "sub" / "m.gguf"
-    r = minigpt(*export_cmd(small_run, out, "--dtype", "f16"))
+    r = export(*export_cmd(small_run, out, "--dtype", "f16"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out)
     assert "gpt2" in r.stderr and "f16" in r.stderr and "llama-bpe" in r.stderr

@@ -24,16 +24,23 @@ from minigpt.heads.inspection import Inspection
 # Flags before torch.
 
 NO_TORCH = """
-import sys
+import contextlib, io, json, sys
 from minigpt.cli import app
-try:
-    app(args=sys.argv[1:], prog_name="minigpt")
-except SystemExit as e:
-    print("torch loaded:", "torch" in sys.modules, "exit:", e.code)
+out = []
+for argv in json.loads(sys.argv[1]):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            app(args=argv, prog_name="minigpt")
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    out.append({"torch": "torch" in sys.modules, "exit": code, "stdout": stdout.getvalue(),
+                "stderr": stderr.getvalue()})
+print(json.dumps(out))
 """
 
-
-@pytest.mark.parametrize("argv, flag", [
+REFUSED_BEFORE_TORCH = [
     (["sample", "-t", "-1"], "--temperature"),
     (["sample", "--top-p", "2"], "--top-p"),
     (["sample", "--seed", "-1"], "--seed"),
@@ -41,13 +48,33 @@ except SystemExit as e:
     (["inspect-heads", "--ablate", "everything"], "--ablate"),
     (["train", "--set", "train.threads=-1"], "--set train.threads"),
     (["train", "--config", "no-such-config"], "config file not found"),
-])
-def test_a_bad_flag_is_refused_before_torch_loads(argv, flag, tmp_path):
-    r = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], cwd=tmp_path, text=True,
-                       capture_output=True, timeout=120, check=False,
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> list[dict]:
+    """Every command of REFUSED_BEFORE_TORCH, one after the other in ONE fresh process (one
+    interpreter start-up instead of seven): its exit code, stdout, stderr, and whether torch
+    was loaded once it (and those before it) had run."""
+    import json
+
+    argvs = [argv for argv, _ in REFUSED_BEFORE_TORCH]
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps(argvs)],
+                       cwd=tmp_path_factory.mktemp("no-torch"), text=True, capture_output=True,
+                       timeout=120, check=False,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    assert r.stdout.strip() == "torch loaded: False exit: 2", (r.stdout, r.stderr)
-    assert r.stderr.startswith(f"error: {flag}") and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("i, argv, flag", [(i, a, f) for i, (a, f) in
+                                           enumerate(REFUSED_BEFORE_TORCH)])
+def test_a_bad_flag_is_refused_before_torch_loads(refused, i, argv, flag):
+    first = next((REFUSED_BEFORE_TORCH[j][0] for j, x in enumerate(refused) if x["torch"]), None)
+    assert not refused[i]["torch"], f"torch was loaded by minigpt {' '.join(first)}"
+    assert refused[i]["exit"] == 2 and refused[i]["stdout"] == "", refused[i]
+    err = refused[i]["stderr"]
+    assert err.startswith(f"error: {flag}") and err.count("\n") == 1, err
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import pictures_off
 from safetensors.torch import load_file
 from test_train import tiny_sets
 
@@ -24,6 +25,10 @@ from minigpt.run.resume import resume_config
 from minigpt.train import train
 from minigpt.train.batches import rows_for, to_device, validation_sample
 from minigpt.train.ema import WeightAverage, ema_decay
+
+# Trainings here draw no pictures (conftest.pictures_off: no test here reads curves.png or
+# heads.png, and drawing is most of a tiny run's CPU time).
+pytestmark = pytest.mark.usefixtures("no_pictures")
 
 MINIGPT = shutil.which("minigpt")
 
@@ -73,7 +78,8 @@ def ema_run(tmp_path_factory) -> tuple[Path, list[EvalEvent]]:
     tmp = tmp_path_factory.mktemp("ema")
     events: list = []
     sets = tiny_sets(tmp, **{"train.ema": 0.9, "model.attn_dropout": 0.1})
-    train(load_config(None, sets), tmp / "run", on_event=events.append)
+    with pictures_off():
+        train(load_config(None, sets), tmp / "run", on_event=events.append)
     return tmp / "run", [e for e in events if isinstance(e, EvalEvent)]
 
 

@@ -1,7 +1,9 @@
 """Which run `sample`, `export` and `inspect-heads` use without `--run` (minigpt.run.choice,
 one rule): the latest finished run the command can use, named on stderr, with every newer
-run it passed over and why; a run still training is never used without a word. Through the
-installed command, on tiny runs made in place (a held train.lock is a run still training)."""
+run it passed over and why; a run still training is never used without a word. On tiny runs
+made in place (a held train.lock is a run still training), through the command in this process
+(the quick tier) and through the installed command (the slow tier; one case quick, with the
+lock held by another process than the command's)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import in_process
 
 MINIGPT = shutil.which("minigpt")
 
@@ -51,13 +54,27 @@ def held(run: Path):
     return fh
 
 
-def minigpt(cwd: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+def installed(cwd: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` through the installed console script, in `cwd`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MINIGPT_CACHE": str(cwd / "cache")}
     r = subprocess.run([MINIGPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=300, check=False)
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == code, r.stderr
     return r
+
+
+def here(cwd: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+    """The same command run by the app in this process, in `cwd`."""
+    r = in_process(list(args), cwd=cwd, MINIGPT_CACHE=str(cwd / "cache"))
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == code, r.stderr
+    return r
+
+
+# Each rule in this process in the quick tier; through the installed command in the slow tier.
+HOW = [pytest.param(here, id="in-process"),
+       pytest.param(installed, id="installed", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +92,21 @@ def place(tmp_path_factory) -> Path:
     fh.close()
 
 
-def test_export_takes_the_latest_finished_run_it_can_hold_and_says_what_it_passed(place):
-    r = minigpt(place, "export", "--out", "hf")
+@pytest.mark.parametrize("minigpt", HOW)
+def test_export_takes_the_latest_finished_run_it_can_hold_and_says_what_it_passed(place, minigpt,
+                                                                                  tmp_path):
+    r = minigpt(place, "export", "--out", str(tmp_path / "hf"))
     err = r.stderr
     assert "exporting the latest finished run, runs/done (step 4)" in err
     assert "passing over runs/busy (still training (step 4 of 4 committed))" in err
     assert "passing over runs/speed (model.qk_norm is true: GPT-2 and GPT-NeoX do not " \
         "normalise queries and keys)\n" in err  # no "give --run": it cannot be exported
     assert "passing over runs/killed (killed at step 4 of 400)" in err
-    assert (place / "hf" / "config.json").is_file()
+    assert (tmp_path / "hf" / "config.json").is_file()
 
 
-def test_inspect_heads_takes_any_finished_run_and_says_its_kind(place):
+@pytest.mark.parametrize("minigpt", HOW)
+def test_inspect_heads_takes_any_finished_run_and_says_its_kind(place, minigpt):
     r = minigpt(place, "inspect-heads", "--json", "--max-tokens", "8")
     assert "using the latest finished run, runs/speed (step 4), trained on text, bytes" \
         in r.stderr
@@ -95,13 +115,16 @@ def test_inspect_heads_takes_any_finished_run_and_says_its_kind(place):
 
 
 def test_sample_passes_over_a_run_still_training(place):
+    """Through the installed command in the quick tier: the lock is another process's."""
+    minigpt = installed
     r = minigpt(place, "sample", "-n", "4", "--seed", "1")
     assert "sampling from the latest finished run trained on text, runs/speed (step 4)" \
         in r.stderr
     assert "passing over runs/busy (still training" in r.stderr
 
 
-def test_a_run_still_training_is_used_only_with_a_word(tmp_path):
+@pytest.mark.parametrize("minigpt", HOW)
+def test_a_run_still_training_is_used_only_with_a_word(tmp_path, minigpt):
     fh = held(make_run(tmp_path, "busy", 10))
     try:
         r = minigpt(tmp_path, "sample", "-n", "4", "--seed", "1")
@@ -111,7 +134,8 @@ def test_a_run_still_training_is_used_only_with_a_word(tmp_path):
             "committed): runs/busy (step 4)") in r.stderr
 
 
-def test_sample_takes_text_over_a_newer_induction_run_and_falls_back_to_it(tmp_path):
+@pytest.mark.parametrize("minigpt", HOW)
+def test_sample_takes_text_over_a_newer_induction_run_and_falls_back_to_it(tmp_path, minigpt):
     make_run(tmp_path, "text", 300)
     make_run(tmp_path, "ind", 100, source="induction")
     r = minigpt(tmp_path, "sample", "-n", "4", "--seed", "1")
@@ -123,7 +147,8 @@ def test_sample_takes_text_over_a_newer_induction_run_and_falls_back_to_it(tmp_p
             "runs/ind (step 4)") in r.stderr
 
 
-def test_export_with_nothing_it_can_hold_is_one_line(tmp_path):
+@pytest.mark.parametrize("minigpt", HOW)
+def test_export_with_nothing_it_can_hold_is_one_line(tmp_path, minigpt):
     make_run(tmp_path, "speed", 10, activation="relu2")
     r = minigpt(tmp_path, "export", "--out", "hf", code=2)
     lines = r.stderr.strip().splitlines()

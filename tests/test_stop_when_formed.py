@@ -20,6 +20,10 @@ from minigpt.run.checkpoint import kept_steps
 from minigpt.run.resume import resume_config
 from minigpt.train import train
 
+# Trainings here draw no pictures (conftest.pictures_off: no test here reads curves.png or
+# heads.png, and drawing is most of a tiny run's CPU time).
+pytestmark = pytest.mark.usefixtures("no_pictures")
+
 MINIGPT = shutil.which("minigpt")
 
 
@@ -71,7 +75,9 @@ def without_the_option(tmp_path_factory) -> Path:
     with the option against it."""
     tmp = tmp_path_factory.mktemp("without")
     script = Scripted()
-    with pytest.MonkeyPatch.context() as m:
+    from conftest import pictures_off
+
+    with pytest.MonkeyPatch.context() as m, pictures_off():
         m.setattr(timeline, "probe_scores", script.probe_scores)
         done = train(load_config(None, sets(tmp)), tmp / "run", on_event=script.on_event)
     assert (done.reason, done.step) == ("finished", 12)

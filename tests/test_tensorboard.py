@@ -25,6 +25,10 @@ from minigpt.events import StepEvent
 from minigpt.paths import PROJECT_ROOT
 from minigpt.train import train
 
+# Trainings here draw no pictures (conftest.pictures_off: no test here reads curves.png or
+# heads.png, and drawing is most of a tiny run's CPU time).
+pytestmark = pytest.mark.usefixtures("no_pictures")
+
 MINIGPT = shutil.which("minigpt")
 # Tags whose values are the same in two runs of the same config (tokens/s is a timing).
 DETERMINISTIC = re.compile(r"^(train/(loss|lr|grad_norm)|val/.*|heads/.*)$")

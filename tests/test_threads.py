@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import in_process
 
 from minigpt.device import cpu_threads, decode_threads
 from minigpt.errors import ArgumentError
@@ -85,16 +86,25 @@ def test_the_command_sets_it_before_torch_loads(tmp_path):
     assert out[-2:] == ["False", str(OPENMP_SPIN)]
 
 
-def minigpt(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def installed(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "MINIGPT_CACHE": str(cwd / "cache")}
     return subprocess.run([MINIGPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
 
 
-@pytest.mark.parametrize("value", [10**6, 2**31, 10**23, CPUS + 1])
-def test_train_threads_beyond_the_cpus_is_one_line_and_creates_nothing(tmp_path, value):
-    """Issue 39 finding 2 through the installed command: a segfault (10^6) and a torch
-    ValueError traceback (2^31, 10^23) before; now one line, exit 2, no run directory."""
+def here(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The same command run by the app in this process (the quick tier's twin of a process
+    that would only add its start-up)."""
+    return in_process(list(args), cwd=cwd, MINIGPT_CACHE=str(cwd / "cache"))
+
+
+@pytest.mark.parametrize("value, minigpt", [  # the segfault through the installed command
+    (10**6, installed), *[pytest.param(v, installed, id=f"{v}-installed",
+                                       marks=pytest.mark.slow) for v in (2**31, 10**23, CPUS + 1)],
+    *[pytest.param(v, here, id=f"{v}-in-process") for v in (2**31, 10**23, CPUS + 1)]])
+def test_train_threads_beyond_the_cpus_is_one_line_and_creates_nothing(tmp_path, value, minigpt):
+    """Issue 39 finding 2: a segfault (10^6) and a torch ValueError traceback (2^31, 10^23)
+    before; now one line, exit 2, no run directory."""
     r = minigpt(tmp_path, "train", "--config", "bytes", "--set", f"train.threads={value}",
                 "--set", "train.max_steps=2", "--out", "runs/t")
     lines = r.stderr.strip().splitlines()
@@ -103,8 +113,11 @@ def test_train_threads_beyond_the_cpus_is_one_line_and_creates_nothing(tmp_path,
     assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("command", [["sample"], ["inspect-heads"], ["bench", "--quick"]])
-def test_every_threads_flag_follows_the_same_rule(tmp_path, command):
+@pytest.mark.parametrize("command, minigpt", [  # refused before torch loads: the installed
+    (["sample"], installed), (["inspect-heads"], installed),  # command; bench loads it first
+    pytest.param(["bench", "--quick"], here, id="bench-in-process"),
+    pytest.param(["bench", "--quick"], installed, id="bench-installed", marks=pytest.mark.slow)])
+def test_every_threads_flag_follows_the_same_rule(tmp_path, command, minigpt):
     for value, why in ((CPUS + 1, f"more than the {CPUS} CPU"), (-1, "not a thread count")):
         r = minigpt(tmp_path, *command, "--threads", str(value))
         lines = r.stderr.strip().splitlines()

@@ -147,7 +147,7 @@ def test_head_scores_never_change_the_training(tmp_path, n_layer):
     assert (on / "heads.png").read_bytes()[:4] == b"\x89PNG" and not (off / "heads.png").exists()
 
 
-def test_a_two_layer_run_records_the_circuit(tmp_path):
+def test_a_two_layer_run_records_the_circuit(tmp_path, no_pictures):
     run = tmp_path / "two"
     train(load_config(None, tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 2,
                                                    "train.head_scores_interval": 2})), run)
@@ -182,7 +182,8 @@ def test_the_edge_record_finds_the_hand_built_induction_circuit():
     assert model.blocks[0].attn.c_attn.weight.grad is None  # no gradient into the weights
 
 
-def test_the_default_scores_heads_at_each_evaluation_and_resume_keeps_the_log(tmp_path):
+def test_the_default_scores_heads_at_each_evaluation_and_resume_keeps_the_log(tmp_path,
+                                                                            no_pictures):
     run = tmp_path / "run"
     sets = tiny_sets(tmp_path)  # eval_interval 3, max_steps 6, head scores at 'eval'
     train(load_config(None, sets), run, stop_after=3)
@@ -200,9 +201,12 @@ def test_the_default_scores_heads_at_each_evaluation_and_resume_keeps_the_log(tm
 @pytest.fixture(scope="module")
 def keeps_two(tmp_path_factory) -> Path:
     """A 9-step run that keeps its 2 newest checkpoints (steps 6 and 9), trained once."""
+    from conftest import pictures_off
+
     tmp = tmp_path_factory.mktemp("keeps-two")
-    train(load_config(None, tiny_sets(tmp, **{"train.max_steps": 9,
-                                              "train.keep_checkpoints": 2})), tmp / "run")
+    with pictures_off():  # no test here reads its pictures
+        train(load_config(None, tiny_sets(tmp, **{"train.max_steps": 9,
+                                                  "train.keep_checkpoints": 2})), tmp / "run")
     return tmp / "run"
 
 
@@ -214,7 +218,7 @@ def test_keep_checkpoints_keeps_the_newest_and_inspect_can_load_each(keeps_two):
         load_run(run, "cpu", step=3)
 
 
-def test_an_uncommitted_step_dir_is_never_kept(tmp_path):
+def test_an_uncommitted_step_dir_is_never_kept(tmp_path, no_pictures):
     """A save killed after its rename and before the commit leaves a newer, uncommitted step
     dir: it is not a kept checkpoint, the resume leaves it alone until its own first commit,
     which removes it."""

@@ -28,6 +28,10 @@ from minigpt.run.resume import resume_config
 from minigpt.train import train
 from minigpt.train.weights import OptimizerChain, build_optimizer, lr_at, set_lr
 
+# Trainings here draw no pictures (conftest.pictures_off: no test here reads curves.png or
+# heads.png, and drawing is most of a tiny run's CPU time).
+pytestmark = pytest.mark.usefixtures("no_pictures")
+
 
 def write_corpus(path: Path) -> Path:
     rng = random.Random(0)
@@ -191,8 +195,11 @@ def test_exact_resume_is_bit_identical(tmp_path, options):
 def stopped_run(tmp_path_factory) -> Path:
     """The tiny run stopped after step 4 (a committed checkpoint), trained once for the tests
     that damage a copy of it."""
+    from conftest import pictures_off
+
     tmp = tmp_path_factory.mktemp("stopped")
-    train(load_config(None, tiny_sets(tmp)), tmp / "run", stop_after=4)
+    with pictures_off():
+        train(load_config(None, tiny_sets(tmp)), tmp / "run", stop_after=4)
     return tmp / "run"
 
 
