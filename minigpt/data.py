@@ -113,7 +113,8 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None 
             f"{rows}{', no id twice' if dc.induction_distinct else ''}), drawn fresh for "
             "every batch")))
         return InductionData(T, dc.induction_vocab, dc.induction_min_period,
-                             dc.induction_max_period, dc.induction_distinct)
+                             dc.induction_max_period, dc.induction_distinct,
+                             dc.induction_halves)
 
     files = list_corpus(dc.corpus)
     cut = split_corpus(files, dc.val_fraction, dc.text_field, dc.invalid_utf8, on_event)

@@ -20,6 +20,7 @@ induction score sank from ~0.95 to 0.74-0.87 as training went on; with it 0.897-
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,13 @@ class InductionData:
     min_period: int = 0      # > 0: pairs layout, segment lengths from [this, max_period]
     max_period: int = 0      # 0: block_size // 2
     distinct: bool = False   # new ids of a row drawn without replacement
+    halves: bool = False     # data.induction_halves: a new id's half set by the id two back
     bytes_per_token: float = 1.0  # no text: bits per "byte" are bits per token
+
+    def __post_init__(self) -> None:
+        # halves: one fixed random bit per id (half of them 1), the same for every run
+        self.bit = (torch.randperm(self.vocab, generator=torch.Generator().manual_seed(0)) % 2
+                    ).tolist()
 
     def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n,) int64 sequence seeds drawn from `generator`."""
@@ -59,6 +66,10 @@ class InductionData:
         g = torch.Generator()
         rows = torch.empty(len(offsets), T1, dtype=torch.long)
         for i, seed in enumerate(offsets.tolist()):
+            if self.halves:  # drawn id by id: Python's generator is the faster one for that
+                rows[i] = torch.tensor(self._halves_row(random.Random(int(seed) * 2 + salt),
+                                                        T1, half))
+                continue
             g.manual_seed(int(seed) * 2 + salt)
             # New ids: i.i.d. draws, or (distinct) a permutation's prefix: no id repeats by chance.
             fresh = (torch.randperm(self.vocab, generator=g) if self.distinct
@@ -84,6 +95,42 @@ class InductionData:
             pos += 2 * n
         if self.distinct:
             row[pos:] = fresh[used: used + T1 - pos]  # a tail too short for a pair: new ids
+        return row
+
+
+    def _halves_row(self, rng: random.Random, T1: int, half: int) -> list[int]:
+        """One row (either layout) whose new ids follow the halves rule (module docstring)."""
+        mid = self.vocab // 2
+        spans = ((0, mid), (mid, self.vocab))  # the low and the high half
+        row: list[int] = []
+        used: set[int] = set()
+        left = [mid, self.vocab - mid]  # ids of each half not used yet (distinct)
+
+        def new() -> int:
+            side = self.bit[row[-2]] if len(row) >= 2 else rng.getrandbits(1)  # low or high
+            if self.distinct and not left[side]:
+                side = 1 - side  # this half is used up (a tiny vocabulary)
+            lo, hi = spans[side]
+            while True:  # distinct: draw again until the id is new to the row
+                v = lo + int(rng.random() * (hi - lo))
+                if not self.distinct or v not in used:
+                    used.add(v)
+                    left[side] -= 1
+                    return v
+
+        if not self.min_period:  # [r, r]
+            for _ in range(half):
+                row.append(new())
+            return (row * math.ceil(T1 / half))[:T1]
+        lo, hi = self.min_period, self.max_period or half
+        while (T1 - len(row)) // 2 >= 2:
+            n = min(rng.randint(lo, hi), (T1 - len(row)) // 2)
+            start = len(row)
+            for _ in range(n):
+                row.append(new())
+            row += row[start:]  # the copy of this segment
+        while len(row) < T1:  # a tail too short for a pair: new ids
+            row.append(new())
         return row
 
 
