@@ -108,7 +108,7 @@ class DataConfig:
     induction_distinct: bool = setting(
         False, "induction source: draw a row's new ids without replacement, so every repeated "
         "id in a row belongs to a copy (as in the induction probe)")
-    induction_halves: bool = setting(False, "induction source: a new id is low (< induction_vocab/2) or high as a fixed random bit of the id two places before it says, so the token before a position predicts one bit of the next new id")
+    induction_groups: int = setting(0, "induction source: 0 = off; else the ids form this many groups of consecutive ids, and each new id is drawn from the group that a fixed random map of the id two places before it picks, so the token before a position tells which group the next new id is in", min=0)
 
 
 @dataclass

@@ -114,7 +114,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None 
             "every batch")))
         return InductionData(T, dc.induction_vocab, dc.induction_min_period,
                              dc.induction_max_period, dc.induction_distinct,
-                             dc.induction_halves)
+                             dc.induction_groups)
 
     files = list_corpus(dc.corpus)
     cut = split_corpus(files, dc.val_fraction, dc.text_field, dc.invalid_utf8, on_event)

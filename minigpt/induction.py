@@ -13,8 +13,16 @@ is drawn from its seed. Two layouts (data.induction_* in docs/config.md):
   attend at fixed offsets, which is not induction.
 With induction_distinct, a row's new ids (segments and tail) are drawn without replacement, so
 every repeated id in a row is part of a copy, as in the induction probe: no chance repeats that
-an induction head would mispredict. Measured on configs/induction.yaml: without it the
-induction score sank from ~0.95 to 0.74-0.87 as training went on; with it 0.897-0.981.
+an induction head would mispredict. Measured on an earlier configs/induction.yaml: without it
+the induction score sank from ~0.95 to 0.74-0.87 as training went on; with it 0.897-0.981.
+
+induction_groups = k > 0: the ids form k groups of consecutive ids ([0, V/k), [V/k, 2V/k), ...),
+every id has a fixed random group (`pick`, the same for every run, as many ids picking each
+group), and a new id is drawn from the group that the id two places before it picks (the first
+two ids of a row from a random group). So the token before a position tells which group the
+next new id comes from (log2 k bits of it): a layer-0 head that attends to the previous token
+lowers the loss on every new id from the first steps, which is what an induction head then
+builds on. The rest of a new id stays random, and a copy is predicted only by copying.
 """
 
 from __future__ import annotations
@@ -39,13 +47,16 @@ class InductionData:
     min_period: int = 0      # > 0: pairs layout, segment lengths from [this, max_period]
     max_period: int = 0      # 0: block_size // 2
     distinct: bool = False   # new ids of a row drawn without replacement
-    halves: bool = False     # data.induction_halves: a new id's half set by the id two back
+    groups: int = 0          # data.induction_groups: a new id's group set by the id two back
     bytes_per_token: float = 1.0  # no text: bits per "byte" are bits per token
 
     def __post_init__(self) -> None:
-        # halves: one fixed random bit per id (half of them 1), the same for every run
-        self.bit = (torch.randperm(self.vocab, generator=torch.Generator().manual_seed(0)) % 2
-                    ).tolist()
+        # groups: one fixed random group per id (as many ids pick each), the same for every run
+        k = max(1, self.groups)
+        self.pick = (torch.randperm(self.vocab, generator=torch.Generator().manual_seed(0)) % k
+                     ).tolist()
+        # group g holds the ids [bounds[g], bounds[g + 1]): contiguous, sizes differ by <= 1
+        self.bounds = [self.vocab * g // k for g in range(k + 1)]
 
     def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n,) int64 sequence seeds drawn from `generator`."""
@@ -66,8 +77,8 @@ class InductionData:
         g = torch.Generator()
         rows = torch.empty(len(offsets), T1, dtype=torch.long)
         for i, seed in enumerate(offsets.tolist()):
-            if self.halves:  # drawn id by id: Python's generator is the faster one for that
-                rows[i] = torch.tensor(self._halves_row(random.Random(int(seed) * 2 + salt),
+            if self.groups:  # drawn id by id: Python's generator is the faster one for that
+                rows[i] = torch.tensor(self._groups_row(random.Random(int(seed) * 2 + salt),
                                                         T1, half))
                 continue
             g.manual_seed(int(seed) * 2 + salt)
@@ -98,24 +109,23 @@ class InductionData:
         return row
 
 
-    def _halves_row(self, rng: random.Random, T1: int, half: int) -> list[int]:
-        """One row (either layout) whose new ids follow the halves rule (module docstring)."""
-        mid = self.vocab // 2
-        spans = ((0, mid), (mid, self.vocab))  # the low and the high half
+    def _groups_row(self, rng: random.Random, T1: int, half: int) -> list[int]:
+        """One row (either layout) whose new ids follow the groups rule (module docstring)."""
+        k, bounds = self.groups, self.bounds
         row: list[int] = []
         used: set[int] = set()
-        left = [mid, self.vocab - mid]  # ids of each half not used yet (distinct)
+        left = [bounds[g + 1] - bounds[g] for g in range(k)]  # ids not used yet (distinct)
 
         def new() -> int:
-            side = self.bit[row[-2]] if len(row) >= 2 else rng.getrandbits(1)  # low or high
-            if self.distinct and not left[side]:
-                side = 1 - side  # this half is used up (a tiny vocabulary)
-            lo, hi = spans[side]
+            g = self.pick[row[-2]] if len(row) >= 2 else rng.randrange(k)
+            while self.distinct and not left[g]:
+                g = (g + 1) % k  # this group is used up (a tiny vocabulary)
+            lo, hi = bounds[g], bounds[g + 1]
             while True:  # distinct: draw again until the id is new to the row
                 v = lo + int(rng.random() * (hi - lo))
                 if not self.distinct or v not in used:
                     used.add(v)
-                    left[side] -= 1
+                    left[g] -= 1
                     return v
 
         if not self.min_period:  # [r, r]

@@ -936,7 +936,7 @@ def test_a_file_named_like_a_glob_is_that_file_and_unlisted_subdirectories_are_e
 
 
 @pytest.mark.parametrize("min_period", [4, 0])
-def test_induction_halves_a_new_id_follows_the_id_two_places_before(min_period):
+def test_induction_groups_a_new_id_follows_the_id_two_places_before(min_period):
     """induction_halves: every new id after the first two is low (< vocab/2) or high as the
     fixed bit of the id two places before it says; copies stay copies, and new ids stay
     distinct. Without it the half of a new id is a coin toss."""
@@ -944,7 +944,7 @@ def test_induction_halves_a_new_id_follows_the_id_two_places_before(min_period):
         cfg = from_dict({"model": {"block_size": 24}, "tokenizer": {"vocab_size": 256},
                          "data": {"source": "induction", "induction_vocab": 64,
                                   "induction_min_period": min_period,
-                                  "induction_distinct": True, "induction_halves": halves}})
+                                  "induction_distinct": True, "induction_groups": 2 if halves else 0}})
         ds = prepare_dataset(cfg, bytes_tokenizer())
         x, y = ds.get_batch("train", ds.sample_offsets("train", 100, torch.Generator()
                                                        .manual_seed(5)))
@@ -959,11 +959,11 @@ def test_induction_halves_a_new_id_follows_the_id_two_places_before(min_period):
             for p in new:
                 if p >= 2:
                     total += 1
-                    hits += (r[p] >= 32) == ds.bit[r[p - 2]]
+                    hits += (r[p] >= 32) == ds.pick[r[p - 2]]
         return hits, total
 
     ds, on = rows(True)
-    assert sum(ds.bit) == 32  # one fixed bit per id, half of them 1
+    assert sum(ds.pick) == 32  # one fixed group per id, as many ids pick each
     hits, total = follows(ds, on)
     assert total > 500 and hits == total
     hits, total = follows(*rows(False))
