@@ -176,7 +176,8 @@ def main() -> None:
             again = measure(path, args.vocab_size, cache)
             print(f"| {f} | {path.stat().st_size / 1e6:,.0f} MB | {first['total_s']:.0f} s "
                   f"({first['tokenizer_s']:.0f} + {first['tokenize_s']:.0f}) | "
-                  f"{first['cpu_s']:.0f} s | {first['maxrss_mb']:,.0f} MB | {again['total_s']:.1f} s "
+                  f"{first['cpu_s']:.0f} s | {first['maxrss_mb']:,.0f} MB | "
+                  f"{again['total_s']:.1f} s "
                   f"({again['maxrss_mb']:,.0f} MB) | {first['tokens']:,} |", flush=True)
             if not args.keep:
                 shutil.rmtree(cache, ignore_errors=True)

@@ -215,7 +215,8 @@ def report(res: dict, budget: float, threshold: float) -> None:
     ab = res["ablation"]
     print(f"copy loss on the second copy ({ab['n_scored']} predictions): "
           f"{ab['base_loss']:.3f} nats/token; zero-ablating layer 1 head {ind['head']} adds "
-          f"{ab['induction_head']:.3f}, layer 0 head {prev['head']} adds {ab['previous_head']:.3f}, "
+          f"{ab['induction_head']:.3f}, layer 0 head {prev['head']} adds "
+          f"{ab['previous_head']:.3f}, "
           f"any other head at most {ab['other_max']:.3f} ({ab['other_head']})", file=sys.stderr)
     print("head types: " + " ".join(res["types"]), file=sys.stderr)
     print(f"run kept at {res['run']}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """minigpt against llama.cpp on the same model, side by side: one GGUF written by
 `minigpt export --format gguf` (f32: the same weights bit for bit) decoded greedily by
-llama.cpp (llama-cpp-python, the version CI builds) and by `minigpt.sample.generate` (the
-loop `minigpt sample` runs), from the same prompt ids, inside one context window.
+llama.cpp (llama-cpp-python, the version CI builds) and by `minigpt.core.generate.generate`
+(the loop `minigpt sample` runs), from the same prompt ids, inside one context window.
 
     python benchmarks/llamacpp_bench.py [--rounds 5] [--threads 1,2] [--shapes default,6x384,gpt2]
 

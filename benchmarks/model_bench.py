@@ -23,7 +23,7 @@ from torch.profiler import profile as prof
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT, flops_per_token
-from minigpt.train.optim import adamw_groups
+from minigpt.train.weights import adamw_groups
 
 SHAPES = {  # name: (n_layer, n_head, n_embd, block_size, batch)
     "small": (4, 4, 128, 64, 12),
@@ -115,7 +115,8 @@ def profile(train_step, steps: int = 5, rows: int = 12) -> str:
     avgs = p.key_averages()
     phases = {e.key: e.cpu_time_total for e in avgs if e.key.startswith("phase: ")}
     total = sum(phases.values())
-    lines = [f"  profile over {steps} steps ({total / steps / 1e3:.1f} ms/step under the profiler):"]
+    per_step = total / steps / 1e3
+    lines = [f"  profile over {steps} steps ({per_step:.1f} ms/step under the profiler):"]
     lines += [f"    {k[7:]:32s} {v / steps / 1e3:7.1f} ms  {v / total:5.0%}"
               for k, v in phases.items()]
     buckets: dict[str, float] = {}

@@ -135,15 +135,15 @@ def _trainer(config: str, sets: list[str], tmp: Path, cache: str | None, name: s
 
     from minigpt.config import load_config
     from minigpt.events import no_events
-    from minigpt.run.lock import RunLock
     from minigpt.train.distributed import DistInfo
     from minigpt.train.loop import set_up
+    from minigpt.train.saving import Saving
 
     cfg = load_config(config, [*sets, f"data.cache_dir={cache or tmp / 'cache'}"])
     run = tmp / name
-    trainer = set_up(cfg, run, None, torch.device("cpu"), DistInfo(), no_events,
-                     claim=RunLock(run))
-    trainer.model.train()
+    trainer = set_up(cfg, Saving(run, DistInfo(), resume=False), None, torch.device("cpu"),
+                     DistInfo(), no_events)
+    trainer.weights.model.train()
     return trainer
 
 
@@ -163,9 +163,10 @@ def screen(config: str, sets: list[str], seed: int, emas: list[float], every: in
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="minigpt-screen-"))
     tr = _trainer(config, [*sets, f"run.seed={seed}", "train.ema=0"], tmp, cache, "run")
-    own = tr.average  # the trainer's evaluate() reads the weights it evaluates from here
-    averages = {d: WeightAverage(tr.model, d) for d in emas}
-    bpb = lambda loss: loss / math.log(2) / tr.data.bytes_per_token
+    w = tr.weights
+    own = w.average  # the weights' evaluate() reads the weights it evaluates from here
+    averages = {d: WeightAverage(w.model, d) for d in emas}
+    bpb = lambda loss: loss / math.log(2) / tr.batches.rows.bytes_per_token
     curves: dict[str, list] = {"live": [], **{str(d): [] for d in emas}}
     t0 = time.perf_counter()
     while tr.state.step < tr.cfg.train.max_steps:
@@ -175,11 +176,11 @@ def screen(config: str, sets: list[str], seed: int, emas: list[float], every: in
             avg.update(step)
         if step % every and step != tr.cfg.train.max_steps:
             continue
-        row = {"live": bpb(tr.evaluate())}
+        row = {"live": bpb(w.evaluate(tr.batches.val()))}
         for d, avg in averages.items():
-            tr.average = avg
-            row[str(d)] = bpb(tr.evaluate())
-        tr.average = own
+            w.average = avg
+            row[str(d)] = bpb(w.evaluate(tr.batches.val()))
+        w.average = own
         for k, v in row.items():
             curves[k].append((step, v))
         print(f"seed {seed} step {step} ({time.perf_counter() - t0:.0f} s): "

@@ -9,8 +9,8 @@ default BPE (1024 merges + <|endoftext|> = 1025 ids) on the bundled Shakespeare,
 weight decay 0.1 on matrices, betas (0.9, 0.99), global-norm clip 1.0.
 
 - minigpt: the REAL training step, `train.loop.Trainer.step` (offsets from the data generator,
-  `Dataset.get_batch`, forward, backward, the loss/stop-flag stats, clip_grad_norm_, AdamW as
-  `train/optim.py` builds it, zero_grad), on a trainer built by `set_up` from the default
+  `train.batches` rows, forward, backward, the loss/stop-flag stats, clip_grad_norm_, AdamW as
+  `train/weights.py` builds it, zero_grad), on a trainer built by `set_up` from the default
   config with the shape above, RoPE positions (the default), no compile, no head scores.
 - reference: a plain GPT-2-style model written below, nanoGPT's layout: learned positions
   (wpe), pre-norm blocks, LayerNorm, one fused qkv Linear, `F.scaled_dot_product_attention(
@@ -53,10 +53,10 @@ from torch import nn
 
 from minigpt.config import load_config
 from minigpt.events import no_events
-from minigpt.run.lock import RunLock
 from minigpt.train.distributed import DistInfo
 from minigpt.train.loop import set_up
 from minigpt.train.safety import StopFlag
+from minigpt.train.saving import Saving
 
 SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12}
 LR, WD, BETAS, CLIP = 1e-3, 0.1, (0.9, 0.99), 1.0
@@ -168,9 +168,9 @@ def minigpt_step(root: Path, pos: str, cache: Path, compile_: bool = False):
         f"train.compile={'true' if compile_ else 'false'}", "train.head_scores_interval=off",
         "train.max_steps=1000000", f"model.pos_encoding={pos}", f"data.cache_dir={cache}"])
     run_dir = root / f"minigpt-{pos}{'-compiled' if compile_ else ''}"
-    trainer = set_up(cfg, run_dir, None, torch.device("cpu"), DistInfo(), no_events,
-                     claim=RunLock(run_dir))
-    trainer.model.train()
+    trainer = set_up(cfg, Saving(run_dir, DistInfo(), resume=False), None, torch.device("cpu"),
+                     DistInfo(), no_events)
+    trainer.weights.model.train()
     flag = StopFlag()  # not entered: no signal handlers; step() only reads flag.signum
 
     def step() -> float:
@@ -242,7 +242,8 @@ def main() -> None:
     cache = Path(tempfile.gettempdir()) / "minigpt-step-ratio-cache"  # tokenizer, tokens
     with tempfile.TemporaryDirectory() as tmp:
         trainer, mg = minigpt_step(Path(tmp), "rope", cache)
-        tokens, vocab = np.asarray(trainer.data.train), trainer.tokenizer.n_vocab
+        b = trainer.batches
+        tokens, vocab = np.asarray(b.rows.data.train), b.tokenizer.n_vocab
         steps = {"minigpt": mg, "reference": RefStep(tokens, vocab, fused=False),
                  "reference+fused": RefStep(tokens, vocab, fused=True)}
         if args.learned:
@@ -257,7 +258,7 @@ def main() -> None:
                 fn()
                 compile_s[name] = time.perf_counter() - t0
                 steps[name] = fn
-        params = {"minigpt": trainer.model.num_params()["total"],
+        params = {"minigpt": trainer.weights.model.num_params()["total"],
                   "reference": sum(p.numel() for p in steps["reference"].model.parameters())}
         for fn in steps.values():
             for _ in range(args.warmup):

@@ -1,4 +1,5 @@
-"""Token data: the corpus tokenized once into a memory-mapped cache, read as batches.
+"""Token data: the corpus tokenized once into a memory-mapped cache (train/batches.py reads
+batches from it).
 
 Token cache (under `<cache dir>/tokens/`): `<key>.bin` holds every token of the corpus, each
 document preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32: the
@@ -7,12 +8,6 @@ complete cache) holds counts and bytes_per_token. The key hashes the documents, 
 hash and the split settings and rule: any change builds a new cache, nothing stale is read.
 The split, the document rule and bits/byte: docs/data.md. The training and the validation
 documents are tokenized separately, so no token straddles the split point.
-
-Batches: `sample_offsets` draws start offsets from a caller-owned torch.Generator (the trainer
-saves its state for an exact resume); `get_batch` turns offsets into x, y = tokens[o : o+T],
-tokens[o+1 : o+T+1], shapes (n, T) with T = block_size.
-
-Induction (`data.source: induction`): no corpus; the rows are drawn from seeds (induction.py).
 """
 
 from __future__ import annotations
@@ -24,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from minigpt.config import Config, DataConfig
 from minigpt.corpus import (
@@ -38,7 +32,6 @@ from minigpt.corpus import (
     list_corpus,
     split_corpus,
 )
-from minigpt.device import batch_to
 from minigpt.errors import MinigptError
 from minigpt.events import CorpusProgress, DatasetReady, OnEvent, TokenizingFile, no_events
 from minigpt.files import (
@@ -50,7 +43,6 @@ from minigpt.files import (
     read_regular,
     shown,
 )
-from minigpt.induction import InductionData
 from minigpt.paths import cache_root
 from minigpt.tokenizer import EOT, Tokenizer
 
@@ -64,58 +56,21 @@ _BATCH_BYTES = 8 * CHUNK_BYTES  # document bytes encoded together on tiktoken's 
 
 @dataclass
 class Dataset:
-    """The tokenized corpus: `sample_offsets` and `get_batch` as the module docstring says
-    (induction.py's InductionData answers the same two calls)."""
+    """The tokenized corpus, memory-mapped."""
 
     train: np.ndarray          # 1-D token ids (np.memmap, uint16 or uint32)
     val: np.ndarray
     bytes_per_token: float     # UTF-8 bytes / tokens on the val split
-    block_size: int
-
-    def _split(self, split: str) -> np.ndarray:
-        if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        return self.train if split == "train" else self.val
-
-    def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
-        """(n,) int64 start positions in [0, len(split) - block_size), drawn from `generator`."""
-        arr = self._split(split)
-        return torch.randint(len(arr) - self.block_size, (n,), generator=generator,
-                             dtype=torch.long)
-
-    def get_batch(self, split: str, offsets: torch.Tensor, device: torch.device | str = "cpu"
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: (n, block_size) int64 on `device`; y[:, t] is the token after x[:, t]."""
-        T = self.block_size
-        arr = self._split(split)
-        rows = torch.from_numpy(np.stack(
-            [arr[o: o + T + 1] for o in offsets.tolist()]).astype(np.int64))  # (n, T + 1)
-        return batch_to(rows[:, :-1], rows[:, 1:], device)
 
 
 def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None = None
-                    ) -> Dataset | InductionData:
-    """The Dataset for `cfg.data`: induction data, or the tokenized corpus (from the cache when
-    corpus, tokenizer and split settings are unchanged, else built and cached atomically).
-    Raises one-line MinigptErrors for unusable corpora (nothing is cached then) and for splits
-    shorter than model.block_size + 1 tokens."""
+                    ) -> Dataset:
+    """The Dataset of the corpus `cfg.data` names (from the cache when corpus, tokenizer and
+    split settings are unchanged, else built and cached atomically). Raises one-line
+    MinigptErrors for unusable corpora (nothing is cached then) and for splits shorter than
+    model.block_size + 1 tokens."""
     on_event = on_event or no_events
     dc, T = cfg.data, cfg.model.block_size
-    if dc.source == "induction":
-        if dc.induction_vocab > tokenizer.n_vocab:
-            raise MinigptError(f"data.induction_vocab: {dc.induction_vocab} exceeds the "
-                               f"tokenizer's {tokenizer.n_vocab} ids; lower it")
-        lo, hi = dc.induction_min_period, dc.induction_max_period or T // 2
-        rows = (f"segments of {lo}-{hi} random ids, each followed by its copy" if lo else
-                f"a block of {T // 2} random ids repeated")
-        on_event(DatasetReady(None, 0, 0, cached=False, synthetic=(
-            f"synthetic induction rows of {T + 1} ids from 0..{dc.induction_vocab - 1} ("
-            f"{rows}{', no id twice' if dc.induction_distinct else ''}), drawn fresh for "
-            "every batch")))
-        return InductionData(T, dc.induction_vocab, dc.induction_min_period,
-                             dc.induction_max_period, dc.induction_distinct,
-                             dc.induction_groups)
-
     files = list_corpus(dc.corpus)
     cut = split_corpus(files, dc.val_fraction, dc.text_field, dc.invalid_utf8, on_event)
     key_src = {"v": CACHE_VERSION, "corpus": corpus_hash(files, dc.text_field, dc.invalid_utf8),
@@ -143,7 +98,7 @@ def prepare_dataset(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None 
     n_train = meta["n_train"]
     train, val = tokens[:n_train], tokens[n_train:]
     on_event(DatasetReady(bin_path, len(train), len(val), cached=cached, corpus_files=tuple(files)))
-    return Dataset(train, val, meta["bytes_per_token"], T)
+    return Dataset(train, val, meta["bytes_per_token"])
 
 
 def _check_splits(meta: dict, T: int, where: object) -> None:

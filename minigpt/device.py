@@ -1,19 +1,25 @@
 """Devices and precision, shared by every command: `auto` picks cuda, then mps, then cpu;
 mixed precision is bf16 autocast where the hardware has it; how much memory a run may use;
-how many CPU threads decoding uses (`decode_threads`, the one policy, and `decoding_threads`,
-the block `minigpt sample` and `minigpt bench --suite sample` both decode in, so the bench
-times what sample runs) and training uses (`training_threads`, train.threads)."""
+how many CPU threads a command computes on (`cpu_threads`: train.threads and the `--threads`
+of sample, inspect-heads and bench, 0 = automatic; the rule and the OpenMP wait policy are in
+`minigpt.threads`), with decoding's automatic count from the model's width (`decode_threads`;
+`decoding_threads` is the block `minigpt sample` and `minigpt bench --suite sample` both decode
+in, so the bench times what sample runs)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import torch
 
-from minigpt.errors import ArgumentError, MinigptError
+from minigpt.core.gpt import device_of
+from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.files import read_file
+from minigpt.threads import check_threads, thread_problem
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
@@ -57,22 +63,18 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else None
 
 
-def batch_to(x: torch.Tensor, y: torch.Tensor, device: torch.device | str
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch (x, y) of CPU token ids on `device`: through pinned memory, without waiting, to
-    CUDA; contiguous copies elsewhere."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return (x.pin_memory().to(device, non_blocking=True),
-                y.pin_memory().to(device, non_blocking=True))
-    return x.contiguous().to(device), y.contiguous().to(device)
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    """Mixed precision in `dtype` (weights stay fp32); None or fp32 = no autocast."""
+def forward_context(device: torch.device, dtype: torch.dtype | None
+                    ) -> Callable[[], AbstractContextManager]:
+    """What each forward pass runs in, as a factory of contexts: autocast in `dtype` on
+    `device` (weights stay fp32); None or fp32 = no autocast (`contextlib.nullcontext`)."""
     if dtype is None or dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
+    """Mixed precision in `dtype` (weights stay fp32); None or fp32 = no autocast."""
+    return forward_context(device, dtype)()
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -125,32 +127,41 @@ def decode_threads(model: torch.nn.Module, available: int | None = None) -> int:
 
 
 @contextlib.contextmanager
-def decoding_threads(model: torch.nn.Module) -> Iterator[int]:
-    """Decode with `decode_threads(model)` intra-op threads when the model is on CPU (other
-    devices: unchanged); yields the count in use. The caller's setting is restored afterwards,
-    so in-process callers (tests, notebooks) keep theirs. `minigpt sample` and
-    `minigpt bench --suite sample` both decode inside this."""
+def cpu_threads(threads: int = 0, model: torch.nn.Module | None = None) -> Iterator[int]:
+    """Compute on `threads` intra-op threads (0 = automatic: torch's current setting, which is
+    OMP_NUM_THREADS or the cores; for decoding `model`, `decode_threads(model)`); yields the
+    count in use and restores the caller's setting afterwards, so in-process callers (tests,
+    notebooks) keep theirs. A count outside 0..usable CPUs is an ArgumentError (`threads`;
+    `minigpt.threads.check_threads`: the one rule). A model on another device than the CPU
+    leaves the setting alone."""
+    check_threads(threads)
     before = torch.get_num_threads()
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    threads = decode_threads(model, before) if on_cpu else before
+    on_cpu = model is None or device_of(model).type == "cpu"
+    if not on_cpu:
+        chosen = before
+    elif threads:
+        chosen = threads
+    else:
+        chosen = decode_threads(model, before) if model is not None else before
     try:
-        torch.set_num_threads(threads)
-        yield threads
+        torch.set_num_threads(chosen)
+        yield chosen
     finally:
         torch.set_num_threads(before)
 
 
-@contextlib.contextmanager
-def training_threads(threads: int) -> Iterator[int]:
-    """Train on `threads` intra-op threads (train.threads; 0 = torch's current setting:
-    OMP_NUM_THREADS, else the cores); yields the count in use, and restores the caller's
-    setting afterwards. On a machine busy with other work a second thread spin-waits for a
-    time slice at every op: a 150-step `--config bytes` run beside another trainer took many
-    times longer on 2 threads than on 1 (docs/cli.md, "Threads")."""
-    before = torch.get_num_threads()
-    try:
-        if threads:
-            torch.set_num_threads(threads)
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
+def decoding_threads(model: torch.nn.Module, threads: int = 0) -> contextlib.AbstractContextManager:
+    """Decode `model` on `threads` threads (0: `decode_threads(model)`) when it is on CPU;
+    `minigpt sample` and `minigpt bench --suite sample` both decode inside this."""
+    return cpu_threads(threads, model)
+
+
+def training_threads(threads: int) -> contextlib.AbstractContextManager:
+    """Train on train.threads intra-op threads (0: torch's current setting). On a machine busy
+    with other work the threads no longer spin for each other (`minigpt.threads`), so two do
+    not collapse the way they did (docs/cli.md, "Threads"). A count outside 0..usable CPUs is
+    a ConfigError naming the setting, raised before the trainer creates anything."""
+    problem = thread_problem(threads)
+    if problem is not None:
+        raise ConfigError(f"train.threads: {problem}")
+    return cpu_threads(threads)

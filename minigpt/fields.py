@@ -1,7 +1,8 @@
-"""Typed settings: dataclass fields that carry their default, one-line help and bounds, and the
-machinery that turns YAML or `section.key=value` text into checked values of the field's type.
+"""Typed settings: the machinery that turns YAML or `section.key=value` text into checked
+values of a settings field's type (settings.py declares the fields).
 
-A field is declared on one line, `n_layer: int = setting(4, "number of transformer blocks", min=1)`;
+A field is declared on one line, `n_layer: int = setting(4, "number of transformer blocks",
+min=1)`;
 `choices` / `min` / `max` / `min_exclusive` / `max_exclusive` / `nonempty` metadata drive
 validation, so adding a setting never means adding a validation branch. Every failure is one
 ConfigError naming where the value came from. No torch, nothing heavy.
@@ -13,19 +14,10 @@ import dataclasses
 import difflib
 import math
 import typing
-from dataclasses import field
 from typing import Any
 
 from minigpt.errors import ConfigError
 from minigpt.files import parse_yaml, shown
-
-
-def setting(default: Any, help: str, **meta: Any) -> Any:
-    """A dataclass field with a default, a one-line meaning and validation metadata."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **meta})
-    return field(default=default, metadata={"help": help, **meta})
-
 
 
 def field_type(cls: type, name: str) -> Any:

@@ -3,7 +3,9 @@
 Durable write (`atomic_file`, `atomic_write_bytes`): a temp file in the same directory, flush +
 fsync, os.replace, fsync the directory. After a crash (kill -9, power loss) a reader sees the
 old file or the new one, never a torn mix; a failed write leaves the old file untouched and no
-temp file behind, and raises WriteError (a one-line MinigptError naming the path).
+temp file behind, and raises WriteError (a one-line MinigptError naming the path). The temp a
+kill -9 leaves (`.NAME.PID-XXXXXXXX.tmp`) is deleted by a later write in the same directory
+once its process is gone and nothing wrote it for an hour (`remove_abandoned_temps`).
 
 Strict YAML (`parse_yaml`): YAML 1.2-style scalars (no `yes`/`on` booleans, no octal `0123`,
 `1e-3` is a float) and duplicate keys rejected, because PyYAML's YAML 1.1 defaults silently do
@@ -22,7 +24,6 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,13 +69,6 @@ def disk_error(e: OSError, path: Path) -> WriteError:
     return WriteError(msg, path, e.errno)
 
 
-def current_umask() -> int:
-    """The process's umask (read by setting it and putting it back)."""
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
-
-
 def not_replaceable(path: str | Path) -> str | None:
     """Why a write must not replace what is at `path` ("it is a FIFO, not a regular file"), or
     None: nothing is there, or a regular file (a symlink to one included)."""
@@ -103,16 +97,20 @@ def check_replaceable(path: Path) -> Path:
 
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[bytes]]:
-    """Open a temp file next to `path` for binary writing; on a clean exit it replaces `path`
-    durably, on an exception it is deleted and `path` is untouched. OSError -> WriteError."""
+    """Open a temp file next to `path` (`temp_sibling`) for binary writing; on a clean exit it
+    replaces `path` durably, on an exception it is deleted and `path` is untouched. What
+    killed writers left in the directory is deleted first (`remove_abandoned_temps`).
+    OSError -> WriteError."""
     path = check_replaceable(Path(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        remove_abandoned_temps(path)
+        tmp = temp_sibling(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                     0o666)  # the mode open() gives (the umask applies)
     except OSError as e:
         raise disk_error(e, path) from None
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> what open() would give
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
@@ -461,6 +459,30 @@ def load_yaml(path: str | Path, cap: int = SMALL_CAP) -> Any:
     return parse_yaml(read_utf8(path, cap), str(_shorten(Path(path))))
 
 
+def denied(e: PermissionError) -> ReadError:
+    """A PermissionError as one line: the path that stops minigpt (the first directory on the
+    way to the file that cannot be entered, else the file itself; symlinks followed as far
+    as they can be), `permission denied`, and the fix."""
+    path = Path(os.path.abspath(e.filename if e.filename is not None else "."))
+    real = Path(os.path.realpath(path))  # through the links that can be read (latest -> step)
+    blocked = next((d for d in reversed(real.parents)
+                    if os.path.isdir(d) and not os.access(d, os.X_OK)), real)
+    also = "" if blocked in (path, real) else f" (reading {_shorten(path)})"
+    return ReadError(blocked, f"permission denied{also}; make it readable (chmod u+rwX) or "
+                     "run minigpt as its owner")
+
+
+@contextmanager
+def permission_denied_as_error() -> Iterator[None]:
+    """A PermissionError inside (an unreadable run, checkpoint or `runs/` directory met by a
+    `Path.is_file`, `iterdir` or `open` anywhere below) becomes `denied`'s one-line ReadError.
+    Usable as a decorator."""
+    try:
+        yield
+    except PermissionError as e:
+        raise denied(e) from None
+
+
 def open_file(path: str | Path) -> IO[bytes]:
     """A regular file opened for streaming (corpora, hashing): `open_regular`'s rules, every
     failure a ReadError naming the file."""
@@ -503,26 +525,71 @@ def _shorten(path: Path) -> str:
     return s if len(s) <= 120 else f"{s[:60]}...{s[-40:]}"
 
 
+def temp_sibling(path: Path) -> Path:
+    """A new name for the temp sibling of `path` that a durable write fills:
+    `.NAME.PID-XXXXXXXX.tmp` (hidden; the pid says whose it is)."""
+    import secrets
+
+    return path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_NEW}"
+
+
 def remove_stale_temps(path: Path) -> list[Path]:
     """Delete the temp siblings of `path` that `new_output` made in a process that no longer
     runs (killed mid-write: nothing else ever deletes them); a live process's are kept."""
-    import shutil
-
     pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)-[0-9a-f]{{8}}{re.escape(_NEW)}")
-    removed = []
-    try:
-        siblings = list(path.parent.iterdir())
-    except OSError:
-        return removed
-    for p in siblings:
-        m = pattern.fullmatch(p.name)
-        if m and not _alive(int(m.group(1))):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+    return [p for p in _siblings(path)
+            if (m := pattern.fullmatch(p.name)) and not _alive(int(m.group(1))) and _remove(p)]
+
+
+STALE_TEMP_S = 3600  # a temp nobody wrote for an hour, of a process that is gone: abandoned
+_ANY_TEMP = re.compile(rf"\..+\.(\d+)-[0-9a-f]{{8}}{re.escape(_NEW)}")
+
+
+def remove_abandoned_temps(path: Path, age: float = STALE_TEMP_S) -> list[Path]:
+    """Delete what killed durable writes (`atomic_file`, `new_output`) left beside `path`: each
+    temp sibling named as minigpt names them (`.NAME.PID-XXXXXXXX.tmp`) whose process no
+    longer runs (this one counts as running), and `path`'s own temps as minigpt named them
+    before they carried a pid (`.NAME.XXXXXXXX.tmp`), each only when nothing has written it
+    for `age` seconds (a writer on another machine sharing the directory, whose pid means
+    nothing here, is never that slow). A file of any other name is never touched."""
+    import time
+
+    legacy = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}{re.escape(_NEW)}")
+    now, removed = time.time(), []
+    for p in _siblings(path):
+        m = _ANY_TEMP.fullmatch(p.name)
+        if m is None and not legacy.fullmatch(p.name):
+            continue
+        if m is not None and (int(m.group(1)) == os.getpid() or _alive(int(m.group(1)))):
+            continue
+        try:
+            old = now - p.lstat().st_mtime > age
+        except OSError:
+            continue
+        if old and _remove(p):
             removed.append(p)
     return removed
+
+
+def _siblings(path: Path) -> list[Path]:
+    try:
+        return list(path.parent.iterdir())
+    except OSError:
+        return []
+
+
+def _remove(p: Path) -> bool:
+    """Delete the file or directory tree `p` (True), whatever a failure leaves."""
+    import shutil
+
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError:
+            return False
+    return True
 
 
 def _alive(pid: int) -> bool:
@@ -547,14 +614,13 @@ def new_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
     mode). A new output gets the mode a plain open() / mkdir would give (the umask). On an
     exception the temp is deleted; OSError -> WriteError. Temps left by killed writers of the
     same `path` are deleted first (`remove_stale_temps`)."""
-    import secrets
     import shutil
 
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(path)
-        tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_NEW}"
+        tmp = temp_sibling(path)
         umask = os.umask(0)
         os.umask(umask)
         if directory:

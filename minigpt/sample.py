@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigpt.core.generate import Sampling, sampling_loop
+from minigpt.core.gpt import device_of
 
 # --------------------------------------------------------------------------------------------
 # Token ids -> printable text.
@@ -128,7 +129,8 @@ class SampleResult:
         return len(self.token_ids) / self.seconds if self.seconds > 0 else float("inf")
 
 
-def sample(model: torch.nn.Module, prompt_ids: Sequence[int], decode: Callable[[Sequence[int]], str],
+def sample(model: torch.nn.Module, prompt_ids: Sequence[int],
+           decode: Callable[[Sequence[int]], str],
            how: Sampling, *, seed: int = 0, stops: Sequence[str] = (),
            stop_ids: Sequence[int] = (), use_kv_cache: bool = True,
            on_text: Callable[[int, str], None] | None = None,
@@ -136,7 +138,7 @@ def sample(model: torch.nn.Module, prompt_ids: Sequence[int], decode: Callable[[
     """Generate `how.num_samples` continuations of `prompt_ids` one after another from one
     generator seeded with `seed`. `on_text(sample_index, text)` receives printable text as it
     becomes safe (see TextStream); `on_done(result)` is called as each sample ends."""
-    device = next(model.parameters()).device
+    device = device_of(model)
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     stop_set = frozenset(stop_ids)

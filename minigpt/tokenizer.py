@@ -59,7 +59,7 @@ RANKS_CAP = 256 << 20  # a .tiktoken file (o200k_base: 3.6 MB)
 
 # Split patterns, as tiktoken ships them: gpt4 = cl100k_base's, gpt2 = r50k_base's.
 PATTERNS = {
-    "gpt4": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+    "gpt4": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",  # noqa: E501
     "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
 }
 
@@ -276,7 +276,22 @@ def _read_ranks(path: Path) -> dict[bytes, int]:
     if not ranks:
         raise MinigptError(f"{path}: empty tiktoken rank file")
     check_ids(ranks, {}, str(path))
+    check_bytes(ranks, str(path))
     return ranks
+
+
+def check_bytes(ranks: dict[bytes, int], what: str) -> None:
+    """Every one of the 256 bytes is a token of its own: byte-level BPE starts each piece
+    from single bytes, and tiktoken's Rust encoder panics on a byte it has no rank for (while
+    encoding the corpus, long after the file was read). MinigptError naming `what` and the
+    bytes missing."""
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        shown_bytes = ", ".join(f"0x{b:02x}" for b in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise MinigptError(f"{what}: {len(missing)} of the 256 single-byte tokens are missing "
+                           f"({shown_bytes}{more}); a byte-level BPE needs a token for every "
+                           "byte, or text holding those bytes cannot be encoded")
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+
+# The tests run torch on ONE intra-op thread, here and in every process they start (the
+# environment is inherited), unless OMP_NUM_THREADS says otherwise: their models are tiny, and
+# on a busy machine a second OpenMP thread spin-waits (the developers' guide), which multiplied
+# the quick tier's CPU seconds (tests/test_stop_when_formed.py at load 11: 64 CPU-s on the
+# default two threads, 17 on one). Tests about thread counts set their own.
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
@@ -68,6 +78,50 @@ def kill_trials():
     return sys.modules["kill_trials"]
 
 
+def shakespeare() -> str:
+    """The first 60,000 characters of the bundled Shakespeare: text for the small BPEs the
+    export and import tests train."""
+    from minigpt.paths import DATA_DIR
+
+    return (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")[:60_000]
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """Noise on every parameter: norms and biases are no longer 1 and 0, so a weight put in the
+    wrong place shows in the logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+def killed_mid_write(target: str, partial: str, argv: list[str]):
+    """`minigpt ARGV` in a child process whose writer `target` ("module:attribute.path")
+    first runs `partial` (Python on its arguments `a`: the bytes written before the kill), then
+    SIGKILLs the process: what kill -9 in the middle of an export leaves. Returns the finished
+    process, checked to have died of the SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+
+    module, attr = target.split(":")
+    *owner, name = attr.split(".")
+    code = ("import functools, importlib, os, signal, sys\n"
+            f"obj = importlib.import_module({module!r})\n"
+            f"obj = functools.reduce(getattr, {owner!r}, obj)\n"
+            "def die(*a, **k):\n"
+            f"    {partial}\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"setattr(obj, {name!r}, die)\n"
+            "from minigpt.cli import main\n"
+            f"sys.argv = ['minigpt', *{list(argv)!r}]\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    return r
+
+
 def tiny_train_sets(tmp: Path, **over) -> list[str]:
     """`--set` values of a 1-layer, 32-wide byte model on a small generated corpus: a step
     takes milliseconds; evaluations (and so curves.png) at steps 3 and 6."""
@@ -93,7 +147,8 @@ def trained_runs(tmp_path_factory) -> dict:
     """Two tiny runs trained through the library, shared by the tests that read runs:
     `finished` (6 of 6 steps) and `stopped` (--stop-after 4 of 6: one log step after its
     last evaluation). Each entry: {"dir", "done" (DoneEvent), "evals" (EvalEvents),
-    "pictures" ((inode, sha256) of curves.png seen at each EvalEvent)}."""
+    "pictures" ((inode, sha256) of curves.png seen at each EvalEvent), "sets" (the `--set`
+    values it was trained with, without --stop-after)}."""
     import hashlib
 
     from minigpt.config import load_config
@@ -104,7 +159,7 @@ def trained_runs(tmp_path_factory) -> dict:
     out = {}
     for name, stop in (("finished", None), ("stopped", 4)):
         run = root / "runs" / name
-        info = {"dir": run, "evals": [], "pictures": []}
+        info = {"dir": run, "evals": [], "pictures": [], "sets": tiny_train_sets(root)}
 
         def on_event(e, info=info, run=run):
             if isinstance(e, EvalEvent):

@@ -217,9 +217,9 @@ def test_table_png_html_and_json_files_carry_the_effects(tiny_run, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--ablate", "half"],
      "--ablate: 'half' is not an ablation mode; valid: zero, mean, resample"),
-    pytest.param(["--probe", "induction", "--max-tokens", "3", "--ablate", "zero"],
-                 ("--ablate: the input has 2 tokens, too short to score a prediction: it needs "
-                  "at least 4 (see --max-tokens)"),
+    pytest.param(["--text", "a", "--ablate", "zero"],  # (the induction probe refuses < 4)
+                 ("--ablate: the input has 1 tokens, too short to score a prediction: it needs "
+                  "at least 2 (see --max-tokens)"),
                  marks=pytest.mark.slow),  # in-process: test_scored_positions_and_bad_input
 ])
 def test_bad_ablation_input_is_one_line(tiny_run, tmp_path, args, needle):

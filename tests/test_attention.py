@@ -71,7 +71,8 @@ def test_lecture_cat_sat_mat_causal(impl):
 
 
 def test_qa_seed_002_causal_rows_from_raw_scores():
-    """Transformer Series (6/9)'s raw score table for "The cat sat on", masked and softmaxed by our attention.
+    """Transformer Series (6/9)'s raw score table for "The cat sat on", masked and softmaxed by
+    our attention.
 
     Its printed rows for "The" (1, 0, 0, 0) and "cat" (0.35, 0.65) are right. Its printed rows
     for "sat" (0.14, 0.26, 0.60) and "on" (0.08, 0.11, 0.22, 0.59) are WRONG: they are not the

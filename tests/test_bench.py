@@ -310,3 +310,60 @@ def test_cli_quick_run(tmp_path):
     assert summary == doc["summary"]
     assert doc["environment"]["quick"] is True
     assert any(line.startswith("verdict: sdpa") for line in lines)
+
+
+def test_verdicts_say_when_a_ratio_is_inside_the_noise():
+    """A ratio of two medians whose spreads (q1..q3) overlap is not stated as a speed-up
+    (issue 41: a 1.3x "faster" with a 150% spread)."""
+    from minigpt.bench.attention import AttentionRow, _fill_ratios, attention_verdicts
+    from minigpt.bench.sample import SampleRow
+
+    def t(q1, median, q3):
+        return Timing(median, q1, q3, q1, q3, 5, 1)
+
+    assert t(1, 2, 3).overlaps(t(2.5, 4, 9)) and not t(1, 2, 3).overlaps(t(3.5, 4, 5))
+
+    def attention(naive, sdpa):
+        rows = [AttentionRow(64, "naive", "fwd", timing=naive),
+                AttentionRow(64, "sdpa", "fwd", timing=sdpa)]
+        _fill_ratios(rows)
+        return attention_verdicts(rows, torch.float32)
+
+    noisy = ("sdpa not measurably faster (2.00x, the timings' spreads overlap) than naive at "
+             "T=64 (forward)")
+    assert attention(t(2, 4, 8), t(1, 2, 3)) == [noisy]
+    clear = "sdpa 2.0x faster than naive at T=64 (forward)"
+    assert attention(t(3.8, 4, 4.2), t(1.9, 2, 2.1)) == [clear]
+
+    def sample(cached, recomputed):
+        return bench.sample_verdicts([SampleRow(False, 8, 4, t(1, 1, 1), recomputed, 1, 1 / (
+            recomputed.median_ms / 1e3), 1), SampleRow(True, 8, 4, t(1, 1, 1), cached, 1, 1 / (
+                cached.median_ms / 1e3), 1)], True)[0]
+
+    assert sample(t(1, 2, 6), t(2, 3, 9)).startswith(
+        "KV cache against recomputing the context: 1.50x, within the noise")
+    assert sample(t(1, 1, 1.1), t(3, 3, 3.3)).startswith(
+        "KV cache decodes 3.0x faster than recomputing the context")
+
+
+def test_bench_threads_sets_every_suites_threads():
+    """`--threads N` (as train.threads): the environment records N, the sample suite decodes
+    on N, and the caller's setting comes back afterwards; a count above the CPUs is refused
+    before any work (tests/test_threads.py checks the rule through the installed command)."""
+    from minigpt.threads import usable_cpus
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2 if before == 1 else 1)
+    try:
+        want = torch.get_num_threads() % 2 + 1  # the other count of 1 and 2
+        opts = bench.BenchOptions(device="cpu", suites=["sample"], threads=want)
+        if want > usable_cpus():
+            pytest.skip("one CPU: no other thread count to ask for")
+        result = bench.run_bench(opts, None, _tiny_plan())
+        assert result.environment["threads"] == want
+        assert {r.threads for r in result.sample.rows} == {want}
+        assert torch.get_num_threads() != want
+        with pytest.raises(MinigptError, match="more than the"):
+            bench.run_bench(bench.BenchOptions(device="cpu", threads=10**6), None, _tiny_plan())
+    finally:
+        torch.set_num_threads(before)

@@ -22,7 +22,7 @@ from minigpt.run import checkpoint as ck
 from minigpt.run.load import find_latest_run, load_optimizer_state, load_run
 from minigpt.run.safetensors_io import read_header
 from minigpt.tokenizer import bytes_tokenizer
-from minigpt.train.optim import build_optimizer
+from minigpt.train.weights import build_optimizer
 
 SETS = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=8",
         "tokenizer.vocab_size=256"]
@@ -147,7 +147,8 @@ man = json.loads((run / "manifest.json").read_text())
 assert state["step"] == 5 and "model.safetensors" in man["files"]
 assert not any(m.startswith("minigpt") for m in sys.modules)
 """
-    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd="/")
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                       cwd="/")
     assert r.returncode == 0, r.stderr
 
 

@@ -13,7 +13,7 @@ from minigpt.config import ModelConfig
 from minigpt.core import circuits as c
 from minigpt.core.gpt import GPT, AttnSpec
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.heads.probes import corrupt_second_copy
+from minigpt.heads.probes import corrupt_copy, corrupt_second_copy
 
 V, T, C = 12, 16, 64  # vocabulary, positions, width; two heads of 32
 TOK, POS = slice(0, V), slice(V, V + T)
@@ -216,6 +216,20 @@ def test_patching_the_induction_head_moves_the_whole_metric():
     assert (denoising.clean, denoising.corrupted) == pytest.approx(
         (noising.clean, noising.corrupted))
     assert denoising.effect[0, 1] == 0.0 and denoising.effect[1, 0] > 0.5
+
+
+def test_corrupting_the_first_copy_shows_the_previous_token_head():
+    """With the FIRST copy corrupted, the keys the induction head reads carry the previous
+    tokens of other ids: the previous-token head's output there differs, so patching it alone
+    breaks the copying (the second-copy corruption above leaves it at 0)."""
+    model = induction_circuit_model()
+    bad = corrupt_copy(PROBE, 0, range(V), copy=1)
+    assert bad[8:] == PROBE[8:] and not set(bad[:8]) & set(PROBE)
+    p = c.patch_heads(model, PROBE, bad, c.make_metric(len(PROBE), SECOND))
+    assert p.clean < 0.3 and p.corrupted > 3.0
+    assert p.effect[0, 0] > 0.5 and p.effect[1, 0] > 0.5  # both heads carry the difference
+    assert p.effect[0, 1] == 0.0 and p.effect[1, 1] == 0.0
+    assert corrupt_copy(PROBE, 0, range(V), copy=2) == corrupt_second_copy(PROBE, 0, range(V))
 
 
 def test_logit_difference_metric():

@@ -148,10 +148,21 @@ def test_every_row_names_its_head_and_every_number_is_whole(run_dir, width):
     (["--probe", "previous", "--patch-from", "corrupted"], "--patch-from: with a probe"),
     (["--text", "abc", "--patch-from", "abd", "--patch-direction", "up"],
      "--patch-direction: 'up' is not a direction"),
+    (["--text", "abc", "--patch-direction", "noising"],  # alone it would change nothing
+     "--patch-direction: applies to --patch-from only"),
 ])
 def test_bad_input_is_one_line_exit_2(run_dir, args, expect):
     assert expect in error_line(invoke(run_dir, *args))
 
+
+def test_a_long_patch_from_text_is_echoed_cut(run_dir):
+    """`--patch-from` with a 60 KB text: the stderr line that says what was patched from
+    cuts it as every echoed value is cut (the JSON keeps it whole)."""
+    r = invoke(run_dir, "--text", "ab" * 30000, "--patch-from", "cd" * 30000, "--json")
+    assert r.exit_code == 0, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("patch (noising, from text: ")]
+    assert len(line) < 400 and "cdc ... dcd" in line, line
+    assert json.loads(r.stdout)["patch"]["corrupted_input"] == "text: " + "cd" * 30000
 
 def test_a_one_layer_model_has_no_composition(tmp_path):
     run = make_run(tmp_path / "one", n_layer=1)
@@ -178,3 +189,53 @@ def test_the_installed_command(run_dir, tmp_path):
                          (["--text", "abcd", "--dla", "--target", "xy"], "is 2 tokens")):
         r = run(*args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr
+
+
+def test_corrupted_first_and_the_corrupted_ids_reproduce_the_numbers(run_dir):
+    """`--patch-from corrupted-first` replaces the first copy; the JSON carries the corrupted
+    ids, and patching from them outside inspect-heads gives the JSON's numbers. `corrupted` is
+    `corrupted-second`."""
+    docs = {}
+    for name in ("corrupted", "corrupted-second", "corrupted-first"):
+        r = invoke(run_dir, "--probe", "induction", "--patch-from", name, "--json")
+        assert r.exit_code == 0, r.stderr
+        docs[name] = json.loads(r.stdout)
+    clean, half = docs["corrupted"]["tokens"], len(docs["corrupted"]["tokens"]) // 2
+    second = docs["corrupted-second"]["patch"]
+    assert docs["corrupted"]["patch"]["corrupted_tokens"] == second["corrupted_tokens"]
+    assert second["corrupted_input"].startswith("corrupted-second: ")
+    first = docs["corrupted-first"]["patch"]
+    bad = first["corrupted_tokens"]
+    assert first["corrupted_input"].startswith("corrupted-first: ")
+    assert bad[half:] == clean[half:] and not set(bad[:half]) & set(clean)
+    assert "do not add up" in first["reading"]
+    loaded = load_run(run_dir, "cpu")
+    metric = c.make_metric(len(clean), range(half, len(clean) - 1))
+    patch = c.patch_heads(loaded.model, clean, bad, metric)
+    for row in docs["corrupted-first"]["heads"]:
+        assert row["patch"] == pytest.approx(float(patch.effect[row["layer"], row["head"]]),
+                                             abs=1e-6)
+
+
+def test_the_patch_column_says_how_to_read_a_fraction_above_1(run_dir):
+    r = invoke(run_dir, "--probe", "induction", "--patch-from", "corrupted-first", width=80)
+    assert r.exit_code == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "from corrupted-first" in text and "above 1 or below 0 is possible" in text
+    assert "effects do not add up" in " ".join(r.stderr.split())
+
+
+def test_the_lens_through_the_command(run_dir, tmp_path):
+    r = invoke(run_dir, "--probe", "induction", "--lens", "--json", "--format", "png,html",
+               "--out", str(tmp_path))
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    half = len(doc["tokens"]) // 2
+    points = {rec["point"] for rec in doc["lens"]}
+    assert points == {"embed", "L0", "L1"} and len(doc["lens"]) == 3 * (half - 1)
+    assert {rec["position"] for rec in doc["lens"]} == set(range(half, 2 * half - 1))
+    assert all(rec["target"] == doc["tokens"][rec["position"] + 1] for rec in doc["lens"])
+    assert (tmp_path / "lens.png").read_bytes()[:4] == b"\x89PNG"
+    assert '"lens":{"points"' in (tmp_path / "attention.html").read_text()
+    r = invoke(run_dir, "--text", "abcabc", "--lens", "--target", "a", "--json")
+    assert {rec["target"] for rec in json.loads(r.stdout)["lens"]} == {ord("a")}

@@ -137,6 +137,11 @@ def test_long_text_is_cut_with_a_note(run_dir):
     (["--format", "gif"], "valid: table, png, html, safetensors, json"),
     (["--max-tokens", "1000"], f"valid: 2..{BLOCK}"),
     (["--text", "a", "--probe", "induction"], "exclude each other"),
+    (["--probe", "induction", "--max-tokens", "3"],  # two copies of 2 tokens at least
+     f"--max-tokens 3: out of range; valid: 4..{BLOCK}"),
+    (["--probe", "induction", "--max-tokens", "2"], "the induction probe needs two copies"),
+    (["--patch-direction", "denoising"],
+     "--patch-direction: applies to --patch-from only; give --patch-from too"),
 ])
 def test_bad_input_is_one_line_exit_2(run_dir, args, expect):
     assert expect in error_line(invoke(run_dir, *args))
@@ -156,3 +161,33 @@ def test_missing_run_dir(tmp_path):
 def test_binary_text_file(run_dir, tmp_path):
     (tmp_path / "b.bin").write_bytes(b"\x00\xff\xfe")
     assert "not UTF-8" in error_line(invoke(run_dir, "--text-file", str(tmp_path / "b.bin")))
+
+
+def test_every_destination_is_checked_before_any_work(run_dir, tmp_path):
+    """A FIFO (or a directory) where one of the files goes is refused before anything is
+    computed or written: the other formats' files are not written first (issue 39)."""
+    import os
+    import stat
+
+    os.mkfifo(tmp_path / "attention.html")
+    (tmp_path / "scores.json").mkdir()
+    for fmt, name, kind in (("png,html", "attention.html", "a FIFO"),
+                            ("png,json", "scores.json", "a directory")):
+        line = error_line(invoke(run_dir, "--format", fmt, "--out", str(tmp_path)))
+        assert f"--out {tmp_path}: {name} there: it is {kind}" in line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["attention.html", "scores.json"]
+    assert stat.S_ISFIFO((tmp_path / "attention.html").lstat().st_mode)
+
+
+def test_the_destinations_checked_are_the_files_written(run_dir, tmp_path):
+    """`output.file_names` (what is checked before the work) names exactly what `write_files`
+    wrote, with every format and measurement that adds a file."""
+    from minigpt.heads import output
+
+    r = invoke(run_dir, "--format", "png,html,safetensors,json", "--out", str(tmp_path),
+               "--layer", "1", "--head", "0", "--head", "2", "--ablate", "zero", "--dla",
+               "--composition", "--probe", "induction")
+    assert r.exit_code == 0, r.stderr
+    names = output.file_names(["png", "html", "safetensors", "json"], [1], [0, 2],
+                              ablation=True, composition=True, circuits=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)

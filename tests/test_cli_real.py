@@ -382,7 +382,7 @@ def test_the_docs_in_order_from_an_empty_directory(program, env, tmp_path):
             # run: it samples the text run, and says it passed the other one over (issue 34)
             again = minigpt(program, ["sample", "-p", "ROMEO:", "-n", "20"], cwd, env)
             assert "passing over runs/induction" in again.stderr, again.stderr
-            assert "from the latest run trained on text, runs/default" in again.stderr
+            assert "from the latest finished run trained on text, runs/default" in again.stderr
     assert {p.name for p in (cwd / "runs").iterdir()} >= {"default", "speedrun", "bytes",
                                                          "induction", "mine"}
 

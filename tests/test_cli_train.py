@@ -163,16 +163,16 @@ def test_a_config_file_overridden_by_set_resumes_with_resume_appended(tmp_path, 
     assert "model.n_layer=2" in r.stderr and "gives 3" in r.stderr
 
 
-def test_two_identical_runs_write_identical_files(tmp_path):
-    """Issue 26: the same command twice (two processes) gives byte-identical weights and
-    optimizer state: safetensors metadata is written in a fixed order."""
-    digests = []
-    for name in ("a", "b"):
-        r = installed("train", *with_sets(tiny_sets(tmp_path, **{"train.max_steps": 2})),
-                      "--out", str(tmp_path / name), cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
-        digests.append([hashlib.sha256((tmp_path / name / f).read_bytes()).hexdigest()
-                        for f in ("model.safetensors", "optimizer.safetensors")])
+def test_two_identical_runs_write_identical_files(trained_runs, tmp_path):
+    """Issue 26: the same training in two processes (the installed command, and the session's
+    run trained in the test process) gives byte-identical weights and optimizer state:
+    safetensors metadata is written in a fixed order."""
+    ref = trained_runs["finished"]
+    r = installed("train", *with_sets(ref["sets"]), "--out", str(tmp_path / "b"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    digests = [[hashlib.sha256((run / f).read_bytes()).hexdigest()
+                for f in ("model.safetensors", "optimizer.safetensors")]
+               for run in (ref["dir"], tmp_path / "b")]
     assert digests[0] == digests[1]
 
 

@@ -121,7 +121,8 @@ def test_validation_errors_are_one_line_and_name_the_field(tmp_path, text, needl
 
 
 def test_odd_head_dim_is_fine_without_rope(tmp_path):
-    cfg = load_config(write(tmp_path, "model:\n  n_embd: 12\n  n_head: 4\n  pos_encoding: learned\n"))
+    cfg = load_config(write(tmp_path,
+                            "model:\n  n_embd: 12\n  n_head: 4\n  pos_encoding: learned\n"))
     assert cfg.model.head_dim == 3
 
 

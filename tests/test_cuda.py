@@ -119,11 +119,11 @@ def _tiny_gpt(**kw) -> GPT:
 
 
 def test_bf16_autocast_training_step_under_torch_compile():
-    """The GPU recipe: bf16 autocast, torch.compile, fused AdamW (train/optim.py). The compiled
+    """The GPU recipe: bf16 autocast, torch.compile, fused AdamW (train/weights.py). The compiled
     model's loss equals eager's within 2e-2; 30 compiled steps on one batch memorise it (loss
     below half its start); parameters stay float32 and finite."""
     _need_bf16(torch.bfloat16)
-    from minigpt.train.optim import build_optimizer
+    from minigpt.train.weights import build_optimizer
 
     model = _tiny_gpt().train()
     g = torch.Generator().manual_seed(1)

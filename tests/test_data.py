@@ -23,6 +23,7 @@ from minigpt.events import DatasetReady, TokenizingFile
 from minigpt.paths import DATA_DIR
 from minigpt.records import iter_records
 from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
+from minigpt.train.batches import InductionRows, TokenRows, rows_for, to_device
 
 SHAKESPEARE = (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
 
@@ -49,6 +50,11 @@ def write(path: Path, content: str | bytes) -> Path:
 def prepare(cfg: Config, tok: Tokenizer | None = None, events: list | None = None) -> Dataset:
     return prepare_dataset(cfg, tok or bytes_tokenizer(),
                            events.append if events is not None else None)
+
+
+def xy(rows: TokenRows | InductionRows, split: str, offsets: torch.Tensor):
+    """The trainer's batch (x, y) of the rows at `offsets`, on the CPU."""
+    return to_device(rows.rows(split, offsets), torch.device("cpu"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,7 +263,8 @@ def test_split_is_deterministic(tmp_path):
 
 
 def test_offsets_reproducible_from_generator_state(tmp_path):
-    ds = prepare(cfg_for(write(tmp_path / "c.txt", SHAKESPEARE[:20_000])))
+    data = prepare(cfg_for(write(tmp_path / "c.txt", SHAKESPEARE[:20_000])))
+    ds = TokenRows(data, 16)
     g = torch.Generator().manual_seed(123)
     ds.sample_offsets("train", 5, g)  # advance: the saved state is mid-run
     state = g.get_state()
@@ -266,40 +273,40 @@ def test_offsets_reproducible_from_generator_state(tmp_path):
     g2.set_state(state)
     assert torch.equal(ds.sample_offsets("train", 64, g2), first)
     assert first.dtype == torch.long and first.shape == (64,)
-    assert int(first.min()) >= 0 and int(first.max()) <= len(ds.train) - ds.block_size - 1
-    x, y = ds.get_batch("train", first, "cpu")
+    assert int(first.min()) >= 0 and int(first.max()) <= len(data.train) - ds.block_size - 1
+    x, y = xy(ds, "train", first)
     assert x.shape == y.shape == (64, 16) and x.dtype == torch.long
     assert torch.equal(x[:, 1:], y[:, :-1])
     o = int(first[0])
-    assert x[0].tolist() == ds.train[o: o + 16].tolist()
-    assert y[0, -1].item() == ds.train[o + 16]
+    assert x[0].tolist() == data.train[o: o + 16].tolist()
+    assert y[0, -1].item() == data.train[o + 16]
 
 
 def test_induction_batches_repeat(tmp_path):
     cfg = from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256},
                      "data": {"source": "induction", "induction_vocab": 20,
                               "corpus": str(tmp_path / "never-read.txt")}})
-    ds = prepare_dataset(cfg, bytes_tokenizer())
+    ds = rows_for(cfg, bytes_tokenizer())
     assert ds.vocab == 20 and ds.bytes_per_token == 1.0
     g = torch.Generator().manual_seed(0)
     offsets = ds.sample_offsets("train", 8, g)
-    x, y = ds.get_batch("train", offsets)
+    x, y = xy(ds, "train", offsets)
     assert x.shape == y.shape == (8, 32)
     assert torch.equal(x[:, :16], x[:, 16:])          # [r, r]
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, 0])
     assert int(x.min()) >= 0 and int(x.max()) < 20
     assert len({tuple(row) for row in x[:, :16].tolist()}) == 8
-    x2, _ = ds.get_batch("train", offsets)
+    x2, _ = xy(ds, "train", offsets)
     assert torch.equal(x, x2)                          # a function of the offsets
-    xv, _ = ds.get_batch("val", offsets)
+    xv, _ = xy(ds, "val", offsets)
     assert not torch.equal(x, xv)
 
 
 def test_induction_odd_block_size():
     cfg = from_dict({"model": {"block_size": 9}, "tokenizer": {"vocab_size": 256},
                      "data": {"source": "induction", "induction_vocab": 5}})
-    ds = prepare_dataset(cfg, bytes_tokenizer())
-    x, y = ds.get_batch("val", ds.sample_offsets("val", 3, torch.Generator().manual_seed(1)))
+    ds = rows_for(cfg, bytes_tokenizer())
+    x, y = xy(ds, "val", ds.sample_offsets("val", 3, torch.Generator().manual_seed(1)))
     assert x.shape == y.shape == (3, 9)
     assert torch.equal(x[:, :4], x[:, 4:8]) and torch.equal(x[:, 8], x[:, 0])
     assert torch.equal(y[:, :8], x[:, 1:]) and torch.equal(y[:, 8], x[:, 1])
@@ -312,7 +319,8 @@ def _pair_lengths(row: list[int], lo: int, hi: int) -> list[int]:
     while (len(row) - pos) // 2 >= 2:
         rem = len(row) - pos
         n = next(n for n in range(2, rem // 2 + 1)
-                 if (lo <= n <= hi or n == rem // 2) and row[pos + n: pos + 2 * n] == row[pos: pos + n])
+                 if (lo <= n <= hi or n == rem // 2)
+                 and row[pos + n: pos + 2 * n] == row[pos: pos + n])
         lengths.append(n)
         pos += 2 * n
     return lengths
@@ -324,8 +332,8 @@ def test_induction_pairs_layout_defeats_fixed_offset_heads():
     def batch(**data):
         cfg = from_dict({"model": {"block_size": 64}, "tokenizer": {"vocab_size": 256},
                          "data": {"source": "induction", "induction_vocab": 64, **data}})
-        ds = prepare_dataset(cfg, bytes_tokenizer())
-        return ds.get_batch("train", ds.sample_offsets("train", 64, torch.Generator()
+        ds = rows_for(cfg, bytes_tokenizer())
+        return xy(ds, "train", ds.sample_offsets("train", 64, torch.Generator()
                                                        .manual_seed(0)))
 
     x, y = batch(induction_min_period=4, induction_max_period=24)
@@ -360,8 +368,8 @@ def test_induction_distinct_rows_repeat_only_inside_copies(block, min_period):
                          "data": {"source": "induction", "induction_vocab": 20,
                                   "induction_min_period": min_period,
                                   "induction_distinct": distinct}})
-        ds = prepare_dataset(cfg, bytes_tokenizer())
-        x, y = ds.get_batch("train", ds.sample_offsets("train", 200, torch.Generator()
+        ds = rows_for(cfg, bytes_tokenizer())
+        x, y = xy(ds, "train", ds.sample_offsets("train", 200, torch.Generator()
                                                        .manual_seed(3)))
         assert torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < 20
         return torch.cat([x, y[:, -1:]], 1).tolist()
@@ -937,17 +945,16 @@ def test_a_file_named_like_a_glob_is_that_file_and_unlisted_subdirectories_are_e
 
 @pytest.mark.parametrize("min_period", [4, 0])
 def test_induction_groups_a_new_id_follows_the_id_two_places_before(min_period):
-    """induction_halves: every new id after the first two is low (< vocab/2) or high as the
-    fixed bit of the id two places before it says; copies stay copies, and new ids stay
-    distinct. Without it the half of a new id is a coin toss."""
-    def rows(halves: bool):
+    """induction_groups = 2: every new id after the first two is low (< vocab/2) or high as the
+    fixed group of the id two places before it says; copies stay copies, and new ids stay
+    distinct. Without it the group of a new id is a coin toss."""
+    def rows(groups: int):
         cfg = from_dict({"model": {"block_size": 24}, "tokenizer": {"vocab_size": 256},
                          "data": {"source": "induction", "induction_vocab": 64,
                                   "induction_min_period": min_period,
-                                  "induction_distinct": True, "induction_groups": 2 if halves else 0}})
-        ds = prepare_dataset(cfg, bytes_tokenizer())
-        x, y = ds.get_batch("train", ds.sample_offsets("train", 100, torch.Generator()
-                                                       .manual_seed(5)))
+                                  "induction_distinct": True, "induction_groups": groups}})
+        ds = rows_for(cfg, bytes_tokenizer())
+        x, y = xy(ds, "train", ds.sample_offsets("train", 100, torch.Generator().manual_seed(5)))
         return ds, torch.cat([x, y[:, -1:]], 1).tolist()
 
     def follows(ds, rs) -> tuple[int, int]:
@@ -962,9 +969,9 @@ def test_induction_groups_a_new_id_follows_the_id_two_places_before(min_period):
                     hits += (r[p] >= 32) == ds.pick[r[p - 2]]
         return hits, total
 
-    ds, on = rows(True)
+    ds, on = rows(2)
     assert sum(ds.pick) == 32  # one fixed group per id, as many ids pick each
     hits, total = follows(ds, on)
     assert total > 500 and hits == total
-    hits, total = follows(*rows(False))
+    hits, total = follows(*rows(0))
     assert 0.4 < hits / total < 0.6

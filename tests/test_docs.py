@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib.util
 import re
 import runpy
@@ -194,7 +195,9 @@ def test_every_flag_is_documented(name):
 # Names the docs cite: tests, scripts, files, links and their anchors.
 
 
+@functools.cache
 def cited_functions() -> dict[str, set[str]]:
+    """{test file name: its function names}, parsed once for every doc."""
     return {p.name: {n.name for n in ast.walk(ast.parse(p.read_text()))
                      if isinstance(n, ast.FunctionDef)}
             for p in (PROJECT_ROOT / "tests").glob("test_*.py")}

@@ -17,7 +17,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import killed_mid_write, perturb, shakespeare
 
 from minigpt.config import from_dict
 from minigpt.core.gpt import GPT
 from minigpt.errors import WriteError
 from minigpt.llamacpp import export_gguf
-from minigpt.paths import DATA_DIR
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
@@ -57,6 +56,8 @@ RUNS = {
     # attention-only (configs/induction.yaml): written with zero MLPs
     "rope-attention-only": ({"pos_encoding": "rope", "bias": True, "tie_weights": False,
                              "mlp": False}, "gpt2"),
+    # configs/default.yaml's (and bytes.yaml's) architecture
+    "rope-nobias-tied": ({"pos_encoding": "rope", "bias": False}, "gpt4"),
 }
 TEXTS = {
     "ascii": "Hello world! It's a test, isn't it? You'll see: we've WON; they'd (ok) [x] {y}.",
@@ -69,22 +70,9 @@ TEXTS = {
 }
 
 
-def corpus() -> str:
-    return (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")[:60_000]
-
-
-def perturb(model: torch.nn.Module, seed: int) -> None:
-    """Noise on every parameter: norms and biases are no longer 1 and 0, so a weight put in
-    the wrong place shows in the logits."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-
-
 def train_bpe(root: Path, pattern: str) -> Tokenizer:
     """A BPE trained by minigpt (rustbpe) with `pattern` on Shakespeare and the texts above."""
-    (root / "corpus.txt").write_text(corpus() + "\n".join(list(TEXTS.values()) * 5),
+    (root / "corpus.txt").write_text(shakespeare() + "\n".join(list(TEXTS.values()) * 5),
                                      encoding="utf-8")
     cfg = from_dict({"tokenizer": {"vocab_size": 400, "pattern": pattern},
                      "data": {"corpus": str(root / "corpus.txt"), "cache_dir": str(root)}})
@@ -375,7 +363,7 @@ def test_the_files_tokens_and_merges_give_minigpts_ids(bpe, pattern, tmp_path):
     tok = bpe[pattern]
     run = make_run(tmp_path / "run", tok, pos_encoding="learned")
     meta, _ = read_gguf(export_gguf(load_run(run, "cpu"), tmp_path / "m.gguf").out)
-    texts = [*TEXTS.values(), corpus()[-3000:], " ".join(TEXTS.values()) * 2]
+    texts = [*TEXTS.values(), shakespeare()[-3000:], " ".join(TEXTS.values()) * 2]
     for text in texts:
         assert gguf_encode(meta, tok.pattern, text) == tok.encode(text), text
     assert len(meta["tokenizer.ggml.merges"]) == len(tok.ranks) - 256
@@ -538,7 +526,17 @@ def test_a_write_that_fails_mid_file_leaves_nothing(small_run, tmp_path):
 
 def test_a_really_full_disk_leaves_nothing(small_run, tmp_path):
     """A 256 KiB tmpfs (needs root and mount rights; skipped otherwise) cannot hold the
-    ~0.5 MB file: the kernel's ENOSPC, one line, nothing left on the file system."""
+    ~0.5 MB file: the kernel's ENOSPC, one line, nothing left on the file system. (The command
+    runs in this process: the one error line of a real process is the file-size-limit test's
+    above.)"""
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    def export(*args: str) -> subprocess.CompletedProcess:
+        r = CliRunner().invoke(app, ["export", *args])
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
     mnt = tmp_path / "small"
     mnt.mkdir()
     if os.geteuid() != 0 or subprocess.run(
@@ -546,7 +544,7 @@ def test_a_really_full_disk_leaves_nothing(small_run, tmp_path):
             capture_output=True, check=False).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
     try:
-        line = one_error_line(minigpt(*export_cmd(small_run, mnt / "m.gguf")))
+        line = one_error_line(export(*export_cmd(small_run, mnt / "m.gguf")))
         assert "no space left on device" in line and str(mnt / "m.gguf") in line
         assert names(mnt) == []
     finally:
@@ -590,32 +588,33 @@ def test_a_killed_export_leaves_a_temp_file_the_next_export_deletes(small_run, t
     """kill -9 in the middle of writing: the hidden temporary sibling stays (nothing can run
     at a SIGKILL); the next export to the same name deletes it and writes the file."""
     out = tmp_path / "m.gguf"
-    code = ("import os, signal, sys, gguf\n"
-            "def die(self, *a, **k):\n"
-            "    self.fout[0].write(b'partial'); self.fout[0].flush()\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "gguf.GGUFWriter.write_tensors_to_file = die\n"
-            "from minigpt.cli import main\n"
-            f"sys.argv = ['minigpt', 'export', *{export_cmd(small_run, out)!r}]\n"
-            "main()\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, check=False)
-    assert r.returncode == -signal.SIGKILL, r.stderr
+    killed_mid_write("gguf:GGUFWriter.write_tensors_to_file",
+                     "a[0].fout[0].write(b'partial'); a[0].fout[0].flush()",
+                     ["export", *export_cmd(small_run, out)])
     left = names(tmp_path)
     assert len(left) == 1 and re.fullmatch(r"\.m\.gguf\.\d+-[0-9a-f]{8}\.tmp", left[0]), left
-    r = minigpt(*export_cmd(small_run, out))
-    assert r.returncode == 0, r.stderr
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    r = CliRunner().invoke(app, ["export", *export_cmd(small_run, out)])  # the next export
+    assert r.exit_code == 0, r.stderr
     assert names(tmp_path) == ["m.gguf"]
     assert read_gguf(out)[0]["general.architecture"] == "gpt2"
 
 
-def test_without_the_gguf_package_one_line_says_what_to_install(small_run, tmp_path):
-    code = ("import sys\nsys.modules['gguf'] = None\nfrom minigpt.cli import main\n"
-            f"sys.argv = ['minigpt', 'export', *{export_cmd(small_run, tmp_path / 'm.gguf')!r}]"
-            "\nmain()\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, check=False)
-    line = one_error_line(r)
+def test_without_the_gguf_package_one_line_says_what_to_install(small_run, tmp_path,
+                                                                  monkeypatch):
+    """The command's one error line when `import gguf` fails (in-process: the exit code and
+    stderr of a real process are checked by the other one-line errors of the installed
+    command)."""
+    from typer.testing import CliRunner
+
+    from minigpt.cli import app
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    r = CliRunner().invoke(app, ["export", *export_cmd(small_run, tmp_path / "m.gguf")])
+    line = one_error_line(subprocess.CompletedProcess([], r.exit_code, r.stdout, r.stderr))
     assert "--format" in line and "pip install 'minigpt-lab[gguf]'" in line
     assert names(tmp_path) == []
 

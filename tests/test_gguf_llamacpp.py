@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_gguf import RUNS, TEXTS, corpus, gelu, gguf_forward, make_run, read_gguf, train_bpe
+from conftest import shakespeare
+from test_gguf import RUNS, TEXTS, gelu, gguf_forward, make_run, read_gguf, train_bpe
 
 from minigpt.core.generate import generate
 from minigpt.llamacpp import export_gguf
@@ -39,10 +40,11 @@ def varied_texts(n: int, seed: int = 0) -> list[str]:
     """`n` texts: the test texts, slices of Shakespeare, and random mixes of letters, digits,
     spaces, tabs, newlines, punctuation, apostrophes, CJK, emoji and combining marks."""
     rng = random.Random(seed)
-    text = corpus()
+    text = shakespeare()
     pools = ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " ", "  ",
              "\t", "\n", "\r\n", "\n\n", ".,;:!?-()[]{}\"'/", "'s 've 're 'll 'd 'm 't",
-             "日本語中文한국어", "😀🎉👍🏽👨‍👩‍👧🇫🇷", "e\u0301a\u0308n\u0303", "ÀéîõüßçÑ", "кириллица",
+             "日本語中文한국어", "😀🎉👍🏽👨‍👩‍👧🇫🇷", "e\u0301a\u0308n\u0303", "ÀéîõüßçÑ",
+             "кириллица",
              "Ελληνικά", "\u00a0\u2003"]
     out = [*TEXTS.values()]
     while len(out) < n:
@@ -55,12 +57,15 @@ def varied_texts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-# (model run name from test_gguf.RUNS, split pattern): both architectures x both patterns
+# (model run name from test_gguf.RUNS, split pattern): both architectures x both patterns,
+# and the default and induction configs' architectures
 CASES = {
     "gpt2/llama-bpe": ("learned", "gpt4"),
     "gpt2/gpt-2": ("learned-nobias-untied", "gpt2"),
     "gptneox/gpt-2": ("rope", "gpt2"),
     "gptneox/llama-bpe": ("rope-bias-tied", "gpt4"),
+    "gptneox/default": ("rope-nobias-tied", "gpt4"),  # configs/default.yaml's architecture
+    "gptneox/attention-only": ("rope-attention-only", "gpt2"),  # configs/induction.yaml's
 }
 
 

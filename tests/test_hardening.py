@@ -37,7 +37,7 @@ from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import LOCK_NAME
 from minigpt.run.state import TrainerState, rng_state
 from minigpt.tokenizer import bytes_tokenizer
-from minigpt.train.optim import build_optimizer
+from minigpt.train.weights import build_optimizer
 
 BLOCK = 16
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK}
@@ -499,7 +499,8 @@ CASES = [
     # ---- record corpora: JSON Lines and Parquet (the file and the line or row)
     Case("records-line-not-json", records("bad-line.jsonl"),
          ("bad-line.jsonl: line 3 is not JSON",)),
-    Case("records-jsonl-holding-prose", records("prose.jsonl"), ("prose.jsonl: line 1 is not JSON",)),
+    Case("records-jsonl-holding-prose", records("prose.jsonl"),
+         ("prose.jsonl: line 1 is not JSON",)),
     Case("records-no-text-field", records("no-field.jsonl"),
          ('no-field.jsonl: line 2 has no "text" field', "data.text_field")),
     Case("records-text-not-a-string", records("not-string.jsonl"),
@@ -973,6 +974,42 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+# Quick cases of the process tables below that the quick tier runs in this process, through the
+# same app and error path (`in_process`): a process adds only its start-up (~2 CPU-s, most of it
+# importing torch), and the process tests that stay quick check the real exit code and stderr.
+# The slow tier runs these through the installed command as well.
+QUICK_IN_PROCESS = {"model-type-list", "eot-id-billion", "regex-invalid",
+                    "runs-deep-metrics-line", "eval-batches-trillion",
+                    "resume-tensorboard-a-file", "empty-prompt-file-like-empty-prompt",
+                    "inspect-nan-attention", "runs-escape-codes-in-a-name",
+                    "error-naming-a-run-with-escape-codes"}
+
+
+def in_process(args: list[str], **env: str | None) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` run by the app in this process (the working directory and the token cache
+    are the test's: `_isolated`), as a finished process would report it: exit code, stdout,
+    stderr. An exception that escaped the error path (a traceback in a real process) fails the
+    test with its own traceback."""
+    r = CliRunner().invoke(app, args, env=env)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+def where_run(cases) -> list:
+    """pytest params (case, how) of a process table: every case through the installed command
+    ("process": quick for the table's quick cases not in QUICK_IN_PROCESS), and the cases in
+    QUICK_IN_PROCESS in this process too ("in-process", quick)."""
+    params = []
+    for c in cases:
+        quick = c.quick if hasattr(c, "quick") else not c.slow
+        params.append(pytest.param(c, "process", id=c.id, marks=[] if quick and c.id not in
+                                   QUICK_IN_PROCESS else [pytest.mark.slow]))
+        if c.id in QUICK_IN_PROCESS:
+            params.append(pytest.param(c, "in-process", id=f"{c.id}-in-process"))
+    return params
+
+
 def build_hostile(root: Path, models: dict[str, Path]) -> dict[str, Path]:
     """Model directories made from the good exports, each with one hostile file."""
     out: dict[str, Path] = {}
@@ -1190,9 +1227,8 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.id, marks=[] if c.quick else [pytest.mark.slow]) for c in HOSTILE])
-def test_files_from_elsewhere(case: HostileCase, hostile: Hostile, tmp_path: Path):
+@pytest.mark.parametrize("case, how", where_run(HOSTILE))
+def test_files_from_elsewhere(case: HostileCase, how: str, hostile: Hostile, tmp_path: Path):
     prefix: list[str] = []
     if case.unprivileged:
         if hostile.unprivileged is None:
@@ -1201,7 +1237,8 @@ def test_files_from_elsewhere(case: HostileCase, hostile: Hostile, tmp_path: Pat
                         "the message in-process")
         prefix = hostile.unprivileged
     before = tree_hash(hostile.root / "models"), tree_hash(hostile.root / "runs")
-    r = run_minigpt(case.args(hostile, tmp_path), tmp_path, tuple(prefix), **case.env)
+    r = (run_minigpt(case.args(hostile, tmp_path), tmp_path, tuple(prefix), **case.env)
+         if how == "process" else in_process(case.args(hostile, tmp_path), **case.env))
     line = one_error_line(r)
     for needle in case.needles:
         assert needle in line, f"{needle!r} not in {line!r}"
@@ -1419,13 +1456,13 @@ OUTSIDE = [
 ]
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow
-                                               else []) for c in OUTSIDE])
-def test_from_elsewhere_through_the_installed_command(case: Outside, world: World,
+@pytest.mark.parametrize("case, how", where_run(OUTSIDE))
+def test_from_elsewhere_through_the_installed_command(case: Outside, how: str, world: World,
                                                       elsewhere: Elsewhere, tmp_path: Path):
     before = tree_hash(world.good)
     (tmp_path / "heads-out").mkdir()
-    r = installed(case.args(world, elsewhere, tmp_path), tmp_path)
+    args = case.args(world, elsewhere, tmp_path)
+    r = installed(args, tmp_path) if how == "process" else in_process(args)
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
     if case.needles:
         lines = r.stderr.strip().splitlines()
@@ -1459,8 +1496,13 @@ class Door:
 
 
 def _tfrecord(payload: bytes) -> bytes:
-    """One TFRecord framing `payload` (CRCs zero: minigpt's reader does not check them)."""
-    return len(payload).to_bytes(8, "little") + b"\0" * 4 + payload + b"\0" * 4
+    """One TFRecord framing `payload`, with both masked CRC-32Cs right (checked against the
+    tensorboard package's own in tests/test_tensorboard.py): only the payload is wrong."""
+    from minigpt.train.tensorboard import masked_crc32c
+
+    head = len(payload).to_bytes(8, "little")
+    return (head + masked_crc32c(head).to_bytes(4, "little") + payload
+            + masked_crc32c(payload).to_bytes(4, "little"))
 
 
 def build_door(root: Path, world: World) -> Door:
@@ -1542,7 +1584,39 @@ def build_door(root: Path, world: World) -> Door:
     ro.chmod(0o555)
     (copy("metrics-dir", trained) / "metrics.jsonl").unlink()
     (runs["metrics-dir"] / "metrics.jsonl").mkdir()
+    build_issue_39(root, world, files, runs, copy)
     return Door(root, files, runs, build_caches(root / "caches", world), unprivileged_prefix())
+
+
+def build_issue_39(root: Path, world: World, files: dict[str, Path], runs: dict[str, Path],
+                   copy: Callable[[str, Path], Path]) -> None:
+    """Issue 39: event files that are no event files (a note, 1 GiB of zeros, random bytes), a
+    run whose checkpoint directory is mode 000, a .tiktoken file without every single byte,
+    an inspect-heads --out with a FIFO where a file goes, an empty read-only directory."""
+    trained = world.root / "runs" / "trained"
+    for name, fill in (("tb-note", b"my notes about this run\n"), ("tb-random", None),
+                       ("tb-zeros", 1 << 30)):
+        where = copy(name, trained) / "tensorboard"
+        where.mkdir()
+        with (where / "events.out.tfevents.notes").open("wb") as fh:
+            if isinstance(fill, int):
+                fh.truncate(fill)  # sparse: 1 GiB of zeros that takes no disk
+            else:
+                fh.write(fill or __import__("random").Random(0).randbytes(1 << 16))
+    (copy("locked-step", world.good) / "checkpoints" / "step-000007").chmod(0)
+    d = root / "files"
+    kept = [b for b in range(256) if b not in (0x00, 0x7F)]
+    ranks = [f"{base64_of(bytes([b]))} {i}" for i, b in enumerate(kept)]
+    files["no-bytes.tiktoken"] = d / "no-bytes.tiktoken"
+    files["no-bytes.tiktoken"].write_text("\n".join([*ranks, "dGg= 254", "aGU= 255"]) + "\n")
+    fifo_dir = d / "heads-fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "scores.json")
+    files["heads-fifo"] = fifo_dir
+    ro = d / "read-only-out"
+    ro.mkdir()
+    ro.chmod(0o555)
+    files["read-only-out"] = ro
 
 
 def base64_of(data: bytes) -> str:
@@ -1592,6 +1666,8 @@ def door(world, tmp_path_factory) -> Iterator[Door]:
     d = build_door(tmp_path_factory.mktemp("door"), world)
     yield d
     (d.files["corpus-dir"] / "locked").chmod(0o755)  # so pytest can remove it
+    (d.runs["locked-step"] / "checkpoints" / "step-000007").chmod(0o755)
+    d.files["read-only-out"].chmod(0o755)
 
 
 @dataclass
@@ -1604,7 +1680,9 @@ class DoorCase:
     quick: bool = False
     unprivileged: bool = False
     target: str | None = None              # a door run that must stay byte-identical
-    stdout: str = "pipe"                   # "full": > /dev/full; "closed": >&-
+    stdout: str = "pipe"                   # "full": > /dev/full; "closed": >&-; "reader-left":
+    #                                        a pipe whose reader closed it (`| head`)
+    stderr: str = "pipe"                   # "full": 2> /dev/full (the error line is lost)
     check: Callable[[subprocess.CompletedProcess, World, Door, Path], None] | None = None
 
 
@@ -1647,7 +1725,7 @@ def _still_fifo(r, w, d, t) -> None:
 
 def _runs_status(run: str, status: str) -> Callable:
     def check(r, w, d, t) -> None:
-        listed = run_minigpt(["runs", str(d.runs[run]), "--json"], t)
+        listed = in_process(["runs", str(d.runs[run]), "--json"])
         assert listed.returncode == 0, listed.stderr
         assert json.loads(listed.stdout)["runs"][0]["status"] == status
     return check
@@ -1655,6 +1733,160 @@ def _runs_status(run: str, status: str) -> Callable:
 
 def _no_cache_entry(r, w, d, t) -> None:
     assert not [p for p in (t / "cache").rglob("*.bin")], "a short split was cached"
+
+
+# Issue 39: what still ended in a traceback, a crash or a silent deletion.
+
+
+def _still_there(run: str, name: str, size: int) -> Callable:
+    """The event file `name` of door run `run` is where it was, as large (read no further:
+    tree_hash would read a 1 GiB file twice)."""
+    def check(r, w, d, t) -> None:
+        st = (d.runs[run] / "tensorboard" / name).stat()
+        assert st.st_size == size and len(list((d.runs[run] / "tensorboard").iterdir())) == 1
+    return check
+
+
+def _locked(command: list[str]) -> Callable[[World, Door, Path], list[str]]:
+    """`command` on the door run whose checkpoint directory is mode 000 (`--run`, or `--out`
+    for train --resume)."""
+    def args(w, d, t) -> list[str]:
+        flag = "--out" if command[0] == "train" else "--run"
+        return [*command, flag, str(d.runs["locked-step"]),
+                *(["--out", str(t / "exported")] if command[0] == "export" else [])]
+    return args
+
+
+def _no_run(command: list[str]) -> Callable[[World, Door, Path], list[str]]:
+    """`command` without --run in a working directory whose runs/ (holding a good run, as
+    `runs/good`) is mode 000."""
+    def args(w, d, t) -> list[str]:
+        runs = t / "runs"
+        shutil.copytree(w.good, runs / "good", symlinks=True)
+        runs.chmod(0)
+        return [*command, *(["--out", str(t / "exported")] if command[0] == "export" else [])]
+    return args
+
+
+def _runs_readable_again(r, w, d, t) -> None:
+    (t / "runs").chmod(0o755)  # so pytest can remove it
+    assert sorted(p.name for p in (t / "runs").iterdir()) == ["good"]
+    assert not (t / "exported").exists() and not (t / "exported.gguf").exists()
+
+
+def _stale_temps(w, d, t) -> list[str]:
+    """An inspect-heads --out holding what killed writers left: temps of dead processes last
+    written two hours ago (new-style and as minigpt named them before they carried a pid),
+    one written just now, and a user's file of a similar name."""
+    out = t / "heads-out"
+    out.mkdir()
+    old = __import__("time").time() - 7200
+    for name in (".attention.html.4194999-0badf00d.tmp", ".scores.json.4194999-0badf00d.tmp",
+                 ".attention.html.k3j_x9az.tmp", ".attention.html.4194998-00000001.tmp",
+                 ".attention.html.mine.tmp", "attention.html.4194999-0badf00d.tmp"):
+        (out / name).write_bytes(b"x" * 1000)
+        if "00000001" not in name:
+            os.utime(out / name, (old, old))
+    return ["inspect-heads", "--run", str(w.good), "--format", "html", "--out", str(out)]
+
+
+def _only_abandoned_temps_removed(r, w, d, t) -> None:
+    left = sorted(p.name for p in (t / "heads-out").iterdir())
+    assert left == [".attention.html.4194998-00000001.tmp", ".attention.html.mine.tmp",
+                    "attention.html", "attention.html.4194999-0badf00d.tmp"], left
+
+
+def _nothing_written_beside_the_fifo(r, w, d, t) -> None:
+    import stat
+
+    fifo = d.files["heads-fifo"]
+    assert [p.name for p in fifo.iterdir()] == ["scores.json"]  # no attention_grid.png first
+    assert stat.S_ISFIFO((fifo / "scores.json").lstat().st_mode)
+
+
+def _quiet(r, w, d, t) -> None:
+    """A reader that left: nothing said about it (no error, no traceback)."""
+    assert "error" not in r.stderr.lower() and "Traceback" not in r.stderr, r.stderr
+
+
+def _lines_short(r, w, d, t) -> None:
+    assert "patch (noising, from text: " in r.stderr
+    assert all(len(x) < 600 for x in r.stderr.splitlines()), max(map(len, r.stderr.split()))
+
+
+def _still_empty(r, w, d, t) -> None:
+    assert list(d.files["read-only-out"].iterdir()) == []
+
+
+def _help(*command: str) -> Callable[[World, Door, Path], list[str]]:
+    return lambda w, d, t: [*command, "--help"]
+
+
+ISSUE_39_CASES = [
+    # 1. A *tfevents* file that is not an event file: one line, nothing cut or removed.
+    DoorCase("resume-tensorboard-a-note", "tensorboard-not-events", _resume("tb-note"),
+             ("events.out.tfevents.notes", "not a TensorBoard event file", "fails its CRC"),
+             quick=True, target="tb-note"),
+    DoorCase("resume-tensorboard-1-gib-of-zeros", "tensorboard-not-events", _resume("tb-zeros"),
+             ("events.out.tfevents.notes", "header at byte 0 fails its CRC"),
+             check=_still_there("tb-zeros", "events.out.tfevents.notes", 1 << 30)),
+    DoorCase("resume-tensorboard-random-bytes", "tensorboard-not-events",
+             _resume("tb-random"), ("events.out.tfevents.notes", "fails its CRC"),
+             target="tb-random"),
+    # 3. An unreadable checkpoint directory or runs/: one "permission denied" line naming it.
+    DoorCase("sample-checkpoint-unreadable", "unreadable-dir", _locked(["sample", "-n", "2"]),
+             ("locked-step/checkpoints/step-000007: permission denied",), quick=True,
+             unprivileged=True),
+    *[DoorCase(f"{name}-checkpoint-unreadable", "unreadable-dir", _locked(command),
+               ("locked-step/checkpoints/step-000007: permission denied",), unprivileged=True)
+      for name, command in (("inspect-heads", ["inspect-heads"]), ("export-hf", ["export"]),
+                            ("export-gguf", ["export", "--format", "gguf"]),
+                            ("resume", ["train", "--resume"]))],
+    *[DoorCase(f"{name}-runs-unreadable", "unreadable-dir", _no_run(command),
+               ("/runs: permission denied",), unprivileged=True, check=_runs_readable_again)
+      for name, command in (("sample", ["sample", "-n", "2"]),
+                            ("inspect-heads", ["inspect-heads"]), ("export-hf", ["export"]),
+                            ("export-gguf", ["export", "--format", "gguf"]),
+                            ("resume", ["train", "--resume", "--set", "run.name=good"]))],
+    # 4. A .tiktoken file without every single byte: refused when read, not in the encoder.
+    DoorCase("tiktoken-missing-single-bytes", "tiktoken-bytes", _train(**{
+        "tokenizer.encoding": "@no-bytes.tiktoken"}),
+        ("no-bytes.tiktoken", "2 of the 256 single-byte tokens", "0x00, 0x7f"), quick=True),
+    # 5. --help into a full stdout: one line, exit 2, for every command.
+    DoorCase("help-stdout-full", "help-stdout-full", _help(), ("stdout",), quick=True,
+             stdout="full"),
+    *[DoorCase(f"{c}-help-stdout-full", "help-stdout-full", _help(c), ("stdout",),
+               stdout="full")
+      for c in ("train", "sample", "inspect-heads", "runs", "curves", "bench", "export")],
+    # The minor ones.
+    DoorCase("stale-temps-removed-by-a-later-run", "minor", _stale_temps, ok=True,
+             check=_only_abandoned_temps_removed),
+    DoorCase("inspect-out-fifo-refused-before-any-work", "minor", lambda w, d, t: [
+        "inspect-heads", "--run", str(w.good), "--format", "png,json", "--out",
+        str(d.files["heads-fifo"])], ("--out", "scores.json there", "a FIFO"),
+        check=_nothing_written_beside_the_fifo),
+    *[DoorCase(f"{name}-reader-left", "minor", args, ok=True, stdout="reader-left",
+               check=_quiet) for name, args in (
+        ("version", lambda w, d, t: ["--version"]),
+        ("runs-json", lambda w, d, t: ["runs", str(w.runs["with-metrics"]), "--json"]),
+        ("inspect-heads-json", lambda w, d, t: ["inspect-heads", "--run", str(w.good),
+                                                "--json"]),
+        ("sample", lambda w, d, t: ["sample", "--run", str(w.good), "-n", "200"]))],
+    DoorCase("induction-probe-max-tokens-3", "minor", lambda w, d, t: [
+        "inspect-heads", "--run", str(w.good), "--probe", "induction", "--max-tokens", "3"],
+        ("--max-tokens 3", "valid: 4..16", "two copies")),
+    DoorCase("patch-from-long-text-echo-cut", "minor", lambda w, d, t: [
+        "inspect-heads", "--run", str(w.good), "--text", "ab" * 30000, "--patch-from",
+        "cd" * 30000, "--json"], ok=True, check=_lines_short),
+    DoorCase("patch-direction-without-patch-from", "minor", lambda w, d, t: [
+        "inspect-heads", "--run", str(w.good), "--patch-direction", "denoising"],
+        ("--patch-direction", "--patch-from")),
+    DoorCase("error-to-a-full-stderr", "minor", lambda w, d, t: [
+        "train", "--print-config", "--set", "model.n_layer=abc"], stderr="full"),
+    DoorCase("export-out-read-only-empty", "minor", lambda w, d, t: [
+        "export", "--run", str(w.good), "--out", str(d.files["read-only-out"])],
+        ("--out", "read-only-out", "read-only directory"), check=_still_empty),
+]
 
 
 DOOR_CASES = [
@@ -1782,13 +2014,14 @@ DOOR_CASES = [
              ("working directory no longer exists",)),
     DoorCase("split-too-short-not-cached", "minor", _train(**{"model.block_size": 2000}),
              ("model.block_size=2000",), check=_no_cache_entry),
+    *ISSUE_39_CASES,
 ]
 
 
 def _door_run(case: DoorCase, args: list[str], cwd: Path, prefix: list[str]
               ) -> subprocess.CompletedProcess:
-    """run_minigpt with stdout to /dev/full, closed, or captured; a deleted working
-    directory for the case that needs one."""
+    """run_minigpt with stdout to /dev/full, closed, a pipe nobody reads, or captured; stderr
+    to /dev/full or captured; a deleted working directory for the case that needs one."""
     assert MINIGPT is not None, "the `minigpt` console script is not on PATH: pip install -e ."
     env = {**os.environ, "MINIGPT_CACHE": str(cwd / "cache"), "OMP_NUM_THREADS": "1"}
     gone = cwd / "gone"
@@ -1802,20 +2035,27 @@ def _door_run(case: DoorCase, args: list[str], cwd: Path, prefix: list[str]
 
     if case.id == "working-directory-deleted":
         gone.mkdir()
-    with open("/dev/full", "w") if case.stdout == "full" else contextlib.nullcontext() as full:
+    with contextlib.ExitStack() as stack:
+        streams = {}
+        for name, how in (("stdout", case.stdout), ("stderr", case.stderr)):
+            if how == "full":
+                streams[name] = stack.enter_context(open("/dev/full", "w"))
+            elif how == "reader-left":  # the read end closed before the command starts
+                read, streams[name] = os.pipe()
+                os.close(read)
+                stack.callback(os.close, streams[name])
+            else:
+                streams[name] = subprocess.PIPE
         r = subprocess.run([*prefix, MINIGPT, *args], check=False, env=env,
                            cwd=gone if gone.exists() else cwd, stdin=subprocess.DEVNULL,
-                           stdout=full if full is not None else subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, timeout=CASE_TIMEOUT_S,
-                           preexec_fn=child)
-    if r.stdout is None:
-        r.stdout = ""
+                           **streams, text=True, timeout=CASE_TIMEOUT_S, preexec_fn=child)
+    r.stdout, r.stderr = r.stdout or "", r.stderr or ""
     return r
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.id, marks=[] if c.quick else [pytest.mark.slow]) for c in DOOR_CASES])
-def test_one_door_for_files(case: DoorCase, door: Door, world: World, tmp_path: Path):
+@pytest.mark.parametrize("case, how", where_run(DOOR_CASES))
+def test_one_door_for_files(case: DoorCase, how: str, door: Door, world: World,
+                            tmp_path: Path):
     prefix: list[str] = []
     if case.unprivileged:
         if door.unprivileged is None:
@@ -1825,10 +2065,13 @@ def test_one_door_for_files(case: DoorCase, door: Door, world: World, tmp_path: 
         pytest.importorskip("tensorboard")
     target = door.runs[case.target] if case.target else None
     before = tree_hash(world.good), tree_hash(target) if target else None
-    r = _door_run(case, case.args(world, door, tmp_path), tmp_path, prefix)
+    args = case.args(world, door, tmp_path)
+    r = _door_run(case, args, tmp_path, prefix) if how == "process" else in_process(args)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr[-2000:]
     if case.ok:
         assert r.returncode == 0, r.stderr[-2000:]
+    elif case.stderr == "full":  # the error line could not be written; the exit code says it
+        assert r.returncode == 2, f"exit {r.returncode}"
     else:  # progress lines (data:, sampling from ...) may come first; one error line, last
         assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-2000:]}"
         lines = [x for x in r.stderr.splitlines() if x.strip()]
@@ -1862,7 +2105,9 @@ def test_door_table_covers_every_cause():
     causes = {c.cause for c in DOOR_CASES}
     assert causes == {"config-not-regular", "yaml-limits", "integer-length", "deep-json",
                       "tiktoken-ranks", "compressed-corpus", "token-cache", "huge-size",
-                      "never-replace", "stdout", "failed-resume", "minor"}
+                      "never-replace", "stdout", "failed-resume", "minor",
+                      "tensorboard-not-events", "unreadable-dir", "tiktoken-bytes",
+                      "help-stdout-full"}
     # One process case of each cause in the quick tier, unless a quick in-process test checks it.
     assert {c.cause for c in DOOR_CASES if c.quick} == causes - set(DOOR_IN_PROCESS)
     assert all(quick_test_exists(ref) for ref in DOOR_IN_PROCESS.values())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import perturb, shakespeare
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -25,7 +26,6 @@ from minigpt.errors import MinigptError
 from minigpt.heads.probes import prepare_input
 from minigpt.hf import load_model
 from minigpt.hf.tokenizer import load_hf_tokenizer
-from minigpt.paths import DATA_DIR
 from minigpt.tokenizer import EOT
 
 transformers = pytest.importorskip("transformers")
@@ -46,10 +46,6 @@ MIXED = [
 PROMPT = "ROMEO: 日本語 😀 e\u0301"
 
 
-def corpus() -> str:
-    return (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")[:60_000]
-
-
 def train_bpe(vocab_size: int = 700):
     """A GPT-2-style byte-level BPE trained with the `tokenizers` library, <|endoftext|> last
     (as GPT-2's id 50256)."""
@@ -60,7 +56,7 @@ def train_bpe(vocab_size: int = 700):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([corpus(), *MIXED * 10], trainer)
+    tok.train_from_iterator([shakespeare(), *MIXED * 10], trainer)
     tok.add_special_tokens([EOT])
     return tok
 
@@ -76,15 +72,6 @@ def save_tokenizer(tok, directory: Path, files: str) -> None:
     vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
     vocab[EOT] = tok.token_to_id(EOT)
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-
-
-def perturb(model: torch.nn.Module, seed: int) -> None:
-    """Noise on every parameter: norms and biases are no longer 1 and 0, so a weight mapped to
-    the wrong place shows in the logits."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
 
 
 # name -> (config class, config kwargs, tokenizer files, save_pretrained kwargs)
@@ -241,7 +228,7 @@ def test_ids_equal_transformers_gpt2_tokenizer(tokenizer_dirs):
     ref = transformers.GPT2Tokenizer.from_pretrained(tokenizer_dirs["vocab"])
     ours = {k: load_hf_tokenizer(d, k, TOKENIZER_ROWS) for k, d in tokenizer_dirs.items()}
     texts = [t.replace(EOT, "<|end of text|>") for t in MIXED]
-    texts += corpus()[-20_000:].split("\n\n") + ["".join(MIXED[:5]) * 3, ""]
+    texts += shakespeare()[-20_000:].split("\n\n") + ["".join(MIXED[:5]) * 3, ""]
     for text in texts:
         want = ref.encode(text)
         for tok in ours.values():
@@ -381,7 +368,8 @@ def test_hub_model_offline_from_the_cache_and_not_cached(hf_dirs, offline_hub):
     local = load_model(hf_dirs["neox"])
     idx = ids_of(20, local.cfg.model.vocab_size, seed=3)
     assert torch.equal(hub.model(idx)[0], local.model(idx)[0])
-    assert hub.source == "hf:someone/tiny-neox@main" and hub.cfg.run.name == "someone/tiny-neox@main"
+    assert hub.source == "hf:someone/tiny-neox@main"
+    assert hub.cfg.run.name == "someone/tiny-neox@main"
     r = CliRunner().invoke(app, ["sample", "--model", "hf:someone/not-cached"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: --model hf:someone/not-cached: download failed")
@@ -530,7 +518,8 @@ def test_loading_maps_the_weights_instead_of_copying_them(tmp_path):
                "ln_f.weight": torch.ones(C), "ln_f.bias": torch.zeros(C)}
     for i in range(n_layer):
         for ln in ("ln_1", "ln_2"):
-            tensors[f"h.{i}.{ln}.weight"], tensors[f"h.{i}.{ln}.bias"] = torch.ones(C), torch.zeros(C)
+            tensors[f"h.{i}.{ln}.weight"] = torch.ones(C)
+            tensors[f"h.{i}.{ln}.bias"] = torch.zeros(C)
         for name, (n_in, n_out) in (("attn.c_attn", (C, 3 * C)), ("attn.c_proj", (C, C)),
                                     ("mlp.c_fc", (C, 4 * C)), ("mlp.c_proj", (4 * C, C))):
             tensors[f"h.{i}.{name}.weight"] = torch.randn(n_in, n_out, generator=gen) * 0.02

@@ -11,15 +11,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_hf import MIXED, PROMPT, corpus, perturb
+from conftest import killed_mid_write, perturb, shakespeare
+from test_hf import MIXED, PROMPT
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -47,15 +46,17 @@ RUNS = {
     # attention-only (as configs/induction.yaml trains): exported with zero MLPs
     "rope-attention-only": {"pos_encoding": "rope", "bias": True, "tie_weights": False,
                             "mlp": False},
+    # configs/default.yaml's (and bytes.yaml's) architecture: zero attention biases written
+    "rope-nobias-tied": {"pos_encoding": "rope", "bias": False},
 }
-TEXTS = [t.replace(EOT, "<|end of text|>") for t in MIXED] + [corpus()[-3000:]]
+TEXTS = [t.replace(EOT, "<|end of text|>") for t in MIXED] + [shakespeare()[-3000:]]
 
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
     """A BPE trained by minigpt (rustbpe) on Shakespeare and the mixed texts."""
     root = tmp_path_factory.mktemp("bpe")
-    (root / "corpus.txt").write_text(corpus() + "\n".join(MIXED * 5), encoding="utf-8")
+    (root / "corpus.txt").write_text(shakespeare() + "\n".join(MIXED * 5), encoding="utf-8")
     cfg = from_dict({"tokenizer": {"vocab_size": 400},
                      "data": {"corpus": str(root / "corpus.txt"), "cache_dir": str(root)}})
     return build_tokenizer(cfg)
@@ -142,6 +143,81 @@ def test_the_export_imports_back(exported, name):
     assert back.tokenizer.ranks == run.tokenizer.ranks
     assert back.tokenizer.pattern == run.tokenizer.pattern
     assert back.cfg.model.pos_encoding == run.cfg.model.pos_encoding
+    # a minigpt run is inspected without <|endoftext|> first, and so is its export
+    assert json.loads((out / "config.json").read_text())["minigpt"] == {
+        "eot_first": False, "data": {"source": "text"}}
+    assert back.eot_first is False and back.cfg.data.source == "text"
+
+
+def induction_run(run_dir: Path) -> Path:
+    """An attention-only byte model that trained (as if) on the induction source, ids 0..49."""
+    tok = bytes_tokenizer()
+    cfg = from_dict({"model": {**SHAPE, "block_size": 24, "mlp": False, "bias": True,
+                               "tie_weights": False, "vocab_size": tok.n_vocab},
+                     "tokenizer": {"vocab_size": 256},
+                     "data": {"source": "induction", "induction_vocab": 50}})
+    net = GPT.from_config(cfg, seed=3)
+    perturb(net, 3)
+    save_checkpoint(run_dir, step=3, model=net, cfg=cfg, tokenizer=tok, trainer_state={"step": 3})
+    return run_dir
+
+
+def test_an_induction_export_carries_its_probe_ids(tmp_path):
+    run = load_run(induction_run(tmp_path / "run"), "cpu")
+    back = load_model(export_hf(run, tmp_path / "hf").out, "cpu")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["minigpt"] == {
+        "eot_first": False, "data": {"source": "induction", "induction_vocab": 50}}
+    assert back.eot_first is False
+    assert (back.cfg.data.source, back.cfg.data.induction_vocab) == ("induction", 50)
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "hf").model_type == "gpt_neox"
+
+
+@pytest.mark.parametrize("section, needle", [
+    ([], "minigpt must be an object"),
+    ({"eot_first": "no"}, "eot_first must be true or false"),
+    ({"data": {"source": "web"}}, "source 'web' is not text or induction"),
+    ({"data": {"source": "induction", "induction_vocab": 10**6}}, "induction_vocab 1000000 is"),
+    ({"data": {"source": "induction"}}, "induction_vocab must be a positive integer"),
+])
+def test_a_bad_minigpt_section_is_refused_by_name(exported, tmp_path, section, needle):
+    _, out = exported["rope"]
+    shutil.copytree(out, tmp_path / "m")
+    config = json.loads((out / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "minigpt": section}))
+    with pytest.raises(MinigptError, match=re.escape(needle)):
+        load_model(tmp_path / "m", "cpu")
+
+
+@pytest.mark.slow
+def test_the_run_and_its_export_give_the_same_inspect_heads_numbers(tmp_path):
+    """Through the installed command: an induction run and its export, inspected on the
+    induction probe with every measurement, give the same tokens and the same numbers."""
+    run = induction_run(tmp_path / "run")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["minigpt", "export", "--run", str(run), "--out", str(tmp_path / "hf")],
+                       capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert r.returncode == 0, r.stderr
+    docs = []
+    for source in (["--run", str(run)], ["--model", str(tmp_path / "hf")]):
+        r = subprocess.run(["minigpt", "inspect-heads", *source, "--probe", "induction",
+                            "--ablate", "zero", "--dla", "--patch-from", "corrupted-first",
+                            "--lens", "--json", "--device", "cpu"], capture_output=True,
+                           text=True, timeout=300, env=env, check=False)
+        assert r.returncode == 0, r.stderr
+        docs.append(json.loads(r.stdout))
+    ours, theirs = docs
+    assert ours["tokens"] == theirs["tokens"] and max(ours["tokens"]) < 50
+    assert ours["patch"]["corrupted_tokens"] == theirs["patch"]["corrupted_tokens"]
+    for key in ("ablation", "dla", "patch"):
+        for name in ("base_loss", "logit", "clean", "corrupted"):
+            if name in ours[key]:
+                assert theirs[key][name] == pytest.approx(ours[key][name], abs=1e-4)
+    for a, b in zip(ours["heads"], theirs["heads"], strict=True):
+        for name in ("induction", "previous", "ablation", "dla", "patch"):
+            assert b[name] == pytest.approx(a[name], abs=1e-4), (a["layer"], a["head"], name)
+    for a, b in zip(ours["lens"], theirs["lens"], strict=True):
+        assert (a["rank"], a["top"]) == (b["rank"], b["top"])
+        assert b["prob"] == pytest.approx(a["prob"], abs=1e-4)
 
 
 def test_without_the_rope_permutation_gpt_neox_disagrees(exported, bpe, tmp_path, monkeypatch):
@@ -282,27 +358,41 @@ def test_an_empty_out_keeps_its_mode_and_a_new_one_gets_the_umasks(exported, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new"]
 
 
+@pytest.mark.parametrize("export", HOW)
+def test_an_empty_read_only_out_is_refused_not_filled(exported, tmp_path, export, monkeypatch):
+    """Issue 39: an empty directory made read-only (mode 555) was filled (the rename that
+    commits an export needs only the parent's permission) and left 555. Refused by its mode,
+    root or not; one this process cannot write (mode 755, another owner) by access(2),
+    simulated here when the tests run as root."""
+    run_dir, _ = exported["learned"]
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        line = one_error_line(export("--run", str(run_dir), "--out", str(ro)))
+        assert f"--out {ro}: is a read-only directory (mode 555)" in line
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+    if export is export_in_process:  # os.access as for another user's directory
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m, **k: False if Path(p) == ro and
+                            m & os.W_OK else real(p, m, **k))
+        line = one_error_line(export("--run", str(run_dir), "--out", str(ro)))
+        assert "read-only directory (mode 755)" in line and list(ro.iterdir()) == []
+
 def test_a_killed_export_leaves_a_temp_directory_the_next_export_deletes(exported, tmp_path):
     """Issue 26: a killed export left a hidden full copy nothing cleaned up. kill -9 after
     the first file: the hidden `.NAME.PID-XXXXXXXX.tmp/` stays (nothing runs at a SIGKILL);
     the next export to the same --out deletes it (its process is gone) and writes the model."""
     run_dir, _ = exported["learned"]
     out = tmp_path / "hf"
-    code = ("import os, signal, sys\nimport minigpt.hf.export as ex\n"
-            "def die(path, data):\n"
-            "    open(path, 'wb').write(data)\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "ex.write_file_synced = die\n"
-            "from minigpt.cli import main\n"
-            f"sys.argv = ['minigpt', 'export', '--run', {str(run_dir)!r}, '--out', {str(out)!r}]"
-            "\nmain()\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, check=False)
-    assert r.returncode == -signal.SIGKILL, r.stderr
+    killed_mid_write("minigpt.hf.export:write_file_synced", "open(a[0], 'wb').write(a[1])",
+                     ["export", "--run", str(run_dir), "--out", str(out)])
     left = [p.name for p in tmp_path.iterdir()]
     assert len(left) == 1 and re.fullmatch(r"\.hf\.\d+-[0-9a-f]{8}\.tmp", left[0]), left
     assert len(list((tmp_path / left[0]).iterdir())) == 1
-    r = minigpt_export("--run", str(run_dir), "--out", str(out))
+    r = export_in_process("--run", str(run_dir), "--out", str(out))  # the next export
     assert r.returncode == 0, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     assert (out / "model.safetensors").is_file()

@@ -69,7 +69,7 @@ def test_outputs_follow_the_umask(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# `sample` without --run: the latest run trained on text.
+# `sample` without --run: the latest finished run trained on text (minigpt.run.choice).
 
 
 def fake_run(root: Path, name: str, source: str, when: float) -> Path:
@@ -83,18 +83,24 @@ def fake_run(root: Path, name: str, source: str, when: float) -> Path:
 
 
 def test_sample_passes_over_newer_induction_runs(tmp_path):
-    from minigpt.run.load import find_latest_run, find_latest_text_run
+    from minigpt.cli.sample import _trained_on_text
+    from minigpt.run.choice import pick_run
+    from minigpt.run.load import find_latest_run
 
     now = time.time()
     text = fake_run(tmp_path, "default", "text", now - 300)
     fake_run(tmp_path, "old", "text", now - 900)
     ind = fake_run(tmp_path, "induction", "induction", now - 10)
     assert find_latest_run(tmp_path) == ind
-    assert find_latest_text_run(tmp_path) == (text, [ind])
+    pick = pick_run(_trained_on_text, tmp_path, require_fit=False)
+    assert (pick.run_dir, pick.misfit) == (text, None)
+    assert pick.passed == [(ind, "trained on synthetic induction data, not text", True)]
     only = tmp_path / "only"
     only.mkdir()
     alone = fake_run(only, "induction", "induction", now)
-    assert find_latest_text_run(only) == (alone, [])  # nothing on text: the latest, as before
+    pick = pick_run(_trained_on_text, only, require_fit=False)  # nothing on text: the latest
+    assert (pick.run_dir, pick.passed) == (alone, [])
+    assert pick.misfit == "trained on synthetic induction data, not text"
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,6 +333,28 @@ def test_the_induction_run_says_what_it_trains_on():
     assert "bits/byte" not in lines[2]
 
 
+@pytest.mark.parametrize("threads,load,hint", [(2, 9.1, True), (2, 1.5, False),
+                                                (1, 9.1, False)])
+def test_an_interrupted_run_on_a_busy_machine_hears_of_threads(monkeypatch, threads, load, hint):
+    """The resume hint after Ctrl-C names one thread only when the session ran on several
+    and the machine was busier than its CPUs (issue 41: 522 tokens/s, 4x faster on one)."""
+    import minigpt.threads
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(minigpt.threads, "usable_cpus", lambda: 2)
+    view, lines = train_view()
+    view.on_event(events.StartEvent(Path("r"), 0, 10, 1, "cpu", 1, 64, 256, 1.0, threads, "text"))
+    done = events.DoneEvent(Path("runs/x"), 5, 10, "interrupted", "SIGINT", 1, 320, 0.6, 522.0,
+                            math.nan, math.nan, Path("runs/x/checkpoints/step-000005"))
+    view.finish(done)
+    said = [x for x in lines if x.startswith("note: this run trained at 522 tokens/s on 2 "
+                                             "threads while the machine was busy (load 9.1 on 2 "
+                                             "CPUs)")]
+    assert len(said) == hint
+    if hint:
+        assert said[0].endswith("minigpt train --out runs/x --resume --set train.threads=1")
+
+
 def test_copy_positions_are_the_targets_seen_before():
     from minigpt.train.copies import copy_mask
 
@@ -389,3 +417,95 @@ def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
     piped.on_done(SimpleNamespace(index=0, text=" But soft", token_ids=[3], tokens_per_s=1.0,
                                   first_token_s=0.1, finish_reason="length"))
     assert capsys.readouterr().out == " But soft\n"  # piped: the generated text only
+
+
+# -- every circuit number explains itself (issue 41) ----------------------------------------
+
+
+def circuit_inspection(dla_heads, patch_effect, logit: float = 5.0) -> Inspection:
+    """The hand-built induction inspection with DLA and patching numbers of our choosing."""
+    from minigpt.core.circuits import Attribution, Patching
+
+    insp = induction_inspection(8)
+    insp.dla = Attribution(torch.tensor(dla_heads, dtype=torch.float64), {}, logit,
+                           "the logit of the next token", 7)
+    effect = torch.tensor(patch_effect, dtype=torch.float64)
+    insp.patch = Patching("noising", "loss", "the loss", effect, effect, 0.1, 4.0,
+                          "corrupted-first: the probe with its first copy's tokens replaced")
+    insp.patch_tokens = list(range(16))
+    return insp
+
+
+def test_circuits_png_has_one_scale_per_quantity_and_says_how_to_read_it():
+    """DLA on +-the model's logit, patching on +-1 (the whole change), whatever the largest
+    cell: a 0.14 next to a 2.2 is pale; a fraction above 1 takes the end colour, the colour
+    bar's arrow says so, and the picture says why a fraction can pass 1."""
+    from minigpt.heads.circuits_png import circuits_figure
+
+    insp = circuit_inspection([[0.14, 0.0], [0.0, 2.2]], [[0.14, 0.0], [-0.3, 2.2]], logit=3.0)
+    fig = circuits_figure(insp)
+    dla_ax, patch_ax = [ax for ax in fig.axes if ax.images]
+    assert dla_ax.images[0].get_clim() == (-3.0, 3.0)
+    assert patch_ax.images[0].get_clim() == (-1.0, 1.0)
+    assert "do not add up" in patch_ax.get_xlabel() and "corrupted-first" in patch_ax.get_title()
+    bars = [ax for ax in fig.axes if not ax.images]
+    assert any("the whole change" in ax.get_ylabel() for ax in bars)
+    small = circuit_inspection([[0.14, 0.0], [0.0, 0.0]], [[0.14, 0.0], [0.0, 0.0]], logit=0.0)
+    dla_ax, patch_ax = [ax for ax in circuits_figure(small).axes if ax.images]
+    assert dla_ax.images[0].get_clim() == pytest.approx((-0.14, 0.14))  # its largest share
+    assert patch_ax.images[0].get_clim() == (-1.0, 1.0)  # 0.14 of the change stays pale
+
+
+def test_the_viewer_shows_dla_and_patching():
+    from minigpt.heads.viewer import viewer_data
+
+    data = viewer_data(circuit_inspection([[0.5, 0.0], [0.0, 2.0]], [[0.1, 0.0], [0.0, 1.5]]))
+    assert data["columns"][-2:] == ["dla", "patch"] and "prev@k" in data["columns"]
+    row = data["scores"].index(next(r for r in data["scores"] if (r["layer"], r["head"]) == (1, 1)))
+    cells = dict(zip(data["columns"], data["cells"][row]))
+    assert cells["dla"] == "+2.000" and cells["patch"] == "+1.500" and cells["ind@k"] == "0.875@1"
+    assert data["patch"]["corrupted_tokens"] == list(range(16))
+    assert "do not add up" in data["patch"]["reading"] and data["dla"]["logit"] == 5.0
+    assert all(data["column_help"][c] for c in data["columns"])
+
+
+def heads_record(step, prev_head, ind_head, prev, ind, dla_head=(1, 1)):
+    scores = {"previous": [[0.1, 0.1], [0.1, 0.1]], "induction": [[0.0, 0.0], [0.0, 0.0]],
+              "duplicate": [[0.0, 0.0], [0.0, 0.0]]}
+    scores["previous"][prev_head[0]][prev_head[1]] = prev
+    scores["induction"][ind_head[0]][ind_head[1]] = ind
+    return {"kind": "heads", "step": step, "scores": scores, "circuit": {
+        "previous_head": list(prev_head), "induction_head": list(ind_head),
+        "k_composition": 0.1 + step / 1000, "k_baseline": 0.12, "dla_head": list(dla_head),
+        "dla": step / 100}}
+
+
+def test_heads_png_names_the_pair_at_each_point_and_calls_a_head_formed_only_when_it_is():
+    from matplotlib.figure import Figure
+
+    from minigpt.heads import timeline
+
+    recs = [heads_record(100, (0, 1), (1, 0), 0.2, 0.1, (0, 1)),
+            heads_record(200, (0, 0), (1, 1), 0.5, 0.3),
+            heads_record(300, (0, 0), (1, 1), 0.95, 0.92)]
+    seen = []
+    original = Figure.savefig
+
+    def keep(self, *a, **k):
+        seen.append(self)
+        return original(self, *a, **k)
+
+    Figure.savefig = keep
+    try:
+        assert timeline.draw_timeline(recs)[:4] == b"\x89PNG"
+    finally:
+        Figure.savefig = original
+    ax = seen[0].axes[2]  # the circuit panel
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "L0H1 -> L1H0" in labels and "L0H0 -> L1H1" in labels
+    assert "L0H0 (previous 0.95) -> L1H1 (induction 0.92)" in ax.get_title()
+    names = [t.get_text() for t in seen[0].axes[-1].texts]  # the DLA head where it changes
+    assert names == ["L0H1", "L1H1"]
+    early = timeline._pair_title(recs[0]["circuit"], recs[0]["scores"])
+    assert early == ("L0H1 (best previous 0.20, not formed) -> "
+                     "L1H0 (best induction 0.10, not formed)")

@@ -16,15 +16,14 @@ from test_train import tiny_sets
 
 from minigpt.config import ModelConfig, load_config
 from minigpt.core.gpt import GPT
-from minigpt.data import prepare_dataset
 from minigpt.events import EvalEvent
 from minigpt.hf import export_hf, load_model
 from minigpt.hf.arch import export_kind
 from minigpt.run import load_run
 from minigpt.run.resume import resume_config
 from minigpt.train import train
+from minigpt.train.batches import rows_for, to_device, validation_sample
 from minigpt.train.ema import WeightAverage, ema_decay
-from minigpt.train.loop import validation_sample
 
 MINIGPT = shutil.which("minigpt")
 
@@ -82,9 +81,9 @@ def _val_loss(model: GPT, run: Path) -> float:
     """The trainer's validation loss of `model`: the run's fixed evaluation batch (one batch of
     train.batch_size here, train.eval_batches 1)."""
     loaded = load_run(run, "cpu")
-    data = prepare_dataset(loaded.cfg, loaded.tokenizer)
-    offsets = validation_sample(data, loaded.cfg.train, loaded.cfg.run.seed)
-    x, y = data.get_batch("val", offsets)
+    rows = rows_for(loaded.cfg, loaded.tokenizer)
+    offsets = validation_sample(rows, loaded.cfg.train, loaded.cfg.run.seed)
+    x, y = to_device(rows.rows("val", offsets), torch.device("cpu"))
     with torch.no_grad():
         return model.eval()(x, y)[1].item()
 
@@ -94,7 +93,8 @@ def test_an_ema_run_evaluates_and_saves_the_average(ema_run):
     average, the evaluations measured it, and train_weights.safetensors the live weights."""
     run, evals = ema_run
     ckpt = run / "checkpoints" / "latest"
-    average, live = load_file(ckpt / "model.safetensors"), load_file(ckpt / "train_weights.safetensors")
+    average = load_file(ckpt / "model.safetensors")
+    live = load_file(ckpt / "train_weights.safetensors")
     assert average.keys() == live.keys()
     assert not any(torch.equal(average[k], live[k]) for k in average)
     loaded = load_run(run, "cpu")
@@ -131,7 +131,8 @@ def test_train_ema_may_change_on_resume(tmp_path):
     assert on.train.ema == 0.9
     train(on, run, resume=True, stop_after=4)
     assert (ckpt / "train_weights.safetensors").exists()
-    average, live4 = load_file(ckpt / "model.safetensors"), load_file(ckpt / "train_weights.safetensors")
+    average = load_file(ckpt / "model.safetensors")
+    live4 = load_file(ckpt / "train_weights.safetensors")
     assert not torch.equal(average["wte.weight"], live4["wte.weight"])
     assert not torch.equal(live4["wte.weight"], live["wte.weight"])  # training went on
     done = train(resume_config(run, ["train.ema=0"]), run, resume=True)

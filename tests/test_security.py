@@ -137,8 +137,7 @@ DOOR_EXCEPTIONS = {
     ("run/lock.py", "open"): "the run lock, opened after files.check_replaceable",
     ("run/safetensors_io.py", "json.loads"): "the header of bytes safetensors just serialised",
     ("run/checkpoint.py", "read_bytes"): "the files this save itself just wrote, to hash them",
-    ("cli/main.py", "os.open"): "/dev/null onto a failed stdout",
-    ("cli/sample.py", "os.open"): "/dev/null onto a stdout whose reader left",
+    ("cli/main.py", "os.open"): "/dev/null onto a failed stdout or stderr",
     ("bench/timing.py", "open"): "the kernel's /proc/self/status, clear_refs and cpuinfo",
 }
 
@@ -794,3 +793,168 @@ def test_writes_never_replace_a_fifo_or_a_device(tmp_path):
     assert not_replaceable(regular) is None and not_replaceable(tmp_path / "new") is None
     atomic_write_bytes(regular, b"new")
     assert regular.read_bytes() == b"new"
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 39: unreadable run directories, abandoned temp files, stdout and stderr that fail.
+
+
+def _mode_bits_bind(tmp: Path) -> bool:
+    """Whether a mode-000 directory stops this process (not root, or root without
+    CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH, e.g. under setpriv)."""
+    probe = tmp / "probe"
+    probe.mkdir(mode=0)
+    try:
+        os.listdir(probe)
+        return False
+    except PermissionError:
+        return True
+    finally:
+        probe.chmod(0o755)
+        probe.rmdir()
+
+
+def _as_if_unreadable(monkeypatch, locked: Path) -> None:
+    """As if `locked` were mode 000 for this process (the tests run as root, for whom no mode
+    bit holds): nothing inside it can be looked up or opened, it cannot be listed or entered.
+    Only the OS calls are replaced; minigpt's code runs as it would."""
+    import errno
+
+    def guard(fn, listing: bool = False):
+        def call(path, *a, **k):
+            if not isinstance(path, int):
+                p = Path(os.path.abspath(os.fsdecode(path)))
+                if (p != locked and p.is_relative_to(locked)) or (listing and p == locked):
+                    raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
+            return fn(path, *a, **k)
+        return call
+
+    for name in ("stat", "lstat", "open"):
+        monkeypatch.setattr(os, name, guard(getattr(os, name)))
+    for name in ("listdir", "scandir"):
+        monkeypatch.setattr(os, name, guard(getattr(os, name), listing=True))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **k: False if Path(p) == locked
+                        else real_access(p, m, **k))
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "runs"])
+def test_an_unreadable_run_directory_is_one_permission_denied_line(tmp_path, monkeypatch,
+                                                                    where):
+    """Issue 39: an unreadable `checkpoints/step-*` (or `runs/`, for the commands without
+    --run) was a PermissionError traceback in sample, inspect-heads, export and train
+    --resume. Now one line naming the directory. Where mode bits bind, the directory really
+    is mode 000; as root they do not, and the denial is simulated at the OS calls
+    (`_as_if_unreadable`). Through the installed command, under setpriv as root:
+    tests/test_hardening.py (the `unreadable-dir` cases)."""
+    from minigpt.errors import MinigptError
+    from minigpt.run import load_run
+    from minigpt.run.choice import pick_run
+    from minigpt.run.resume import train_config
+
+    run = make_run(tmp_path / "runs" / "good")
+    locked = run / "checkpoints" / "step-000007" if where == "checkpoint" else tmp_path / "runs"
+    monkeypatch.chdir(tmp_path)
+    calls = [lambda: load_run(None), lambda: train_config(None, ["run.name=good"], resume=True)]
+    calls += ([lambda: load_run(run), lambda: train_config(None, [], out=run, resume=True)]
+              if where == "checkpoint" else [pick_run])
+    if _mode_bits_bind(tmp_path):
+        locked.chmod(0)
+    else:  # root with CAP_DAC_OVERRIDE: simulated
+        _as_if_unreadable(monkeypatch, locked)
+    try:
+        for call in calls:
+            with pytest.raises(MinigptError) as e:
+                call()
+            line = str(e.value)
+            assert line.startswith(f"{locked}: permission denied") and "\n" not in line, line
+            assert "chmod" in line and len(line) < 600
+    finally:
+        monkeypatch.undo()
+        locked.chmod(0o755)
+
+
+def test_a_permission_error_nobody_worded_is_still_one_line(monkeypatch):
+    """The one error path turns a PermissionError the library did not word (none is known)
+    into the same line: exit 2, never a traceback."""
+    import errno
+
+    import minigpt.inputs
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", "/srv/x/model.safetensors")
+
+    monkeypatch.setattr(minigpt.inputs, "load_run_or_model", denied)
+    r = CliRunner().invoke(app, ["sample", "--run", "/srv/x"])
+    assert r.exit_code == 2 and r.stderr.splitlines() == [(
+        "error: /srv/x/model.safetensors: permission denied; make it readable (chmod u+rwX) "
+        "or run minigpt as its owner")]
+
+
+def test_what_a_killed_durable_write_leaves_is_removed_once_abandoned(tmp_path):
+    """Issue 39: a kill -9 during a durable write (inspect-heads' attention.html, 7 MB) left
+    its temp file forever. A later durable write into the same directory deletes every temp
+    named as minigpt names them whose process is gone and that nobody wrote for an hour; a
+    live process's, a fresh one, and any file of another name stay."""
+    import signal
+    import time
+
+    from minigpt.files import STALE_TEMP_S, atomic_write_bytes
+
+    code = ("import os, signal, sys\nfrom minigpt.files import atomic_file\n"
+            f"with atomic_file(__import__('pathlib').Path({str(tmp_path / 'attention.html')!r}))"
+            " as fh:\n    fh.write(b'x' * 1000); fh.flush()\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120,
+                       check=False)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    (killed,) = tmp_path.iterdir()  # what the kill left: .attention.html.PID-XXXXXXXX.tmp
+    assert killed.name.startswith(".attention.html.") and killed.name.endswith(".tmp")
+    old = time.time() - STALE_TEMP_S - 60
+    names = {".scores.json.4194999-0badf00d.tmp": False,   # another file's, dead, old
+             ".attention.html.k3j_x9az.tmp": False,        # named before temps had a pid
+             ".scores.json.k3j_x9az.tmp": True,            # ... but not this write's name
+             f".attention.html.{os.getppid()}-0badf00d.tmp": True,  # a live process's
+             ".attention.html.mine.tmp": True, "attention.html.4194999-0badf00d.tmp": True}
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / ".hf.4194999-0badf00d.tmp").mkdir()  # a killed export's directory
+    names[".hf.4194999-0badf00d.tmp"] = False
+    atomic_write_bytes(tmp_path / "attention.html", b"new")
+    assert killed.exists()  # written a moment ago: not yet abandoned
+    names[killed.name] = False
+    for name in names:
+        os.utime(tmp_path / name, (old, old))
+    fresh = tmp_path / ".scores.json.4194998-00000001.tmp"
+    fresh.write_bytes(b"x")  # dead, but written just now
+    atomic_write_bytes(tmp_path / "attention.html", b"newer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["attention.html", fresh.name, *(n for n, kept in names.items() if kept)])
+
+
+def test_stdout_failures_are_kept_and_a_reader_leaving_is_exit_0(tmp_path):
+    """cli.main's streams: a write failure of stdout is a StdoutError and is remembered (a
+    library that swallows it, like the parser's probe before --help, cannot lose it); a
+    reader that closed the pipe is ReaderLeft (exit 0); stderr that fails loses the line."""
+    from minigpt.cli.main import ReaderLeft, StdoutError, _GuardedStdout, _QuietStderr
+
+    with open("/dev/full", "w") as full:
+        out = _GuardedStdout(full)
+        with pytest.raises(StdoutError, match="No space left on device"):
+            out.write("x" * 10000)
+            out.flush()
+        assert isinstance(out.error, StdoutError)
+        out.write("more")  # the descriptor now points at /dev/null
+        out.flush()
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as pipe:
+        out = _GuardedStdout(pipe)
+        with pytest.raises(ReaderLeft) as e:
+            out.write("x" * 100000)
+            out.flush()
+        assert e.value.code == 0 and out.error is None
+    with open("/dev/full", "w") as full:
+        err = _QuietStderr(full)
+        assert err.write("error: lost\n") == len("error: lost\n")
+        err.flush()

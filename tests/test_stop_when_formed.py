@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from test_train import tiny_sets
@@ -36,8 +37,8 @@ def trained(run) -> list[tuple]:
 
 class Scripted:
     """Stands in for the head-score probes: every head scores 0.1 until the step (read from
-    the StepEvents, logged every step) reaches `induction_at` / `previous_at`, where layer 1
-    head 0 becomes an induction head / layer 0 head 1 a previous-token head."""
+    the StepEvents, logged every step) reaches `induction_at` / `previous_at`, where the last
+    layer's head 0 becomes an induction head / layer 0's last head a previous-token head."""
 
     def __init__(self, induction_at: int = 10**9, previous_at: int = 10**9) -> None:
         self.step, self.induction_at, self.previous_at = 0, induction_at, previous_at
@@ -57,10 +58,25 @@ class Scripted:
 
 
 def sets(tmp_path, **over) -> list[str]:
-    """The tiny byte model (2 layers here), head scores every 2 steps, 12 steps."""
-    return tiny_sets(tmp_path, **{"model.n_layer": 2, "train.max_steps": 12,
+    """The tiny byte model (one layer: the scripted scores make its heads form), head scores
+    every 2 steps, 12 steps."""
+    return tiny_sets(tmp_path, **{"train.max_steps": 12,
                                   "train.head_scores_interval": 2, "train.eval_interval": 4,
                                   "train.checkpoint_interval": 4, **over})
+
+
+@pytest.fixture(scope="module")
+def without_the_option(tmp_path_factory) -> Path:
+    """The 12-step run of `sets` without train.stop_when_formed (the scripted head scores never
+    form; they change nothing in the training), trained once for the tests that compare a run
+    with the option against it."""
+    tmp = tmp_path_factory.mktemp("without")
+    script = Scripted()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(timeline, "probe_scores", script.probe_scores)
+        done = train(load_config(None, sets(tmp)), tmp / "run", on_event=script.on_event)
+    assert (done.reason, done.step) == ("finished", 12)
+    return tmp / "run"
 
 
 # ---- config ---------------------------------------------------------------------------------
@@ -91,10 +107,11 @@ def test_the_kinds_are_the_ones_the_training_scores_measure():
 # ---- training -------------------------------------------------------------------------------
 
 
-def test_training_ends_at_the_first_measurement_with_every_kind_formed(tmp_path, monkeypatch):
+def test_training_ends_at_the_first_measurement_with_every_kind_formed(tmp_path, monkeypatch,
+                                                                     without_the_option):
     script = Scripted(induction_at=4, previous_at=7)
     monkeypatch.setattr(timeline, "probe_scores", script.probe_scores)
-    run, full = tmp_path / "run", tmp_path / "full"
+    run, full = tmp_path / "run", without_the_option
     done = train(load_config(None, sets(tmp_path, **{
         "train.stop_when_formed": "induction,previous"})), run, on_event=script.on_event)
     # induction alone at steps 4 and 6 is not enough; both at step 8, the measurement after 7
@@ -104,21 +121,17 @@ def test_training_ends_at_the_first_measurement_with_every_kind_formed(tmp_path,
     assert "| status | formed at step 8/12 |" in (run / "summary.md").read_text()
 
     # the same run without the option: the same steps, then on to max_steps
-    script.step = 0
-    done = train(load_config(None, sets(tmp_path)), full, on_event=script.on_event)
-    assert (done.reason, done.step) == ("finished", 12)
     assert trained(full)[:len(trained(run))] == trained(run)
 
 
-def test_a_run_whose_heads_never_form_trains_exactly_as_without_the_option(tmp_path,
-                                                                             monkeypatch):
+def test_a_run_whose_heads_never_form_trains_exactly_as_without_the_option(
+        tmp_path, monkeypatch, without_the_option):
     script = Scripted(induction_at=2)  # an induction head, never a previous-token head
     monkeypatch.setattr(timeline, "probe_scores", script.probe_scores)
-    on, off = tmp_path / "on", tmp_path / "off"
+    on, off = tmp_path / "on", without_the_option
     done = train(load_config(None, sets(tmp_path, **{
         "train.stop_when_formed": "induction,previous"})), on, on_event=script.on_event)
     assert (done.reason, done.step) == ("finished", 12)
-    train(load_config(None, sets(tmp_path)), off, on_event=script.on_event)
     assert trained(on) == trained(off) and len(trained(on)) == 15  # 12 train + 3 eval
     assert (on / "checkpoints" / "latest" / "model.safetensors").read_bytes() == \
         (off / "checkpoints" / "latest" / "model.safetensors").read_bytes()

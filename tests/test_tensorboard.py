@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -277,3 +278,181 @@ def test_kill_9_during_a_save_then_resume(tmp_path):
     assert b == expected(run)
     assert {t: v for t, v in a.items() if DETERMINISTIC.match(t)} == \
         {t: v for t, v in b.items() if DETERMINISTIC.match(t)}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading event files as TensorBoard does (issue 39): both CRCs checked, a record's length
+# bounded before it is read, one record held at a time; a file named *tfevents* that is not
+# an event file is refused in one line and left as it was, never cut or removed.
+
+
+def test_crc32c_gives_the_known_check_values_and_tensorboards_masked_crc():
+    from minigpt.train.tensorboard import crc32c, masked_crc32c
+
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert crc32c(b"") == 0
+    assert crc32c(bytes(32)) == 0x8A9136AA  # RFC 3720 (iSCSI), appendix B.4
+    assert crc32c(b"\xff" * 32) == 0x62A8AB43
+    assert crc32c(bytes(range(32))) == 0x46DD794E
+    assert crc32c(bytes(range(31, -1, -1))) == 0x113FDB5C
+    pywrap = pytest.importorskip("tensorboard.compat.tensorflow_stub.pywrap_tensorflow")
+    rng = random.Random(0)
+    for n in (0, 1, 7, 8, 12, 100, 4099):
+        data = rng.randbytes(n)
+        assert masked_crc32c(data) == pywrap.masked_crc32c(data)
+
+
+def tensorboard_written(logdir: Path, steps: range) -> Path:
+    """An event file written by the `tensorboard` package's own writer: one scalar per step."""
+    efw = pytest.importorskip("tensorboard.summary.writer.event_file_writer")
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    writer = efw.EventFileWriter(str(logdir))
+    for step in steps:
+        summary = Summary(value=[Summary.Value(tag="x/loss", simple_value=1.0 / step)])
+        writer.add_event(Event(wall_time=1.0e9 + step, step=step, summary=summary))
+    writer.close()
+    (path,) = logdir.glob("*tfevents*")
+    return path
+
+
+def session_log(run: Path):
+    """The TensorBoard consumer of a resumed session of `run` (nothing trained)."""
+    from minigpt.train.tensorboard import TensorBoardLog, require_tensorboard
+
+    pytest.importorskip("tensorboard")
+    return TensorBoardLog(run, require_tensorboard(), fresh=False)
+
+
+def test_files_the_tensorboard_package_writes_are_read_and_cut_record_by_record(tmp_path):
+    """The records `_scan` reads from a file TensorBoard wrote are TensorBoard's own reader's;
+    cut to step 5 (a resume from step 5), TensorBoard reads steps 1..5 back, every value
+    kept."""
+    from minigpt.train.tensorboard import _scan
+
+    path = tensorboard_written(tmp_path / "tensorboard", range(1, 11))
+    loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader")
+    with path.open("rb") as fh:
+        mine = [data for _, data in _scan(fh, path, path.stat().st_size)]
+    assert mine == list(loader.RawEventFileLoader(str(path)).Load()) and len(mine) == 11
+    log = session_log(tmp_path)
+    log._apply(log._plan_cut(5))
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    events = [Event.FromString(r) for r in loader.RawEventFileLoader(str(path)).Load()]
+    assert [(e.step, e.summary.value[0].simple_value) for e in events if e.summary.value] == \
+        [(s, pytest.approx(1.0 / s)) for s in range(1, 6)]
+    assert events[0].file_version == "brain.Event:2"
+
+
+def _record(data: bytes, *, crc_ok: bool = True) -> bytes:
+    """One TFRecord framing `data`, with its two masked CRC-32Cs (the data's wrong if not
+    `crc_ok`)."""
+    from minigpt.train.tensorboard import masked_crc32c
+
+    head = len(data).to_bytes(8, "little")
+    tail = masked_crc32c(data) ^ (0 if crc_ok else 1)
+    return head + masked_crc32c(head).to_bytes(4, "little") + data + tail.to_bytes(4, "little")
+
+
+def _not_event_files() -> dict[str, bytes]:
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    from minigpt.train.tensorboard import masked_crc32c
+
+    good = _record(Event(wall_time=1.0e9, file_version="brain.Event:2").SerializeToString())
+    huge = (1 << 40).to_bytes(8, "little")
+    return {
+        "note": b"my notes about this run\n",
+        "zeros": bytes(1 << 20),
+        "random": random.Random(1).randbytes(4096),
+        "short": b"abc",
+        "not-an-event": _record(b"not an event"),
+        "data-crc-fails": good + _record(b"\x08\x01", crc_ok=False),
+        "claims-a-terabyte": good + huge + masked_crc32c(huge).to_bytes(4, "little") + b"x" * 64,
+        "first-record-torn": good[:-3],
+    }
+
+
+@pytest.mark.parametrize("name", ["note", "zeros", "random", "short", "not-an-event",
+                                  "data-crc-fails", "claims-a-terabyte", "first-record-torn"])
+def test_a_file_that_is_not_an_event_file_is_refused_and_left_as_it_was(tmp_path, name):
+    """A resume refuses (one MinigptError line naming the file, before its first commit) a
+    `*tfevents*` file that is a text note, zeros, random bytes, a record whose data CRC
+    fails, a length past the bound, a payload that is no event: nothing is cut or removed (the
+    old reader deleted a note and read 1 GiB of zeros into 6 GB of memory)."""
+    from minigpt.errors import MinigptError
+
+    pytest.importorskip("tensorboard")
+    where = tmp_path / "tensorboard"
+    mine = tensorboard_written(where, range(1, 4))
+    path = where / f"events.out.tfevents.{name}"
+    path.write_bytes(_not_event_files()[name])
+    before = files(tmp_path)
+    with pytest.raises(MinigptError, match="is not a TensorBoard event file") as e:
+        session_log(tmp_path)._plan_cut(1)
+    assert str(path) in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 300
+    assert files(tmp_path) == before and mine.exists()
+
+
+def test_zeros_and_a_huge_claimed_length_are_refused_after_12_bytes(tmp_path, monkeypatch):
+    """A 1 GiB file of zeros (sparse: no disk) is refused after its first 12 bytes (the
+    header CRC), and a header claiming 2^40 bytes with a valid CRC before any of them is
+    read: what is read never depends on what a length claims."""
+    import minigpt.train.tensorboard as tbmod
+    from minigpt.errors import MinigptError
+
+    pytest.importorskip("tensorboard")
+    where = tmp_path / "tensorboard"
+    where.mkdir()
+    zeros = where / "events.out.tfevents.zeros"
+    with zeros.open("wb") as fh:
+        fh.truncate(1 << 30)
+    read = []
+
+    class Counting:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def read(self, n=-1):
+            data = self.fh.read(n)
+            read.append(len(data))
+            return data
+
+    monkeypatch.setattr(tbmod, "open_file", lambda p: Counting(open(p, "rb")))  # noqa: SIM115
+    with pytest.raises(MinigptError, match="header at byte 0 fails its CRC"):
+        session_log(tmp_path)._plan_cut(1)
+    assert sum(read) == 12
+    zeros.unlink()
+    huge = (1 << 40).to_bytes(8, "little")
+    (where / "events.out.tfevents.huge").write_bytes(
+        huge + tbmod.masked_crc32c(huge).to_bytes(4, "little") + bytes(1 << 16))
+    read.clear()
+    with pytest.raises(MinigptError, match="claims 1,099,511,627,776 bytes"):
+        session_log(tmp_path)._plan_cut(1)
+    assert sum(read) == 12
+
+
+def test_a_record_cut_short_at_the_end_is_dropped_as_tensorboard_drops_it(tmp_path):
+    """What a killed writer leaves at the end (a whole header whose record runs past the end
+    of the file) is dropped on resume; every whole record before it is kept byte for byte."""
+    pytest.importorskip("tensorboard")
+    path = tensorboard_written(tmp_path / "tensorboard", range(1, 4))
+    whole = path.read_bytes()
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    torn = _record(Event(wall_time=2.0e9, step=2).SerializeToString())[:-6]
+    path.write_bytes(whole + torn)
+    log = session_log(tmp_path)
+    log._apply(log._plan_cut(3))
+    assert path.read_bytes() == whole

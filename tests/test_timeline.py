@@ -5,6 +5,7 @@ and `inspect-heads --checkpoint STEP`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,22 +157,27 @@ def test_the_default_scores_heads_at_each_evaluation_and_resume_keeps_the_log(tm
 
     train(resume_config(run, []), run, resume=True)
     assert [r["step"] for r in heads_records(run)] == [3, 6]
+    assert kept_steps(run) == [6]  # keep_checkpoints 1 (the default): only the latest
 
 
 # ---- kept checkpoints -----------------------------------------------------------------------
 
 
-def test_keep_checkpoints_keeps_the_newest_and_inspect_can_load_each(tmp_path):
-    run = tmp_path / "run"
-    train(load_config(None, tiny_sets(tmp_path, **{"train.max_steps": 9,
-                                                   "train.keep_checkpoints": 2})), run)
+@pytest.fixture(scope="module")
+def keeps_two(tmp_path_factory) -> Path:
+    """A 9-step run that keeps its 2 newest checkpoints (steps 6 and 9), trained once."""
+    tmp = tmp_path_factory.mktemp("keeps-two")
+    train(load_config(None, tiny_sets(tmp, **{"train.max_steps": 9,
+                                              "train.keep_checkpoints": 2})), tmp / "run")
+    return tmp / "run"
+
+
+def test_keep_checkpoints_keeps_the_newest_and_inspect_can_load_each(keeps_two):
+    run = keeps_two
     assert kept_steps(run) == [6, 9]
     assert load_run(run, "cpu", step=6).step == 6 and load_run(run, "cpu").step == 9
     with pytest.raises(ArgumentError, match=r"^checkpoint 3: .* kept: 6, 9 \(train"):
         load_run(run, "cpu", step=3)
-    default = tmp_path / "default"  # keep_checkpoints 1: only the latest, as before
-    train(load_config(None, tiny_sets(tmp_path)), default)
-    assert kept_steps(default) == [6]
 
 
 def test_an_uncommitted_step_dir_is_never_kept(tmp_path):
@@ -193,7 +199,7 @@ def test_an_uncommitted_step_dir_is_never_kept(tmp_path):
     assert kept_steps(run) == [3, 6]
 
 
-def test_inspect_heads_checkpoint_through_the_command(tmp_path):
+def test_inspect_heads_checkpoint_through_the_command(keeps_two):
     """`inspect-heads --checkpoint STEP` through the command in this process: the one error
     path the console script runs (tests/test_cli_real.py shows exit codes and stderr survive
     the process boundary for every command)."""
@@ -201,13 +207,12 @@ def test_inspect_heads_checkpoint_through_the_command(tmp_path):
 
     from minigpt.cli import app
 
-    run = tmp_path / "run"
-    train(load_config(None, tiny_sets(tmp_path, **{"train.keep_checkpoints": 2})), run)
+    run = keeps_two
     cmd = ["inspect-heads", "--run", str(run), "--probe", "induction", "--device", "cpu", "--json"]
-    ok = CliRunner().invoke(app, [*cmd, "--checkpoint", "3"])
-    assert ok.exit_code == 0 and json.loads(ok.stdout)["step"] == 3
-    bad = CliRunner().invoke(app, [*cmd, "--checkpoint", "4"])
+    ok = CliRunner().invoke(app, [*cmd, "--checkpoint", "6"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["step"] == 6
+    bad = CliRunner().invoke(app, [*cmd, "--checkpoint", "7"])
     assert bad.exit_code == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [(
-        f"error: --checkpoint 4: {run} keeps no checkpoint of that step; kept: 3, 6 "
+        f"error: --checkpoint 7: {run} keeps no checkpoint of that step; kept: 6, 9 "
         "(train.keep_checkpoints sets how many are kept)")]

@@ -367,6 +367,30 @@ def test_hostile_rank_files_are_one_line_naming_the_file(tmp_path, line, needle)
     assert "hostile.tiktoken" in str(e.value)
 
 
+def test_a_rank_file_without_every_single_byte_is_refused_when_read(tmp_path, monkeypatch):
+    """A .tiktoken file missing single-byte tokens is refused as it is read, naming the file
+    and the bytes (tiktoken's encoder would panic on them, while encoding the corpus): before
+    tiktoken builds anything, and a saved run's tokenizer the same (issue 39)."""
+    kept = [b for b in range(256) if b not in (0x00, 0x0A, 0x7F)]
+    lines = [f"{base64.b64encode(bytes([b])).decode()} {i}" for i, b in enumerate(kept)]
+    path = tmp_path / "holes.tiktoken"
+    path.write_text("\n".join([*lines, "dGg= 253"]) + "\n")
+
+    def never(*a, **k):
+        raise AssertionError("tiktoken built an encoding from a file missing bytes")
+
+    monkeypatch.setattr(tiktoken, "Encoding", never)
+    with pytest.raises(MinigptError) as e:
+        build_tokenizer(from_dict({"tokenizer": {"encoding": str(path)}}))
+    assert str(e.value).startswith(f"{path}: 3 of the 256 single-byte tokens are missing "
+                                   "(0x00, 0x0a, 0x7f)")
+    many = tmp_path / "ascii.tiktoken"  # only 0..127: the first 8 missing named, the count
+    many.write_text("\n".join(f"{base64.b64encode(bytes([b])).decode()} {b}"
+                              for b in range(128)) + "\n")
+    with pytest.raises(MinigptError, match=r"128 of the 256 .* \(0x80, 0x81, .*0x87 and 120 "
+                                           r"more\)"):
+        build_tokenizer(from_dict({"tokenizer": {"encoding": str(many)}}))
+
 def test_a_tokenizer_built_in_code_checks_its_ids_too():
     from minigpt.tokenizer import EOT, PATTERNS, Tokenizer
 

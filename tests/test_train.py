@@ -26,7 +26,7 @@ from minigpt.run import load_run
 from minigpt.run.lock import RunLock
 from minigpt.run.resume import resume_config
 from minigpt.train import train
-from minigpt.train.optim import OptimizerChain, build_optimizer, lr_at, set_lr
+from minigpt.train.weights import OptimizerChain, build_optimizer, lr_at, set_lr
 
 
 def write_corpus(path: Path) -> Path:
@@ -187,6 +187,21 @@ def test_exact_resume_is_bit_identical(tmp_path, options):
     assert load_run(split, "cpu").step == 6
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> Path:
+    """The tiny run stopped after step 4 (a committed checkpoint), trained once for the tests
+    that damage a copy of it."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    train(load_config(None, tiny_sets(tmp)), tmp / "run", stop_after=4)
+    return tmp / "run"
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(run, tmp_path / "run", symlinks=True))
+
+
 def _rewrite_state(run: Path, edit) -> None:
     """Edit the committed checkpoint's trainer_state.json and re-sign it in the manifest, as a
     checkpoint written that way would be."""
@@ -203,14 +218,13 @@ def _rewrite_state(run: Path, edit) -> None:
     (ckpt / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def test_a_run_from_before_the_byte_split_is_refused_in_one_line(tmp_path):
+def test_a_run_from_before_the_byte_split_is_refused_in_one_line(stopped_run, tmp_path):
     """A checkpoint whose trainer state records no `data_split` was made by a development
     version before the byte split (no release wrote one): --resume says to retrain, and
     changes nothing."""
     from test_hardening import tree_hash
 
-    run = tmp_path / "run"
-    train(load_config(None, tiny_sets(tmp_path)), run, stop_after=4)
+    run = copy_of(stopped_run, tmp_path)
     _rewrite_state(run, lambda state: state.pop("data_split"))
     before = tree_hash(run)
     with pytest.raises(MinigptError, match=r"trainer_state.json records no byte split .* "
@@ -220,11 +234,10 @@ def test_a_run_from_before_the_byte_split_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["rng-torch", "rng-numpy", "tokens_seen", "step"])
-def test_a_damaged_trainer_state_is_one_line_naming_the_file(tmp_path, damage):
+def test_a_damaged_trainer_state_is_one_line_naming_the_file(stopped_run, tmp_path, damage):
     """What the trainer state's parser refuses is a one-line MinigptError naming the file,
     before anything is restored (a bug in restoring keeps its traceback)."""
-    run = tmp_path / "run"
-    train(load_config(None, tiny_sets(tmp_path)), run, stop_after=3)
+    run = copy_of(stopped_run, tmp_path)
 
     def edit(state):
         if damage == "rng-torch":
@@ -240,7 +253,7 @@ def test_a_damaged_trainer_state_is_one_line_naming_the_file(tmp_path, damage):
     with pytest.raises(MinigptError, match=r"trainer_state.json[: ]") as err:
         train(resume_config(run, []), run, resume=True)
     assert type(err.value) is MinigptError and "\n" not in str(err.value)
-    assert load_run(run, "cpu").step == 3
+    assert load_run(run, "cpu").step == 4
 
 
 def test_nan_stops_with_knobs_and_keeps_last_checkpoint(tmp_path, monkeypatch):
@@ -418,7 +431,7 @@ def test_resume_without_rng_state_is_a_clear_error(tmp_path):
 
 
 def test_adamw_groups_cover_each_parameter_once():
-    from minigpt.train.optim import adamw_groups
+    from minigpt.train.weights import adamw_groups
 
     m = GPT.from_config(ModelConfig(n_layer=2, n_head=2, n_embd=8, block_size=8, vocab_size=16,
                                     bias=True), seed=0)

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.config import from_dict
+from minigpt.config import from_dict, load_config, to_dict
 from minigpt.core import circuits as c
 from minigpt.core.gpt import GPT
+from minigpt.errors import MinigptError
 from minigpt.hf import export_hf
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
@@ -34,10 +35,13 @@ tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not inst
                          "(pip install transformer-lens==4.3.0; .ci/run installs it)")
 
 TOL = 1e-4
-MODELS = {  # a GPT-2 export with MLPs, and the induction run's shape (GPT-NeoX, no MLP)
+SMALL = {"n_head": 4, "n_embd": 64, "block_size": 32}  # each shipped config's shape, narrower
+MODELS = {  # a GPT-2 export with MLPs, and the architecture of every shipped config that exports
     "gpt2": {"pos_encoding": "learned", "bias": True, "n_layer": 3},
-    "neox-attention-only": {"pos_encoding": "rope", "bias": True, "tie_weights": False,
-                            "mlp": False, "n_layer": 2},
+    # GPT-NeoX without biases (written as zeros: TL's adapter needs a qkv bias), tied, MLPs;
+    # configs/bytes.yaml has the same architecture with a 256-token vocabulary
+    "config-default": "default",
+    "config-induction": "induction",  # GPT-NeoX with biases, untied, no MLP
 }
 CLEAN = [1, 5, 9, 3, 7, 2, 8, 4, 1, 5, 9, 3, 7, 2, 8, 4]  # an induction probe
 CORRUPTED = CLEAN[:8] + [11, 15, 19, 13, 17, 12, 18, 14]  # its second copy replaced
@@ -50,8 +54,11 @@ def export_pair(name: str, root: Path):
     from transformer_lens.model_bridge import TransformerBridge
 
     tok = bytes_tokenizer()
-    cfg = from_dict({"model": {"n_head": 4, "n_embd": 64, "block_size": 32,
-                               "vocab_size": tok.n_vocab, **MODELS[name]},
+    model = MODELS[name]
+    if isinstance(model, str):  # a shipped config's model section, at SMALL's widths
+        model = {k: v for k, v in to_dict(load_config(model))["model"].items()
+                 if k not in ("vocab_size", "dropout")}
+    cfg = from_dict({"model": {**model, **SMALL, "vocab_size": tok.n_vocab},
                      "tokenizer": {"vocab_size": 256}})
     model = GPT.from_config(cfg, seed=1)
     with torch.no_grad():  # norms and biases away from their init, so folding them matters,
@@ -71,9 +78,27 @@ def export_pair(name: str, root: Path):
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
-def pair(request, tmp_path_factory):
+def exported(request, tmp_path_factory):
+    """(minigpt model, TransformerBridge, the export's directory) of one exported model."""
+    root = tmp_path_factory.mktemp(request.param)
+    return (*export_pair(request.param, root), root / "hf")
+
+
+@pytest.fixture(scope="module")
+def pair(exported):
     """(minigpt model, TransformerBridge) of one exported model, in eval mode."""
-    return export_pair(request.param, tmp_path_factory.mktemp(request.param))
+    return exported[:2]
+
+
+def boot(path: Path, raw: bool = False, **compatibility):
+    """The export at `path` as a TransformerBridge in eval mode: `raw` (no weight processing),
+    or in compatibility mode with these arguments (none: TransformerLens's defaults)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
+    if not raw:
+        bridge.enable_compatibility_mode(disable_warnings=True, **compatibility)
+    return bridge.eval()
 
 
 def test_the_export_runs_the_same_function(pair):
@@ -156,3 +181,118 @@ def test_detect_head_is_minigpts_score_times_rows_over_T(pair):
                               ("induction_head", "induction", repeated)):
         theirs = detect_head(bridge, text, name).double()  # (n_layer, n_head)
         assert (theirs - ours[score].double() * rows / T).abs().max() < TOL
+
+
+def test_the_native_models_of_transformer_lens_cannot_hold_the_speedrun_config():
+    """docs/export.md: configs/speedrun.yaml goes nowhere. minigpt's exports refuse it (GPT-2
+    and GPT-NeoX have no ReLU^2, QK-norm or soft-capping), and TransformerLens 4.3's own
+    models (`boot_native`, what `convert_tl_checkpoint` loads into) hold its soft-capped,
+    untied head but not its MLP or attention: `act_fn` relu2 is refused, and `use_qk_norm`
+    is accepted and ignored (no norm on queries or keys, the same function as without)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from minigpt.hf.arch import export_kind
+
+    m = load_config("speedrun").model
+    assert (m.activation, m.qk_norm, m.logit_softcap > 0) == ("relu2", True, True)
+    with pytest.raises(MinigptError, match="model.activation is 'relu2'"):
+        export_kind(m)
+    native = {"d_model": 64, "d_head": 16, "n_heads": 4, "n_layers": 1, "n_ctx": 32,
+              "d_vocab": 256, "positional_embedding_type": "rotary", "seed": 0,
+              "output_logits_soft_cap": m.logit_softcap}
+    with pytest.raises(ValueError, match="relu2"):
+        TransformerBridge.boot_native({**native, "act_fn": "relu2"})
+    ids = torch.tensor([CLEAN])
+    logits = []
+    for qk_norm in (False, True):
+        bridge = TransformerBridge.boot_native({**native, "act_fn": "relu",
+                                                "use_qk_norm": qk_norm})
+        names = [n for n, _ in bridge.named_parameters() if ".attn." in n]
+        assert names and not any("norm" in n for n in names)
+        with torch.no_grad():
+            logits.append(bridge(ids))
+    assert torch.equal(logits[0], logits[1])
+
+
+def _loss(logits, targets):
+    return torch.nn.functional.cross_entropy(logits[0, SECOND], targets)
+
+
+def test_value_bias_folding_moves_ablation_and_dla_but_not_patching(exported):
+    """TransformerLens's default compatibility mode folds each head's value bias into the
+    layer's output bias: a head's zero ablation and DLA lose that part (measured: zero ablation
+    moves by up to 0.17 nats/token on the GPT-2 export, 0.19 on the GPT-NeoX one), while patching
+    is unchanged (the bias's contribution b_V W_O is the same on both inputs, every attention
+    row summing to 1): it agrees to ~1e-6. With fold_value_biases=False the ablation agrees; a
+    model without biases (the default config) has nothing to fold and agrees both ways."""
+    from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
+
+    from minigpt.core.heads import ablate_heads
+
+    model, folded_off, path = exported
+    folded = boot(path)  # TransformerLens's defaults: fold_value_biases=True
+    L, H = model.cfg.n_layer, model.cfg.n_head
+    targets = torch.tensor([CLEAN[p + 1] for p in SECOND])
+    ours = c.patch_heads(model, CLEAN, CORRUPTED, c.make_metric(len(CLEAN), SECOND))
+    with torch.no_grad():
+        _, cache = folded.run_with_cache(torch.tensor([CORRUPTED]))
+        theirs = get_act_patch_attn_head_out_all_pos(
+            folded, torch.tensor([CLEAN]), cache, lambda lg: _loss(lg, targets)).double()
+    assert (theirs - (ours.clean + ours.delta)).abs().max() < TOL
+
+    ablation = ablate_heads(model, CLEAN, "zero", positions=SECOND).effect
+    moved = {}
+    for name, bridge in (("folded", folded), ("not folded", folded_off)):
+        with torch.no_grad():
+            base = float(_loss(bridge(torch.tensor([CLEAN])), targets))
+        effect = torch.zeros(L, H, dtype=torch.float64)
+        for la in range(L):
+            for h in range(H):
+                def zero(z, hook, h=h):
+                    z = z.clone()
+                    z[:, :, h] = 0.0
+                    return z
+
+                with torch.no_grad():
+                    lg = bridge.run_with_hooks(torch.tensor([CLEAN]),
+                                               fwd_hooks=[(f"blocks.{la}.attn.hook_z", zero)])
+                effect[la, h] = float(_loss(lg, targets)) - base
+        moved[name] = float((effect - ablation).abs().max())
+    assert moved["not folded"] < TOL
+    if not model.cfg.bias:  # the default config: its exported value biases are zeros
+        assert moved["folded"] < TOL
+        return
+    assert moved["folded"] > 0.1  # 0.166 (GPT-2 export) and 0.193 (GPT-NeoX) measured
+
+    dla = c.direct_logit_attribution(model, CLEAN, c.make_metric(len(CLEAN), answer=1, wrong=7))
+    with torch.no_grad():
+        _, cache = folded.run_with_cache(torch.tensor([CLEAN]))
+        stack = cache.stack_head_results(layer=-1, apply_ln=True)[:, 0, -1]  # (L*H, C)
+        theirs = (stack @ (folded.W_U[:, 1] - folded.W_U[:, 7])).view(L, H).double()
+    assert (theirs - dla.heads).abs().max() > 0.1  # 0.22 and 0.45 measured
+
+
+def test_logit_lens(exported):
+    """minigpt's logit lens is TransformerLens's `logit_lens` (every residual point, its own
+    final-norm statistics, W_U and b_U): on the raw bridge the target's logits, probabilities,
+    ranks and the top tokens agree; in the default compatibility mode (which centres the
+    unembedding, shifting every logit at a position by one constant) the log-probabilities do."""
+    from transformer_lens.tools.analysis import logit_lens as tl_lens
+
+    from minigpt.core.lens import logit_lens
+
+    model, _, path = exported
+    ours = logit_lens(model, CLEAN)  # every position, the next token as the target
+    raw = boot(path, raw=True)
+    inputs, targets = torch.tensor([CLEAN[:-1]]), torch.tensor([CLEAN[1:]])
+    res = tl_lens(raw, inputs, positions=None, targets=targets)
+    assert len(res.labels) == model.cfg.n_layer + 1 == len(ours.points)
+    assert (res.values[:, 0, :, 0].double() - ours.logit.double()).abs().max() < TOL
+    assert torch.equal(res.readout.target_ranks[:, 0, :, 0], ours.rank)
+    probs = tl_lens(raw, inputs, positions=None, targets=targets, return_type="probs")
+    assert (probs.values[:, 0, :, 0].double() - ours.prob.double()).abs().max() < TOL
+    top = tl_lens(raw, inputs, positions=None, top_k=1).readout.top_ids[:, 0, :, 0]
+    assert torch.equal(top, ours.top)
+    logp = tl_lens(boot(path), inputs, positions=None, targets=targets, return_type="log_probs")
+    assert (logp.values[:, 0, :, 0].double() - ours.prob.double().log()).abs().max() < TOL
+    assert (ours.logit[0] - ours.logit[-1]).abs().max() > 0.1  # the points differ

@@ -215,9 +215,13 @@ def _times(x: float) -> str:
     return f"{x:.1f}x" if x < 100 else f"{x:.0f}x"
 
 
-def _speed(ratio: float) -> str:
+def _speed(ratio: float, noisy: bool = False) -> str:
+    """A speed ratio in words; `noisy`: the two timings' spreads overlap (Timing.overlaps)."""
     if 1 / 1.05 < ratio < 1.05:  # within 5%: below what a median on a noisy machine resolves
         return f"about as fast ({ratio:.2f}x)"
+    if noisy:
+        return (f"not measurably {'faster' if ratio >= 1 else 'slower'} ({ratio:.2f}x, the "
+                "timings' spreads overlap)")
     return f"{_times(ratio)} faster" if ratio >= 1 else f"{_times(1 / ratio)} SLOWER"
 
 
@@ -232,6 +236,10 @@ def attention_verdicts(rows: list[AttentionRow], dtype: torch.dtype) -> list[str
         out.append(f"{word}: max |fused - naive| = {worst:.2g} over all cases "
                    f"(tolerance {tol:g} for {str(dtype).removeprefix('torch.')})")
     ok = [r for r in rows if r.status == "ok" and r.impl != "naive" and r.speedup_vs_naive]
+    naive = {(r.seq_len, r.pass_): r.timing for r in rows if r.impl == "naive" and r.timing}
+
+    def speed(r: AttentionRow) -> str:
+        return _speed(r.speedup_vs_naive, r.timing.overlaps(naive[(r.seq_len, r.pass_)]))
     if ok:
         t_max = max(r.seq_len for r in ok)
         for impl in dict.fromkeys(r.impl for r in ok):
@@ -239,9 +247,9 @@ def attention_verdicts(rows: list[AttentionRow], dtype: torch.dtype) -> list[str
             if "fwd" not in at:
                 continue
             f = at["fwd"]
-            line = f"{impl} {_speed(f.speedup_vs_naive)}"
+            line = f"{impl} {speed(f)}"
             if "fwd+bwd" in at:
-                line += f" ({_speed(at['fwd+bwd'].speedup_vs_naive)} fwd+bwd)"
+                line += f" ({speed(at['fwd+bwd'])} fwd+bwd)"
             if f.mem_ratio_vs_naive is not None:
                 less = "less" if f.mem_ratio_vs_naive >= 1 else "MORE"
                 ratio = f.mem_ratio_vs_naive if less == "less" else 1 / f.mem_ratio_vs_naive

@@ -81,10 +81,10 @@ def settings_for(model: GPT, s: SampleSettings, name: str) -> SampleSettings:
 
 def run_sample_suite(device: torch.device, dtype: torch.dtype, s: SampleSettings,
                      on_event: OnEvent | None = None, model: GPT | None = None,
-                     ) -> tuple[list[SampleRow], bool]:
+                     threads: int = 0) -> tuple[list[SampleRow], bool]:
     """Rows without and with the KV cache, and whether both produced the same greedy tokens.
     `model`: decode this model (on `device`, shaped as `s` says: see `settings_for`) instead
-    of a random-init one."""
+    of a random-init one. `threads`: as `minigpt sample --threads` (0: its own choice)."""
     say = on_event or (lambda e: None)
     if s.prompt_len + s.new_tokens > s.block_size or s.new_tokens < 2:
         raise ValueError("sample suite: need prompt_len + new_tokens <= block_size, new >= 2")
@@ -98,7 +98,7 @@ def run_sample_suite(device: torch.device, dtype: torch.dtype, s: SampleSettings
     for use_cache in (False, True):
         say(BenchEvent("sample", f"greedy decode, kv_cache={use_cache}"))
         ttft, per_tok = [], []
-        with decoding_threads(model) as threads:  # as `minigpt sample` decodes
+        with decoding_threads(model, threads) as used:  # as `minigpt sample` decodes
             for i in range(s.warmup + s.repeats):
                 first, rest, tokens[use_cache] = _generate(model, prompt, s.new_tokens,
                                                            use_cache, device, dtype)
@@ -108,5 +108,5 @@ def run_sample_suite(device: torch.device, dtype: torch.dtype, s: SampleSettings
         t_ttft, t_dec = Timing.from_samples(ttft), Timing.from_samples(per_tok)
         rows.append(SampleRow(use_cache, s.prompt_len, s.new_tokens, t_ttft, t_dec,
                               s.prompt_len / (t_ttft.median_ms * 1e-3),
-                              1e3 / t_dec.median_ms, threads))
+                              1e3 / t_dec.median_ms, used))
     return rows, tokens[False] == tokens[True]

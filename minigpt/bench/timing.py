@@ -63,6 +63,11 @@ class Timing:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def overlaps(self, other: Timing) -> bool:
+        """Whether the two timings' spreads (first to third quartile) overlap: a ratio of the
+        medians is then inside the noise of the machine, not a difference it measured."""
+        return self.q1_ms <= other.q3_ms and other.q1_ms <= self.q3_ms
+
 
 def time_fn(fn: Callable[[], object], device: torch.device, *, warmup: int = 2,
             repeats: int = 5, min_sample_ms: float = 0.0) -> Timing:
@@ -158,7 +163,8 @@ def memory_method(device: torch.device) -> tuple[str | None, str]:
             _reset_rss_peak()
             _proc_status_kb("VmHWM:")
         except OSError as e:
-            return None, f"CPU peak memory n/a: no resettable RSS peak here ({e.__class__.__name__})"
+            return None, ("CPU peak memory n/a: no resettable RSS peak here "
+                          f"({e.__class__.__name__})")
         return CPU_RSS_METHOD, ""
     return None, f"peak memory n/a on {device.type}: no peak-allocation counter"
 

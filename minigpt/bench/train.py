@@ -20,7 +20,7 @@ from minigpt.config import ModelConfig, TrainConfig
 from minigpt.core.gpt import GPT, flops_per_token
 from minigpt.device import autocast
 from minigpt.events import BenchEvent, OnEvent
-from minigpt.train.optim import build_optimizer
+from minigpt.train.weights import build_optimizer
 
 # Dense (no sparsity) bf16 tensor-core peaks with fp32 accumulation, TFLOP/s, from vendor
 # datasheets and architecture whitepapers (the "with sparsity" figures are twice these). Order

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import DeviceOpt, ModelOpt, app, out_console, say
+from minigpt.cli.main import DeviceOpt, ModelOpt, ThreadsOpt, app, out_console, say
 
 
 @app.command("bench")
@@ -34,6 +34,7 @@ def bench_command(
         "--peak-tflops", help="Peak TFLOP/s for MFU (default: measured matmul rate on CPU, "
         "datasheet table on known GPUs).")] = None,
     model: ModelOpt = None,
+    threads: ThreadsOpt = 0,
 ) -> None:
     """Time attention kernels (naive vs SDPA), a training step (MFU) and decoding (KV cache)
     on this machine. Tables on stdout; the last stdout line is a JSON summary."""
@@ -41,7 +42,8 @@ def bench_command(
 
     opts = bench.BenchOptions(device=device, suites=list(suite or []), seq_lens=seq_lens,
                               dtype=dtype, quick=quick, compile=compile_,
-                              peak_tflops=peak_tflops, model=model, json_path=json_path)
+                              peak_tflops=peak_tflops, model=model, json_path=json_path,
+                              threads=threads)
     result = bench.run_bench(opts, on_event=lambda e: say(f"[bench] {e.suite}: {e.message}"))
     _print_environment(result.environment)
     for table, lines in (_attention_table(result.attention), _train_table(result.train),

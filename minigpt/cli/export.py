@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import RunOpt, app, say
+from minigpt.cli.main import RunOpt, app, latest_run, say
 from minigpt.errors import ArgumentError
 
 FORMATS = ("hf", "gguf")
@@ -41,12 +41,39 @@ def export_command(
         _hf(out, run)
 
 
-def _hf(out: Path, run: Path | None) -> None:
-    from minigpt.hf.export import check_export_dir, export_hf
+def _exportable(run_dir: Path) -> str | None:
+    """Why a run cannot be exported (None: it can): its model has a setting GPT-2 and
+    GPT-NeoX cannot express (`hf.arch.export_kind`, the rule of both formats)."""
+    from minigpt.config import load_config
+    from minigpt.errors import MinigptError
+    from minigpt.hf.arch import export_kind
+    from minigpt.run.layout import CONFIG_FILE
+
+    try:
+        export_kind(load_config(str(run_dir / CONFIG_FILE)).model)
+    except MinigptError as e:
+        return str(e)
+    return None
+
+
+def _load(run: Path | None):
+    """The run to export, loaded on CPU: `run`, else the latest finished run whose model the
+    formats can hold (saying which, and what newer run was passed over)."""
     from minigpt.run import load_run
 
+    if run is None:
+        run, which = latest_run(_exportable, wanted="a model GPT-2 or GPT-NeoX can hold")
+        loaded = load_run(run, "cpu")
+        say(f"exporting {which}{loaded.label}")
+        return loaded
+    return load_run(run, "cpu")
+
+
+def _hf(out: Path, run: Path | None) -> None:
+    from minigpt.hf.export import check_export_dir, export_hf
+
     check_export_dir(out)  # fail before loading anything
-    loaded = load_run(run, "cpu")
+    loaded = _load(run)
     done = export_hf(loaded, out)
     say(f"exported {loaded.label} as {done.architecture} ({done.n_params:,} parameters): "
         f"{', '.join(done.files)}")
@@ -57,14 +84,13 @@ def _hf(out: Path, run: Path | None) -> None:
 
 def _gguf(out: Path, run: Path | None, dtype: str) -> None:
     from minigpt.llamacpp import DTYPES, check_gguf_out, export_gguf, require_gguf
-    from minigpt.run import load_run
 
     if dtype not in DTYPES:
         raise ArgumentError("dtype", f"'{dtype}' is not a GGUF dtype here; valid: "
                             f"{', '.join(DTYPES)}")
     require_gguf()  # fail before loading anything
     check_gguf_out(out)
-    loaded = load_run(run, "cpu")
+    loaded = _load(run)
     done = export_gguf(loaded, out, dtype)
     say(f"exported {loaded.label} as llama.cpp {done.architecture} ({done.n_params:,} "
         f"parameters, {done.dtype}, pre-tokenizer {done.pre_tokenizer}): "

@@ -14,12 +14,16 @@ from minigpt.cli.main import (
     DeviceOpt,
     ModelOpt,
     RunOpt,
+    ThreadsOpt,
     app,
+    latest_run,
     out_console,
     say,
 )
+from minigpt.cli.shading import shade as _shade
 from minigpt.display import printable
 from minigpt.errors import ArgumentError
+from minigpt.files import shown
 
 TextOpt = Annotated[str | None, typer.Option(
     "--text", help="Text to run through the model. Default: a built-in passage.")]
@@ -57,14 +61,21 @@ CompositionOpt = Annotated[bool, typer.Option(
     "keys and values of each later head (Q/K/V composition, from the weights), beside the "
     "score of random weights of the same shapes.")]
 PatchFromOpt = Annotated[str | None, typer.Option(
-    "--patch-from", metavar="TEXT|corrupted", help="Also patch every head from a corrupted "
-    "input of the same length: a text (with --text / --text-file), or `corrupted` with --probe "
-    "induction (its second copy's tokens replaced). Per head: the fraction of the metric's "
-    "change that patching it alone moves.")]
-DirectionOpt = Annotated[str, typer.Option(
-    "--patch-direction", help="noising: the clean run with one head's output from the "
-    "corrupted run (what it destroys); denoising: the corrupted run with one head's clean "
-    "output (what it restores).")]
+    "--patch-from", metavar="TEXT|corrupted-second|corrupted-first", help="Also patch every "
+    "head from a corrupted input of the same length: a text (with --text / --text-file), or, "
+    "with --probe induction, `corrupted-second` (alias `corrupted`: its second copy's tokens "
+    "replaced) or `corrupted-first` (its first copy's tokens replaced: what the previous-token "
+    "head carries shows here). Per head: the fraction of the metric's change that patching it "
+    "alone moves.")]
+LensOpt = Annotated[bool, typer.Option(
+    "--lens", help="Also read the residual stream after the embedding and after each layer "
+    "through the final norm and the unembedding (the logit lens), at the scored positions: the "
+    "target's logit, rank and probability and the top token at each point (lens.png with "
+    "--format png).")]
+DirectionOpt = Annotated[str | None, typer.Option(
+    "--patch-direction", help="With --patch-from. noising (the default): the clean run with "
+    "one head's output from the corrupted run (what it destroys); denoising: the corrupted run "
+    "with one head's clean output (what it restores).")]
 TargetOpt = Annotated[str | None, typer.Option(
     "--target", metavar="TOKEN", help="Attribute (and score the loss of) this token at every "
     "scored position instead of the actual next token. One token of the vocabulary.")]
@@ -87,40 +98,39 @@ def inspect_heads_command(
     seed: SeedOpt = 0, json_out: JsonOpt = False, device: DeviceOpt = "auto",
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
     dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
-    patch_direction: DirectionOpt = "noising", target: TargetOpt = None,
-    answer: AnswerOpt = None, wrong: WrongOpt = None,
+    patch_direction: DirectionOpt = None, target: TargetOpt = None,
+    answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
+    lens: LensOpt = False,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.core.sampling import check_seed
-    from minigpt.heads.flags import check_ablate, parse_formats
+    from minigpt.heads.flags import check_patch_direction
 
-    fmts = parse_formats(formats or [])  # the flags before torch loads
-    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
-    check_ablate(ablate)
+    fmts = _check_flags(formats, seed, ablate, threads)  # before torch loads
+    patch_direction = check_patch_direction(patch_from, patch_direction)
+    from minigpt.device import cpu_threads
     from minigpt.heads import output
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
-    from minigpt.inputs import load_run_or_model
 
-    loaded = load_run_or_model(run, model, device, checkpoint)
-    if run is None and model is None:
-        say(f"using the latest run: {loaded.run_dir}")
+    loaded = _load(run, model, device, checkpoint)
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
-    out_dir = output.out_dir(fmts, out, loaded.run_dir)  # made before the work, not after it
+    out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
+        fmts, layers, heads, ablate, composition, dla or patch_from))  # file's place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
     circuits = _circuit_request(loaded, inp, max_tokens, seed, dla=dla, composition=composition,
                                 patch_from=patch_from, direction=patch_direction,
-                                target=target, answer=answer, wrong=wrong)
+                                target=target, answer=answer, wrong=wrong, lens=lens)
     if inp.truncated:
         has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
-                   seed=seed, circuits=circuits)
+    with cpu_threads(threads):
+        insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                       seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -140,18 +150,49 @@ def inspect_heads_command(
         _print_tables(insp, layers, heads)
 
 
+def _check_flags(formats: list[str] | None, seed: int, ablate: str | None,
+                 threads: int) -> list[str]:
+    """The flags checked before torch loads; the formats asked for."""
+    from minigpt.core.sampling import check_seed
+    from minigpt.heads.flags import check_ablate, parse_formats
+    from minigpt.threads import check_threads
+
+    fmts = parse_formats(formats or [])
+    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
+    check_ablate(ablate)
+    check_threads(threads)
+    return fmts
+
+
+def _load(run: Path | None, model: str | None, device: str, checkpoint: int | None):
+    """The run or model to inspect: without --run and --model, the latest finished run of any
+    kind, named with what it was trained on (and what newer run was passed over)."""
+    from minigpt.inputs import load_run_or_model
+    from minigpt.run.listing import data_kind
+
+    if run is not None or model is not None:
+        return load_run_or_model(run, model, device, checkpoint)
+    run, which = latest_run()
+    loaded = load_run_or_model(run, None, device, checkpoint)
+    kind = data_kind(run)
+    trained = ("synthetic induction data (try --probe induction)"
+               if kind.get("source") == "induction" else f"text, {kind.get('tokenizer', '?')}")
+    say(f"using {which}{loaded.label}, trained on {trained}")
+    return loaded
+
+
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
-                     direction, target, answer, wrong):
+                     direction, target, answer, wrong, lens=False):
     """What of heads.circuits to measure (None: nothing), every token checked first."""
     from minigpt.core.circuits import DIRECTIONS, check_composition, check_same_length
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
 
-    uses_metric = dla or patch_from is not None
+    uses_metric = dla or patch_from is not None or lens
     for param, value in (("target", target), ("answer", answer), ("wrong", wrong)):
         if value is not None and not uses_metric:
-            raise ArgumentError(param, "sets the metric of --dla and --patch-from; give one "
-                                "of them too")
+            raise ArgumentError(param, "sets the metric of --dla, --patch-from and --lens; "
+                                "give one of them too")
     if direction not in DIRECTIONS:
         raise ArgumentError("patch_direction", f"'{direction}' is not a direction; valid: "
                             f"{', '.join(DIRECTIONS)}")
@@ -160,7 +201,7 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
     if composition:
         check_composition(loaded.cfg.model)
     tok = loaded.tokenizer
-    req = CircuitRequest(dla=dla, composition=composition, direction=direction,
+    req = CircuitRequest(dla=dla, composition=composition, direction=direction, lens=lens,
                          target=None if target is None else token_id(tok, target, "target"),
                          answer=None if answer is None else token_id(tok, answer, "answer"),
                          wrong=None if wrong is None else token_id(tok, wrong, "wrong"))
@@ -181,9 +222,13 @@ def _say_circuits(insp) -> None:
             + ", ".join(f"{k} {v:+.4f}" for k, v in d.rows.items()) + ")")
     if insp.patch is not None:
         p = insp.patch
-        say(f"patch ({p.direction}, from {p.source}): {p.what}; clean {p.clean:.4f}, corrupted "
-            f"{p.corrupted:.4f}; each head's patch = the fraction of that change it "
+        say(f"patch ({p.direction}, from {shown(p.source)}): {p.what}; clean "
+            f"{p.clean:.4f}, corrupted {p.corrupted:.4f}; each head's patch = the fraction of "
+            "that change it "
             + ("produces alone" if p.direction == "noising" else "restores alone"))
+        say("note: a fraction above 1 or below 0 is no error: effects do not add up (in the "
+            "fully corrupted run other heads change too and partly cancel this one), so one "
+            "head alone can move the metric further than the whole corruption does")
         for note in p.notes:
             say(f"note: {note}")
 
@@ -195,22 +240,17 @@ def _print_tables(insp, layers: list[int], heads: list[int]) -> None:
         out_console.print(table)
     if insp.composition is not None:
         out_console.print(_composition_table(insp.composition))
+    if insp.lens is not None:
+        from minigpt.cli.lens_tables import lens_tables
+
+        for table in lens_tables(insp.lens, insp.token_strs, insp.token_str, out_console.width):
+            out_console.print(table)
     if len(layers) * len(heads) > 4:
         say("pick one head with --layer L --head H to see its attention weights")
         return
     for la in layers:
         for h in heads:
             out_console.print(_attention_table(insp, la, h, out_console.width))
-
-
-def _shade(v: float):
-    """Background for a weight in [0, 1]: white -> dark blue; white text on dark cells."""
-    from rich.color import Color
-    from rich.style import Style
-
-    v = min(1.0, max(0.0, v))
-    rgb = [round(255 * (1 - v) + c * v) for c in (20, 50, 130)]
-    return Style(bgcolor=Color.from_rgb(*rgb), color="white" if v > 0.45 else "black")
 
 
 SHORT = {"induction": "ind", "previous": "prev", "duplicate": "dup", "delimiter": "delim",
@@ -235,6 +275,7 @@ def _head_columns(insp, layers, heads) -> list[tuple[str, list]]:
             v = float(insp.scores[name][la, h])
             cells.append(Text("-") if math.isnan(v) else Text(f"{v:.2f}", style=_shade(v)))
         cols.append((SHORT.get(name, name), cells))
+    cols += _lag_columns(insp, pairs)
     for header, values, fmt in (
             ("ablate", insp.ablation and insp.ablation.effect, "{:+.3f}"),
             ("dla", insp.dla and insp.dla.heads, "{:+.3f}"),
@@ -248,11 +289,38 @@ def _head_columns(insp, layers, heads) -> list[tuple[str, list]]:
     return cols
 
 
+LAG_HEADERS = {"previous": "prev@k", "induction": "ind@k"}
+
+
+def _lag_columns(insp, pairs) -> list[tuple[str, list]]:
+    """prev@k and ind@k: each head's best previous-token and induction score over the lags
+    (core.heads' lag scores), with its lag: `0.81@6` = 0.81 at lag 6; `-`: none applies."""
+    import math
+
+    from rich.text import Text
+
+    cols = []
+    for kind, header in LAG_HEADERS.items():
+        cells = []
+        for la, h in pairs:
+            k, v = insp.best_lags(la, h)[kind]
+            cells.append(Text("-") if not k or math.isnan(v)
+                         else Text(f"{v:.2f}@{k}", style=_shade(v)))
+        cols.append((header, cells))
+    return cols
+
+
 def _caption(insp, headers: set[str]) -> str:
     """What the abbreviations of the columns in `headers` mean."""
+    from minigpt.core.heads import LAG_WINDOW
+
     words = {"ind": "ind = induction", "prev": "prev = previous-token",
              "dup": "dup = duplicate-token", "first": "first = attention to token 0",
              "delim": "delim = delimiter", "ent": "ent = entropy (0 focused .. 1 uniform)"}
+    words.update({"prev@k": f"prev@k = the best previous-token score over lags 1-{LAG_WINDOW} "
+                  "(attention from t to t-k) @ its lag k",
+                  "ind@k": f"ind@k = the best induction score over lags 1-{LAG_WINDOW} "
+                  "(attention to the token k after an earlier occurrence) @ its lag k"})
     parts = ["L = layer, H = head"] + [w for k, w in words.items() if k in headers]
     if "ablate" in headers:
         parts.append(f"ablate = the loss added (nats/token) with the head "
@@ -260,7 +328,10 @@ def _caption(insp, headers: set[str]) -> str:
     if "dla" in headers:
         parts.append("dla = the head's direct share of the logit")
     if "patch" in headers:
-        parts.append(f"patch = fraction of the clean -> corrupted change ({insp.patch.direction})")
+        parts.append(f"patch = fraction of the clean -> corrupted change "
+                     f"({insp.patch.direction}, from {insp.patch.source.split(':')[0]}); "
+                     "above 1 or below 0 is possible: effects do not add up, other heads "
+                     "cancel part of the change in the corrupted run")
     return "; ".join(parts) + "; - = not applicable to this input"
 
 

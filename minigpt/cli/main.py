@@ -10,8 +10,8 @@ line on stderr and exit code 2, with library parameter names shown as the flags 
 did-you-mean, on stderr, exit 2. Never a traceback for any of these.
 
 Names that come from elsewhere (run directories, file paths, error messages quoting them) reach
-the terminal through `minigpt.display.printable`: a run named with an escape sequence cannot move the cursor,
-recolour the terminal or forge a line.
+the terminal through `minigpt.display.printable`: a run named with an escape sequence cannot
+move the cursor, recolour the terminal or forge a line.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typer.core import TyperGroup
 from minigpt import __version__
 from minigpt.display import printable
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
-from minigpt.files import shown
+from minigpt.files import denied, shown
+from minigpt.threads import quiet_openmp
 
 # Progress, logs and timings go to stderr; stdout carries only what a command was asked for.
 err_console = Console(stderr=True, highlight=False)
@@ -70,6 +71,9 @@ class _Group(TyperGroup):
         except MinigptError as e:
             say(f"error: {shown(user_message(e), 1000)}")  # a huge value never floods
             raise typer.Exit(2) from None
+        except PermissionError as e:  # one the library did not word itself: still one line
+            say(f"error: {shown(str(denied(e)), 1000)}")
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             say("interrupted (Ctrl-C); anything already saved is kept")
             raise typer.Exit(130) from None
@@ -103,42 +107,82 @@ def _root(
 # Options several commands share: one spelling, one help text.
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 RunOpt = Annotated[Path | None, typer.Option(
-    "--run", help="Run directory. Default: the latest run under runs/.")]
+    "--run", help="Run directory. Default: the latest finished run under runs/ that the command "
+    "can use (named on stderr, with any newer run it passed over).")]
+ThreadsOpt = Annotated[int, typer.Option(
+    "--threads", help="CPU threads to compute on (torch intra-op), as train.threads: 0 = "
+    "automatic, else 1 to the CPUs this process may use.")]
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", metavar="PATH|hf:REPO_ID[@REV]",
     help="A Hugging Face GPT-2 / GPT-NeoX model instead of a run: a local model directory, or "
     "hf:REPO_ID[@REVISION] from the Hub (needs pip install 'minigpt-lab[hf]').")]
 
 
+def latest_run(fits=None, *, require_fit: bool = True, wanted: str = "a run",
+               kind: str = "run") -> tuple[Path, str]:
+    """The run a command given no --run uses (`minigpt.run.choice.pick_run`: the latest
+    finished run that `fits`), and how to name it in the command's log line ("the latest
+    finished run", or how it stands when it did not finish). Each newer run passed over gets
+    a note on stderr saying why."""
+    from minigpt.run.choice import pick_run
+
+    pick = pick_run(fits, require_fit=require_fit, wanted=wanted)
+    for d, why, usable in pick.passed:
+        say(f"note: passing over {d} ({why})"
+            + (f"; give --run {d} to use it anyway" if usable else ""))
+    if pick.misfit is not None:
+        return pick.run_dir, f"the latest run ({pick.misfit}), "
+    if pick.status.done:
+        return pick.run_dir, f"the latest finished {kind}, "
+    return pick.run_dir, f"the latest {kind}, {pick.status.phrase()}: "
+
+
 class StdoutError(MinigptError):
     """stdout cannot be written (a full disk, `> /dev/full`, an I/O error)."""
 
 
+class ReaderLeft(SystemExit):
+    """The reader of stdout closed the pipe (`minigpt ... | head`): the command stops where it
+    is, quietly, with exit code 0 (docs/cli.md, "Streams")."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def _to_devnull(stream) -> None:
+    """Point `stream`'s descriptor at /dev/null: what is still buffered, and the interpreter's
+    last flush at exit, then fail no more."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 class _GuardedStdout:
     """sys.stdout, whose write failures are one `error:` line through the one error path (a
-    StdoutError) instead of an OSError traceback; a reader that leaves (BrokenPipeError) is
-    passed on as it is, for the command to end quietly. After a failure the descriptor points
-    at /dev/null, so the interpreter's last flush at exit fails no more."""
+    StdoutError) instead of an OSError traceback, and a reader that leaves (BrokenPipeError)
+    ReaderLeft. The failure is kept (`error`): one that a library swallows (the parser's
+    probe of the stream before `--help`) still ends the command with exit 2 (`main`)."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        self.error: StdoutError | None = None
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
 
-    def _failed(self, e: OSError) -> StdoutError:
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
-        except (OSError, ValueError):
-            pass
-        return StdoutError(f"cannot write to stdout ({e.strerror or e}); free some space or "
-                           "send the output elsewhere")
+    def _failed(self, e: OSError) -> StdoutError | ReaderLeft:
+        _to_devnull(self._stream)
+        if isinstance(e, BrokenPipeError):
+            return ReaderLeft()
+        if self.error is None:
+            self.error = StdoutError(f"cannot write to stdout ({e.strerror or e}); free some "
+                                     "space or send the output elsewhere")
+        return self.error
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            raise
         except OSError as e:
             raise self._failed(e) from None
 
@@ -149,35 +193,65 @@ class _GuardedStdout:
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            raise
         except OSError as e:
             raise self._failed(e) from None
 
 
+class _QuietStderr:
+    """sys.stderr, whose write failures (a full disk, a reader that left) lose the line and
+    nothing else: stderr carries progress, timings and error lines, so a command goes on as
+    if it had been written and exits with its own code (2 for an error it could not show)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            _to_devnull(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            _to_devnull(self._stream)
+
+
 def main() -> None:
-    """Console entry point (`minigpt`, `python -m minigpt`). stdout closed (`>&-`): one line,
+    """Console entry point (`minigpt`, `python -m minigpt`). OpenMP's wait policy first, before
+    any command loads torch (`minigpt.threads.quiet_openmp`). stdout closed (`>&-`): one line,
     exit 2, before anything runs; stdout that fails while a command writes: one line, exit 2
-    (`_GuardedStdout`)."""
+    (`_GuardedStdout`); its reader leaving: exit 0 (ReaderLeft); stderr that fails: the lines
+    are lost, the exit code is the command's (`_QuietStderr`)."""
+    quiet_openmp()
+    if sys.stderr is not None:
+        sys.stderr = _QuietStderr(sys.stderr)
     if sys.stdout is None:
         if sys.stderr is not None:
             sys.stderr.write("error: stdout is closed (>&-); give the output somewhere to go, "
                              "e.g. > /dev/null to discard it\n")
         sys.exit(2)
-    sys.stdout = _GuardedStdout(sys.stdout)
+    guard = sys.stdout = _GuardedStdout(sys.stdout)
     code: object = 0
     try:
         app(prog_name="minigpt")
-    except SystemExit as e:
+    except SystemExit as e:  # ReaderLeft included
         code = e.code
     except StdoutError as e:  # raised outside a command (the parser's help)
         say(f"error: {e}")
         sys.exit(2)
     try:
         sys.stdout.flush()  # what is still buffered: a failure here is the command's too
-    except StdoutError as e:
-        say(f"error: {e}")
+    except StdoutError:
+        pass
+    except ReaderLeft:
+        sys.exit(0)
+    if guard.error is not None and code in (0, None):  # a failure a library swallowed
+        say(f"error: {guard.error}")
         sys.exit(2)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     sys.exit(code)

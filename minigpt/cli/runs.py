@@ -17,7 +17,8 @@ from minigpt.display import printable
 @app.command("runs")
 def runs_command(
     directory: Annotated[Path, typer.Argument(
-        help="Directory holding run directories (or one run directory).", metavar="DIR")] = Path("runs"),
+        help="Directory holding run directories (or one run directory).",
+        metavar="DIR")] = Path("runs"),
     json_out: Annotated[bool, typer.Option(
         "--json", help="One JSON document on stdout instead of the table.")] = False,
 ) -> None:

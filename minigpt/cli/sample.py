@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import DeviceOpt, ModelOpt, RunOpt, app, say
+from minigpt.cli.main import DeviceOpt, ModelOpt, RunOpt, ThreadsOpt, app, latest_run, say
 from minigpt.display import printable
 
 PromptOpt = Annotated[str | None, typer.Option(
@@ -55,24 +55,27 @@ def sample_command(
     top_p: TopPOpt = 1.0, seed: SeedOpt = None, num_samples: NumSamplesOpt = 1,
     stop: StopOpt = None, stream: StreamOpt = None, no_kv_cache: NoKvCacheOpt = False,
     device: DeviceOpt = "auto", json_out: JsonOpt = False,
-    allow_special: AllowSpecialOpt = False, model: ModelOpt = None,
+    allow_special: AllowSpecialOpt = False, model: ModelOpt = None, threads: ThreadsOpt = 0,
 ) -> None:
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""
     t_start = time.perf_counter()  # before torch is imported: "first token N s after start"
     from minigpt.core.sampling import Sampling, check_seed
+    from minigpt.threads import check_threads
 
     # The flags first: a typo is refused before torch loads (seconds on a busy laptop).
     how = Sampling(temperature, top_k, top_p, max_new_tokens, num_samples)  # validated
     if seed is not None:
         check_seed(seed)
+    check_threads(threads)
     from minigpt import sample as smp
     from minigpt.device import decoding_threads
     from minigpt.inputs import load_run_or_model, read_prompt
 
     which = ""
     if run is None and model is None:
-        run, which = _latest_text_run()
+        run, which = latest_run(_trained_on_text, require_fit=False,
+                                kind="run trained on text")
     loaded = load_run_or_model(run, model, device)
     tok, block = loaded.tokenizer, loaded.model.cfg.block_size
     p = read_prompt(tok, block, prompt, prompt_file, allow_special)
@@ -81,7 +84,7 @@ def sample_command(
         say(f"note: the prompt is {size}, longer than the model's context ({block}); using its "
             f"last {block} tokens")
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
-    dev = next(loaded.model.parameters()).device
+    dev = loaded.device
     say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}")
     if loaded.cfg.data.source == "induction":
         say("note: this run was trained on synthetic induction data (random token ids, each "
@@ -92,22 +95,19 @@ def sample_command(
     shown = ("" if json_out or not sys.stdout.isatty() else
              ("…" + tok.decode(p.ids)) if p.cut else p.text)
     view = _SampleView(p, seed, num_samples, json_out, streaming, t_start, shown)
-    with _stdout_to_the_end(), decoding_threads(loaded.model):
+    with _stdout_to_the_end(), decoding_threads(loaded.model, threads):
         smp.sample(loaded.model, p.ids, tok.decode, how, seed=seed,
                    stops=[unescape_stop(s) for s in stop or []], stop_ids=[tok.eot_id],
                    use_kv_cache=not no_kv_cache, on_text=view.on_text, on_done=view.on_done)
 
 
-def _latest_text_run() -> tuple[Path, str]:
-    """The run `sample` uses without --run: the latest trained on text (a newer run on
-    synthetic induction ids is passed over, saying so), and how to name it in the log line."""
-    from minigpt.run.load import find_latest_text_run
+def _trained_on_text(run_dir: Path) -> str | None:
+    """Why `sample` passes over a run (None: it samples text)."""
+    from minigpt.run.listing import data_kind
 
-    run, passed = find_latest_text_run()
-    for d in passed:
-        say(f"note: passing over {d} (trained on synthetic induction data, not text); "
-            "give --run to sample it anyway")
-    return run, ("the latest run trained on text, " if passed else "the latest run, ")
+    if data_kind(run_dir).get("source", "text") == "text":
+        return None
+    return "trained on synthetic induction data, not text"
 
 
 class _SampleView:
@@ -157,17 +157,14 @@ class _SampleView:
 
 @contextlib.contextmanager
 def _stdout_to_the_end():
-    """Ctrl-C ends the line and exits 130; a reader that leaves (`minigpt sample | head`)
-    ends the command quietly with exit 0."""
+    """Ctrl-C ends the line and exits 130. (A reader that leaves, `minigpt sample | head`,
+    ends every command the same way: quietly, exit 0; `cli.main.ReaderLeft`.)"""
     try:
         yield
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         sys.stdout.flush()
         raise typer.Exit(130) from None
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

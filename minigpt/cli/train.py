@@ -80,6 +80,7 @@ class _TrainView:
         self.synthetic = False       # data.source induction: no bytes, the copies matter
         self.not_best = 0            # evaluations in a row above the best one
         self.warned = False
+        self.threads = 0             # CPU threads of this session (0: not on CPU)
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -98,6 +99,7 @@ class _TrainView:
 
     def _start(self, e: events.StartEvent) -> None:
         self.t0, self.start_step = time.monotonic(), e.start_step
+        self.threads = e.threads
         self.synthetic = e.data_source == "induction"
         what = "resuming" if e.start_step else "training"
         self.line(f"{what} {e.run_dir}: {e.params:,} parameters, vocab {e.n_vocab}, "
@@ -220,6 +222,22 @@ class _TrainView:
         events.CheckpointEvent: _checkpoint, events.TrainingBPE: _training_bpe,
         events.DatasetReady: _dataset_ready, events.CorpusProgress: _corpus_progress}
 
+    def _threads_hint(self, done: events.DoneEvent, resume: str) -> None:
+        """After a session that ran on several CPU threads on a machine busier than its CPUs
+        (the 1-minute load average above them): the speed it got, and the resume command on
+        one thread, which leaves a CPU to the other work (docs/cli.md#threads)."""
+        from minigpt.threads import usable_cpus
+
+        try:
+            busy, cpus = os.getloadavg()[0], usable_cpus()
+        except OSError:
+            return
+        if self.threads > 1 and busy > cpus:
+            self.line(f"note: this run trained at {done.tokens_per_s:,.0f} tokens/s on "
+                      f"{self.threads} threads while the machine was busy (load {busy:.1f} on "
+                      f"{cpus} CPUs); if it was slow and the other work goes on, resume on one "
+                      f"thread: {resume} --set train.threads=1")
+
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
@@ -233,10 +251,12 @@ class _TrainView:
         if done.reason == "interrupted":
             self.line(f"interrupted by {done.signal} after step {done.step}; checkpoint saved "
                       f"in {done.checkpoint}\nresume with: {resume}")
+            self._threads_hint(done, resume)
             return
         if done.reason == "stopped":
             self.line(f"stopped after step {done.step} as asked (--stop-after); resume with: "
                       f"{resume}")
+            self._threads_hint(done, resume)
         if done.reason == "formed":
             self.line(f"stopped after step {done.step}: the heads named in "
                       "train.stop_when_formed have formed")

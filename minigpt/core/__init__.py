@@ -6,13 +6,17 @@
   intervention point for every head experiment.
 - `generate.py`: sampling numerics (temperature, top-k, top-p) and `generate` on token ids
   (`sampling.py`: the sampling settings and their checks, without torch, for the CLI).
-- `heads.py`: every number about a head: attention maps, pattern scores, ablation effects
-  (`modes.py`: the ablation modes and their check, without torch, for the CLI).
+- `heads.py`: every number about a head: attention maps, pattern scores (and the same at every
+  offset and lag), ablation effects (`modes.py`: the ablation modes and their check, without
+  torch, for the CLI).
 - `circuits.py`: how heads work together: direct logit attribution, Q/K/V composition scores
   (weights only), activation patching from a corrupted input.
+- `lens.py`: the logit lens: the residual stream after the embedding and after each layer read
+  through the final norm and the unembedding.
 - `step.py`: one optimizer step (`train_step`) and one evaluation (`evaluate`).
 
-These files import only torch, the standard library, `minigpt.config` and `minigpt.errors`
-(tests/test_layout.py checks it): no files, no events, no run directory, no tokenizer. Every
-other package (train, run, hf, heads, bench, cli) is a consumer of this one.
+These files import only torch, the standard library, `minigpt.settings` (the settings
+dataclasses, no file code) and `minigpt.errors` (tests/test_layout.py checks it): no files,
+no events, no run directory, no tokenizer. Every other package (train, run, hf, heads, bench,
+cli) is a consumer of this one.
 """

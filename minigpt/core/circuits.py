@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minigpt.core.gpt import AttnSpec
+from minigpt.core.gpt import AttnSpec, device_of, eval_mode
 from minigpt.core.heads import CHUNK_FLOATS, head_rows
 from minigpt.errors import ArgumentError, MinigptError
 
@@ -210,7 +210,7 @@ def residual_components(model, idx: Tensor, zs: list[Tensor], mlps: dict[int, Te
     elif cfg.pos_encoding == "sinusoidal":
         rows.append(("position embedding", model.pe[:T].double().cpu()))
     for la, block in enumerate(model.blocks):
-        w_o = block.attn.c_proj.weight.detach().double().cpu().view(C, H, D)  # (C, H*D) -> (C, H, D)
+        w_o = block.attn.c_proj.weight.detach().double().cpu().view(C, H, D)  # (C, H*D)->(C,H,D)
         z = zs[la][0].detach().double().cpu()  # (H, T, D)
         heads[la] = torch.einsum("htd,chd->htc", z, w_o)  # each head through its slice of W_O
         if block.attn.c_proj.bias is not None:
@@ -225,15 +225,11 @@ def residual_components(model, idx: Tensor, zs: list[Tensor], mlps: dict[int, Te
 def direct_logit_attribution(model, tokens: Sequence[int], metric: Metric) -> Attribution:
     """Every head's (and every other component's) direct share of the metric's logit on
     `tokens`, in one forward pass (see the module docstring). Eval mode, restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device
+    with eval_mode(model):
+        device = device_of(model)
         idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)
         logits, zs, mlps = head_outputs(model, idx)
         heads, rows = residual_components(model, idx, zs, mlps)
-    finally:
-        model.train(was_training)
     pos = list(metric.positions)
     resid = heads.sum((0, 1)) + sum(r for _, r in rows)  # (T, C): the final residual
     scale = _final_scale(model, resid[pos])  # (P, 1)
@@ -477,14 +473,12 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
     check_same_length(clean, corrupted)
     cfg = model.cfg
     L, H = cfg.n_layer, cfg.n_head
-    device = next(model.parameters()).device
+    device = device_of(model)
     base_ids, from_ids = (clean, corrupted) if direction == "noising" else (corrupted, clean)
     base = torch.tensor([list(base_ids)], dtype=torch.long, device=device)
     source_idx = torch.tensor([list(from_ids)], dtype=torch.long, device=device)
     targets = torch.tensor(metric.targets(clean), device=device)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         pos = list(metric.positions)
         src_logits, reference, _ = head_outputs(model, source_idx)
         m_source = float(_metric_values(src_logits[:, pos], metric, targets)[0])
@@ -504,8 +498,6 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
                 values = _metric_values(logits, metric, targets)
                 m_base = float(values[0]) if m_base is None else m_base
                 delta[layer, heads] = values[1:] - values[0]
-    finally:
-        model.train(was_training)
     gap = m_source - m_base
     if not math.isfinite(gap) or abs(gap) < 1e-9:
         raise ArgumentError("patch_from", f"leaves the metric where it was ({m_base:.6g} on "

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.sampling import MAX_NEW_TOKENS, Sampling, check_seed  # noqa: F401 - re-exported
 from minigpt.errors import ArgumentError, MinigptError
 
@@ -161,11 +162,9 @@ def sampling_loop(model: torch.nn.Module, prompt_ids: Sequence[int], how: Sampli
                             f"[0, {vocab})")
     block = model.cfg.block_size
     keep = context_keep(block)
-    device = next(model.parameters()).device
+    device = device_of(model)
     stops = frozenset(int(t) for t in stop_ids)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         _, start = truncate_prompt(ids, block)  # the first id of the model's window
         cache = model.new_kv_cache(1, block) if use_kv_cache else None
         step_in = torch.empty((1, 1), dtype=torch.long, device=device)  # reused decode input
@@ -195,5 +194,3 @@ def sampling_loop(model: torch.nn.Module, prompt_ids: Sequence[int], how: Sampli
             else:  # one new token: the model's decode step (no mask, one query)
                 step_in.fill_(tok)
                 logits = model(step_in, kv_cache=cache)[0][0, -1]
-    finally:
-        model.train(was_training)

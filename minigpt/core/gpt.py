@@ -39,19 +39,21 @@ Notebook API (stable; inspect-heads and export use it):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minigpt.config import Config, ModelConfig
+from minigpt.settings import Config, ModelConfig
 
-__all__ = ["GPT", "AttnSpec", "KVCache", "attention", "flops_per_token"]
+__all__ = ["GPT", "AttnSpec", "KVCache", "attention", "device_of", "eval_mode",
+           "flops_per_token"]
 
 # --------------------------------------------------------------------------------------------
 # Attention: both kernels, one result.
@@ -339,7 +341,8 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise K, V);
         # one permute puts every head's q, k and v in the `[batch, head, position, d_head]` layout.
-        qkv = linear(self.c_attn, x).view(B, T, 3, self.n_head, self.head_dim)  # (B,T,3C) -> (B,T,3,H,D)
+        qkv = linear(self.c_attn, x)  # (B, T, C) -> (B, T, 3C)
+        qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D), a view
         if rope is None and self.qk_norm is None:
             q, k, v = qkv.unbind(0)  # 3 x (B, H, T, D)
@@ -620,6 +623,24 @@ class GPT(nn.Module):
         return {"total": total, "embedding": emb, "position": pos, "lm_head": head,
                 "attention": attn, "mlp": mlp, "norm": norm, "non_embedding": total - emb - pos,
                 "matmul": matmul + self.lm_head.weight.numel()}
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """`with eval_mode(model):` runs the block in eval mode (no dropout) and gives the model
+    back in the mode it had, also when the block raises: every measurement of a model that may
+    be training (evaluation, sampling, head scores, circuits) goes through it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """The device the model's weights are on, where its inputs must be."""
+    return next(model.parameters()).device
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

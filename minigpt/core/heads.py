@@ -35,6 +35,20 @@ t to key j, T the number of tokens, `x` the token ids:
 - entropy: mean over t = 1..T-1 of H_t / ln(t+1), H_t = -sum_j A[t,j] ln A[t,j]: 0 = all
   attention on one key, 1 = uniform over the t+1 visible keys.
 
+Offsets and lags (`offset_profile`, `lag_scores`, `best_lag`): what a head does at any
+distance, not only at 1. K = LAG_WINDOW:
+- offset profile at distance d (d = 0..K): mean over t = d..T-1 of A[t, t-d], the mean attention
+  from a query to the key d positions before it (d = 0: the self score; d = 1: the previous
+  score). NaN where d > T-1.
+- previous at lag k (k = 1..K): attention from t to t-k, i.e. the offset profile at d = k (lag 1
+  is the previous score): one number per lag, not a second definition.
+- induction at lag k (k = 1..K): over queries t with an earlier occurrence s < t of their token
+  (x[s] == x[t]) and s+k < t, the attention mass on those positions s+k (the token k after each
+  earlier occurrence), averaged over such queries (lag 1 is the induction score). A head whose
+  keys read a layer-0 head that looks k back, and whose values read one that looks k-1 back,
+  scores at lag k and copies the next token as an induction head does.
+- best lag: the lag k with the highest score (the earliest on a tie); none when no lag applies.
+
 Dominant type (`dominant_type`): the pattern score (induction, previous, duplicate, first, self,
 delimiter) with the highest value if it is >= DOMINANT_THRESHOLD; otherwise `diffuse` if
 entropy >= DIFFUSE_ENTROPY (close to uniform); otherwise `local` if the local score is
@@ -88,7 +102,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minigpt.core.gpt import AttnSpec
+from minigpt.core.gpt import AttnSpec, device_of, eval_mode
 from minigpt.core.modes import MODE_HELP, MODES, check_mode  # noqa: F401 - re-exported
 from minigpt.errors import ArgumentError
 
@@ -101,14 +115,10 @@ def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "c
                    ) -> tuple[Tensor, float]:
     """Run `model` on `tokens` (one sequence) through the explicit attention path and the SDPA
     path. Returns (attention (n_layer, n_head, T, T) float32 CPU, max |logit difference|)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
         logits_explicit, maps = model.forward_with_attention(idx)
         logits_sdpa, _ = model(idx, attn=AttnSpec("sdpa"))  # whatever attn_impl it trained with
-    finally:
-        model.train(was_training)
     attn = torch.stack([m[0] for m in maps]).float().cpu()  # n_layer x (H, T, T)
     diff = (logits_explicit.float() - logits_sdpa.float()).abs().max().item()
     return attn, diff
@@ -132,6 +142,17 @@ SCORE_HELP = {
     "delimiter": "attention to earlier whitespace/punctuation tokens beyond a uniform head's",
     "local": f"attention to the query and the {LOCAL_WINDOW} tokens before it",
     "entropy": "entropy of each query's distribution / ln(visible keys): 0 focused, 1 uniform",
+}
+LAG_WINDOW = 16  # offsets d = 0..LAG_WINDOW and lags k = 1..LAG_WINDOW
+LAG_HELP = {
+    "offsets": "mean attention from a query to the key d positions before it, d = 0..K "
+               "(d = 0: self, d = 1: previous)",
+    "previous_lags": "previous-token score at lag k = 1..K: attention from t to t-k (the "
+                     "offset profile without d = 0)",
+    "induction_lags": "induction score at lag k = 1..K: attention to the token k after an "
+                      "earlier occurrence of the query's token (k = 1: the induction score)",
+    "best_previous_lag": "the lag with the highest previous-token score",
+    "best_induction_lag": "the lag with the highest induction score (null: none applies)",
 }
 _DELIMITER_CHARS = set(string.punctuation) | set(" \t\r\n\f\v")
 
@@ -199,6 +220,52 @@ def score_heads(attn: Tensor, tokens: Sequence[int],
     norm = torch.log(torch.arange(T, dtype=torch.float64) + 1).clamp_min(1e-12)
     scores["entropy"] = _masked_mean(-plogp.sum(-1) / norm, after_first)
     return {name: scores[name].to(torch.float32) for name in SCORE_NAMES}
+
+
+def offset_profile(attn: Tensor, max_offset: int = LAG_WINDOW) -> Tensor:
+    """(..., max_offset + 1) float32: the mean attention at query-key distance d = 0..max_offset
+    (module docstring) of `attn` (..., T, T); NaN where d > T-1."""
+    attn = attn.detach().to(torch.float64).cpu()
+    T = attn.shape[-1]
+    out = torch.full((*attn.shape[:-2], max_offset + 1), float("nan"), dtype=torch.float64)
+    for d in range(min(max_offset, T - 1) + 1):
+        out[..., d] = attn.diagonal(offset=-d, dim1=-2, dim2=-1).mean(-1)  # A[t, t-d], t >= d
+    return out.to(torch.float32)
+
+
+def lag_scores(attn: Tensor, tokens: Sequence[int], max_lag: int = LAG_WINDOW
+               ) -> dict[str, Tensor]:
+    """{"previous": (..., max_lag), "induction": (..., max_lag)} float32: the previous-token and
+    induction scores of `attn` (..., T, T) at lags k = 1..max_lag (module docstring; index k-1
+    holds lag k); NaN where no query applies."""
+    attn = attn.detach().to(torch.float64).cpu()
+    T = attn.shape[-1]
+    if attn.shape[-2] != T or len(tokens) != T:
+        raise ValueError(f"attention (..., {attn.shape[-2]}, {T}) does not match "
+                         f"{len(tokens)} tokens")
+    x = torch.as_tensor(list(tokens))
+    q, s = ((x.unsqueeze(1) == x.unsqueeze(0)).tril(-1)).nonzero(as_tuple=True)  # x[s] == x[q]
+    induction = torch.full((*attn.shape[:-2], max_lag), float("nan"), dtype=torch.float64)
+    for lag in range(1, max_lag + 1):
+        ok = s + lag < q  # the target key s+lag lies strictly before the query
+        t, key = q[ok], s[ok] + lag
+        if not len(t):
+            continue
+        mass = torch.zeros(attn.shape[:-1], dtype=torch.float64)  # (..., T) per query
+        mass.index_add_(mass.dim() - 1, t, attn[..., t, key])  # distinct s: distinct keys
+        rows = torch.zeros(T, dtype=torch.bool)
+        rows[t] = True
+        induction[..., lag - 1] = _masked_mean(mass, rows)
+    previous = offset_profile(attn, max_lag)[..., 1:]
+    return {"previous": previous, "induction": induction.to(torch.float32)}
+
+
+def best_lag(scores: Tensor) -> Tensor:
+    """(...,) long: the lag (1-based) of the highest score along the last axis of `scores`
+    (..., K), the earliest on a tie; 0 where no lag applies (all NaN)."""
+    filled = torch.nan_to_num(scores.double(), nan=-1.0)
+    best = filled.argmax(-1) + 1  # argmax returns the first maximum
+    return torch.where(filled.max(-1).values < 0, torch.zeros_like(best), best)
 
 
 def dominant_type(scores: dict[str, float]) -> str:
@@ -272,12 +339,10 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
     pos = check_positions(len(tokens), positions, minimum)
     cfg = model.cfg
     L, H = cfg.n_layer, cfg.n_head
-    device = next(model.parameters()).device
+    device = device_of(model)
     idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
     targets = idx[0, 1:][pos]  # (P,)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         reference = _resampled_outputs(model, idx, seed) if mode == "resample" else None
         spec = AttnSpec(cfg.attn_impl)
         stream = model.residual_stream(idx, attn=spec)  # n_layer + 1 x (1, T, C)
@@ -299,8 +364,6 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                 losses = head_losses(model, stream[layer], layer, heads, replace, pos, targets)
                 base = losses[0] if base is None else base
                 effect[layer, heads] = losses[1:] - losses[0]
-    finally:
-        model.train(was_training)
     return Ablation(mode, effect, float(base), pos, scored)
 
 

@@ -2,9 +2,10 @@
 batches of token ids: what a training step computes, and nothing about where the batches come
 from or what happens to the numbers.
 
-The trainer (train/loop.py) owns the rest: which batches (every rank's slice of the global
-batch), the learning-rate schedule, the collective that sums the loss over DDP ranks (passed in
-as `mean_loss`), the divergence message, the weight average, checkpoints and events.
+The trainer (train/) owns the rest: which batches (train/batches.py: every rank's slice of the
+global batch), the learning-rate schedule and the collective that sums the loss over DDP ranks
+(train/weights.py, passed in as `mean_loss`), the weight average, the divergence message,
+checkpoints and events.
 
     loss = mean over micro-batches of cross_entropy(model(x), y)        (forward, backward)
     grad_norm = clip_grad_norm_(parameters, grad_clip)                  (before clipping)
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from minigpt.core.gpt import device_of, eval_mode
 
 Context = Callable[[], AbstractContextManager]
 
@@ -49,7 +52,7 @@ def train_step(model: nn.Module, optimizer, batches: Iterable[tuple[Tensor, Tens
     mean loss (the trainer's all-reduce; default: `t.item()`). `grad_clip` <= 0 = no clipping.
     The optimizer's learning rate is the caller's to set beforehand."""
     fwd = fwd or model
-    loss_sum = torch.zeros((), device=next(model.parameters()).device)
+    loss_sum = torch.zeros((), device=device_of(model))
     for m, (x, y) in enumerate(batches):
         sync = no_sync() if no_sync is not None and m < n_micro - 1 else contextlib.nullcontext()
         with sync:
@@ -76,14 +79,10 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *,
     """The model's loss on batches (x, y) in eval mode (restored afterwards): a float64 tensor
     (sum over batches of mean loss x rows, rows). The mean loss is the first divided by the
     second; sums, not a mean, so that ranks can add theirs before dividing."""
-    was_training = model.training
-    model.eval()
     total = torch.zeros(2, dtype=torch.float64)
-    try:
+    with eval_mode(model):
         for x, y in batches:
             with precision():
                 _, loss = model(x, y)
             total += torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64)
-    finally:
-        model.train(was_training)
     return total

@@ -1,10 +1,12 @@
 """PNG pictures of how heads work together (matplotlib, headless, lazily imported):
 `composition.png` (one heatmap per Q/K/V composition kind: later heads by earlier heads, with
 the random-weights baseline in the title) and `circuits.png` (the layer x head tables of direct
-logit attribution and activation patching, side by side)."""
+logit attribution and activation patching, side by side, each on one fixed scale: the model's
+logit for DLA, +-1 for the patching fraction)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import numpy as np
 from minigpt.core.circuits import KINDS, Composition
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.heatmap import _png_bytes
-from minigpt.heads.inspection import Inspection
+from minigpt.heads.inspection import PATCH_READING, Inspection
 
 KIND_TITLE = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 
@@ -49,9 +51,10 @@ def composition_png(comp: Composition, title: str = "") -> bytes:
     return _png_bytes(fig)
 
 
-def _table(ax, values: np.ndarray, title: str, label: str, cmap: str = "RdBu_r") -> None:
-    """One layer x head heatmap on a scale centred at 0, each cell labelled."""
-    top = max(float(np.abs(values).max()), 1e-9)
+def _table(ax, values: np.ndarray, title: str, label: str, top: float,
+           cmap: str = "RdBu_r") -> None:
+    """One layer x head heatmap on the symmetric scale [-top, top] (cells beyond it take the
+    end colours; the colour bar's arrows say so), each cell labelled with its value."""
     im = ax.imshow(values, cmap=cmap, vmin=-top, vmax=top, interpolation="nearest",
                    aspect="auto")
     L, H = values.shape
@@ -66,27 +69,53 @@ def _table(ax, values: np.ndarray, title: str, label: str, cmap: str = "RdBu_r")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=8, wrap=True)
-    ax.figure.colorbar(im, ax=ax, shrink=0.8, label=label)
+    beyond = float(np.abs(values).max()) > top
+    ax.figure.colorbar(im, ax=ax, shrink=0.8, label=label, extend="both" if beyond else "neither")
+
+
+def dla_scale(insp: Inspection) -> float:
+    """DLA's colour scale: the model's own logit (or logit difference), which the components
+    add up to, or the largest head share if one is larger: a head's colour is its share."""
+    d = insp.dla
+    return max(abs(d.logit), float(d.heads.abs().max()), 1e-9)
+
+
+PATCH_SCALE = 1.0  # patching's colour scale: a fraction of 1 is the whole clean -> corrupted change
 
 
 def circuits_png(insp: Inspection) -> bytes:
-    """Direct logit attribution and/or patching per head (whichever were measured)."""
+    """`circuits_figure` as PNG bytes."""
+    return _png_bytes(circuits_figure(insp))
+
+
+def circuits_figure(insp: Inspection):
+    """Direct logit attribution and/or patching per head (whichever were measured), each on
+    one fixed scale symmetric around 0: DLA on +-the model's logit (`dla_scale`), patching on
+    +-1 (the whole change), so a pale cell is a small share whatever the largest one is."""
     from matplotlib.figure import Figure
 
-    panels = [(insp.dla.heads.numpy(), f"direct logit attribution: {insp.dla.what}", "logit")
-              ] if insp.dla is not None else []
+    panels = []
+    if insp.dla is not None:
+        top = dla_scale(insp)
+        panels.append((insp.dla.heads.numpy(), f"direct logit attribution: {insp.dla.what}",
+                       f"logit (scale: +-{top:.2f}, the model's value)", top))
     if insp.patch is not None:
         p = insp.patch
         title = (f"patching ({p.direction}) from {p.source}: fraction of the clean -> "
                  f"corrupted change of {p.what}")
-        panels.append((p.effect.numpy(), title, "fraction"))
+        panels.append((p.effect.numpy(), title, "fraction (scale: +-1 = the whole change)",
+                       PATCH_SCALE))
     L, H = insp.n_layer, insp.n_head
-    fig = Figure(figsize=(min(30.0, (1.1 * H + 2.0) * len(panels)), min(30.0, 0.8 * L + 1.8)),
+    fig = Figure(figsize=(min(30.0, (1.1 * H + 2.4) * len(panels)), min(30.0, 0.8 * L + 2.4)),
                  layout="constrained")
-    for ax, (values, title, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0],
-                                          panels):
-        _table(ax, values, title, label)
-    return _png_bytes(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (values, title, label, top) in zip(axes, panels):
+        _table(ax, values, title, label, top)
+    if insp.patch is not None:
+        axes[-1].set_xlabel("head\n" + "\n".join(textwrap.wrap(
+            "Reading it: " + PATCH_READING, width=max(60, int(16 * (1.1 * H + 2.4))))),
+            fontsize=7)
+    return fig
 
 
 def write_circuit_pngs(insp: Inspection, out_dir: Path) -> list[Path]:

@@ -30,3 +30,12 @@ def check_ablate(mode: str | None) -> None:
     """`--ablate MODE`: one of core.modes.MODES (None: no ablation)."""
     if mode is not None:
         check_mode(mode)
+
+
+def check_patch_direction(patch_from: str | None, direction: str | None) -> str:
+    """`--patch-direction` (None: noising) applies to `--patch-from` only: given without it,
+    it would change nothing, so it is refused (ArgumentError) instead of ignored."""
+    if direction is not None and patch_from is None:
+        raise ArgumentError("patch_direction", "applies to --patch-from only; give --patch-from "
+                            "too, or leave it out")
+    return "noising" if direction is None else direction

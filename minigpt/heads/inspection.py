@@ -11,7 +11,7 @@ a path that disagrees with the one the model runs on. Attention or logits that a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,15 +27,21 @@ from minigpt.core.circuits import (
     make_metric,
     patch_heads,
 )
+from minigpt.core.gpt import device_of
 from minigpt.core.heads import (
+    LAG_HELP,
     SCORE_HELP,
     SCORE_NAMES,
     Ablation,
     ablate_heads,
     attention_maps,
+    best_lag,
     dominant_type,
+    lag_scores,
+    offset_profile,
     score_heads,
 )
+from minigpt.core.lens import Lens, logit_lens
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 
@@ -70,6 +76,19 @@ class Inspection:
     patch: Patching | None = None  # each head patched from a corrupted input
     composition: Composition | None = None  # Q/K/V composition from the weights
     copy_start: int | None = None    # induction probe: the position its second copy starts at
+    patch_tokens: list[int] | None = None  # the corrupted input `patch` was patched from
+    lens: Lens | None = None  # the logit lens (core.lens), if asked for
+    token_str: Callable[[int], str] | None = None  # any id's text (the lens's top tokens)
+    # what each head does at every offset and lag (core.heads; computed from `attention`):
+    # offsets (n_layer, n_head, K + 1); lags {"previous"|"induction": (n_layer, n_head, K)}
+    offsets: Tensor | None = None
+    lags: dict[str, Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.offsets is None:
+            self.offsets = offset_profile(self.attention)
+        if self.lags is None:
+            self.lags = lag_scores(self.attention, self.tokens)
 
     @property
     def n_layer(self) -> int:
@@ -134,7 +153,27 @@ class Inspection:
             row["dla"] = round(float(self.dla.heads[layer, head]), digits)
         if self.patch is not None:  # fraction of the metric's change patching it moves
             row["patch"] = round(float(self.patch.effect[layer, head]), digits)
-        return row
+        return {**row, **self.lag_row(layer, head, digits)}
+
+    def best_lags(self, layer: int, head: int) -> dict[str, tuple[int, float]]:
+        """{"previous"|"induction": (best lag, its score)}; lag 0 (score NaN): none applies."""
+        out = {}
+        for kind, s in self.lags.items():
+            k = int(best_lag(s[layer, head]))
+            out[kind] = (k, float(s[layer, head, k - 1]) if k else math.nan)
+        return out
+
+    def lag_row(self, layer: int, head: int, digits: int = 6) -> dict:
+        """One head's offset profile, its scores at every lag and the best lags (JSON)."""
+        def nums(t: Tensor) -> list:
+            return [None if math.isnan(v) else round(v, digits) for v in t.tolist()]
+
+        best = self.best_lags(layer, head)
+        return {"offsets": nums(self.offsets[layer, head]),
+                "previous_lags": nums(self.lags["previous"][layer, head]),
+                "induction_lags": nums(self.lags["induction"][layer, head]),
+                "best_previous_lag": best["previous"][0] or None,
+                "best_induction_lag": best["induction"][0] or None}
 
     def to_json(self, layers: Sequence[int] | None = None,
                 heads: Sequence[int] | None = None) -> dict:
@@ -148,24 +187,45 @@ class Inspection:
                 "score_definitions": SCORE_HELP,
                 **({"ablation": self.ablation.to_json()} if self.ablation is not None else {}),
                 **({"dla": self.dla.to_json()} if self.dla is not None else {}),
-                **({"patch": self.patch.to_json()} if self.patch is not None else {}),
+                **({"patch": self.patch_json()} if self.patch is not None else {}),
+                **({"lens": self.lens.records(token_str=self.token_str)}
+                   if self.lens is not None else {}),
+                "lag_definitions": LAG_HELP,
                 **({"composition_definitions": KIND_HELP,
                     "composition": self.composition.records()}
                    if self.composition is not None else {}),
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
+
+    def patch_json(self) -> dict:
+        """Patching's summary with what a reader needs to reproduce it elsewhere: the
+        corrupted token ids, and how to read a fraction above 1 or below 0."""
+        return {**self.patch.to_json(), "corrupted_tokens": self.patch_tokens,
+                "reading": PATCH_READING}
+
+
+# How to read a patching fraction, said wherever one is shown (table, circuits.png, viewer,
+# JSON): one head can move the metric further than the whole corruption does.
+PATCH_READING = (
+    "0: the head carries nothing that differs between the inputs; 1: patching it alone moves "
+    "the metric as far as corrupting the whole input does. Above 1 (or below 0) is possible: "
+    "effects do not add up, because in the fully corrupted run other heads change too and "
+    "partly cancel this one (e.g. heads that would act on its output), so one head patched "
+    "alone can move the metric more than the whole clean -> corrupted change")
 
 
 @dataclass
 class CircuitRequest:
     """What of core.circuits inspect() also measures: `dla`, `composition`, and patching
     from `patch_tokens` (described by `patch_source`) in `direction`; the metric's token
-    (`target`) or logit difference (`answer` - `wrong`), as token ids."""
+    (`target`) or logit difference (`answer` - `wrong`), as token ids. `lens`: the logit lens
+    (core.lens) of the same target (with `answer`: the answer's, at the last position)."""
 
     dla: bool = False
     composition: bool = False
     patch_tokens: list[int] | None = None
     patch_source: str = ""
     direction: str = "noising"
+    lens: bool = False
     target: int | None = None
     answer: int | None = None
     wrong: int | None = None
@@ -173,18 +233,20 @@ class CircuitRequest:
 
 def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
             run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0,
-            circuits: CircuitRequest | None = None) -> Inspection:
+            circuits: CircuitRequest | None = None,
+            token_str: Callable[[int], str] | None = None) -> Inspection:
     """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
     on `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
     head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
     The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
     orders the resample ablation's reference. `circuits` adds direct logit attribution,
-    composition and patching (scored where the ablation is)."""
+    composition, patching and the logit lens (scored where the ablation is); `token_str`
+    (the tokenizer's) names the lens's tokens."""
     tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    dev = torch.device(device) if device is not None else device_of(model)
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
     # fp32 on CPU agrees to ~1e-6; GPU kernels (TF32, other reduction orders) drift further
@@ -198,7 +260,8 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
                   else None)
     insp = Inspection(tokens=list(tokens), token_strs=list(inp.token_strs), attention=attn,
                       scores=scores, parity_max_diff=diff, parity_tol=tol, source=inp.source,
-                      run=run, step=step, ablation=ablation, copy_start=copy_start)
+                      run=run, step=step, ablation=ablation, copy_start=copy_start,
+                      token_str=token_str)
     if circuits is not None:
         measure_circuits(insp, model, circuits, inp.positions)
     return insp
@@ -209,6 +272,8 @@ def measure_circuits(insp: Inspection, model, req: CircuitRequest,
     """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (core.circuits)."""
     if req.composition:
         insp.composition = composition_scores(model)
+    if req.lens:
+        insp.lens = lens_of(model, insp.tokens, req, positions)
     if not req.dla and req.patch_tokens is None:
         return
     metric = make_metric(len(insp.tokens), positions, target=req.target, answer=req.answer,
@@ -218,6 +283,17 @@ def measure_circuits(insp: Inspection, model, req: CircuitRequest,
     if req.patch_tokens is not None:
         insp.patch = patch_heads(model, insp.tokens, req.patch_tokens, metric,
                                  direction=req.direction, source=req.patch_source)
+        insp.patch_tokens = list(req.patch_tokens)
+
+
+def lens_of(model, tokens: Sequence[int], req: CircuitRequest,
+            positions: Sequence[int] | None) -> Lens:
+    """The logit lens at the metric's positions, of the metric's token: the next token (or
+    `req.target`) at each scored position, or `req.answer` at the last position."""
+    metric = make_metric(len(tokens), positions, target=req.target, answer=req.answer,
+                         wrong=req.wrong)  # the checks DLA's metric gets
+    targets = [req.answer] if metric.logit_diff else metric.targets(tokens)
+    return logit_lens(model, tokens, list(metric.positions), targets)
 
 
 def check_finite(attn: Tensor, logit_diff: float, run: str = "") -> None:

@@ -1,8 +1,9 @@
 """The files inspect-heads writes: which formats (`parse_formats`, in flags.py: `table` is the
-terminal, the rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and proven writable
-before any work), and writing them (`write_files`: PNG heatmaps from `heatmap.py`, the HTML
-viewer from `viewer.py`, the raw tensor and the scores JSON from here). Every file is written
-durably (`minigpt.files`: temp file, fsync, rename)."""
+terminal, the rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and
+proven writable before any work, every destination checked then too: `check_destinations`),
+and writing them (`write_files`: PNG heatmaps from
+`heatmap.py`, the HTML viewer from `viewer.py`, the raw tensor and the scores JSON from here).
+Every file is written durably (`minigpt.files`: temp file, fsync, rename)."""
 
 from __future__ import annotations
 
@@ -14,25 +15,30 @@ from pathlib import Path
 import torch
 
 from minigpt.errors import ArgumentError
-from minigpt.files import atomic_write_bytes
+from minigpt.files import atomic_write_bytes, not_replaceable
 from minigpt.heads.circuits_png import write_circuit_pngs
 from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
 from minigpt.heads.heatmap import write_pngs
 from minigpt.heads.inspection import Inspection
+from minigpt.heads.lens_png import write_lens_png
 from minigpt.heads.viewer import write_html
 
 
-def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None) -> Path | None:
+def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None,
+            names: Sequence[str] = ()) -> Path | None:
     """The directory for the files of `formats` (None: only the table was asked for): `out`,
-    else <run_dir>/heads/; made now, before any work (`make_out_dir`). An imported model has
-    no run directory: ArgumentError (`out`) unless `out` is given."""
+    else <run_dir>/heads/; made now, before any work (`make_out_dir`), and the place of every
+    file of `names` (`file_names`) checked (`check_destinations`). An imported model has no
+    run directory: ArgumentError (`out`) unless `out` is given."""
     files = [f for f in formats if f != "table"]
     if not files:
         return None
     if out is None and run_dir is None:
         raise ArgumentError("out", f"an imported model has no run directory to write the "
                             f"{', '.join(files)} files into; give {{name}} DIR")
-    return make_out_dir(Path(out) if out is not None else Path(run_dir) / "heads")
+    path = make_out_dir(Path(out) if out is not None else Path(run_dir) / "heads")
+    check_destinations(path, names)
+    return path
 
 
 def make_out_dir(path: Path) -> Path:
@@ -47,6 +53,36 @@ def make_out_dir(path: Path) -> Path:
     return path
 
 
+def file_names(formats: Sequence[str], layers: Sequence[int], heads: Sequence[int],
+               ablation: object = None, composition: object = None,
+               circuits: object = None) -> list[str]:
+    """The names of the files `write_files` writes for `formats`, the selected `layers` and
+    `heads`, and what is measured (each true when it is: `ablation` the mode, `composition`,
+    `circuits` dla or the text patched from)."""
+    pairs = [(layer, head) for layer in layers for head in heads]
+    names = []
+    if "png" in formats:
+        names += ["attention_grid.png", *(["ablation.png"] if ablation else []),
+                  *(f"attention_L{la}_H{h}.png" for la, h in pairs),
+                  *(["composition.png"] if composition else []),
+                  *(["circuits.png"] if circuits else [])]
+    for fmt, name in (("html", "attention.html"), ("safetensors", "attention.safetensors"),
+                      ("json", "scores.json")):
+        if fmt in formats:
+            names.append(name)
+    return names
+
+
+def check_destinations(out: Path, names: Sequence[str]) -> None:
+    """Every file of `names` may be written in `out`: one that is a FIFO, a device, a socket
+    or a directory is refused now, before any work (ArgumentError `out`), not after the
+    other files are written."""
+    for name in names:
+        why = not_replaceable(out / name)
+        if why is not None:
+            raise ArgumentError("out", f"{name} there: {why}", subject=out)
+
+
 def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Sequence[int],
                 heads: Sequence[int]) -> list[Path]:
     """Write the files of `formats` into `out` for the selected heads; the paths written."""
@@ -55,6 +91,7 @@ def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Seq
     if "png" in formats:
         written += write_pngs(insp, out, pairs)
         written += write_circuit_pngs(insp, out)
+        written += write_lens_png(insp, out)
     if "html" in formats:
         written.append(write_html(insp, out / "attention.html", pairs))
     if "safetensors" in formats:

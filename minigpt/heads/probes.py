@@ -113,12 +113,16 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
         raise ConflictError(given)
     block = cfg.model.block_size
     first = [tokenizer.eot_id] if eot_first else []
-    if max_tokens is None:
-        max_tokens = block
-    elif not 2 + len(first) <= max_tokens <= block:
-        raise ArgumentError("max_tokens", f"out of range; valid: {2 + len(first)}..{block} "
-                            "(the model's block_size" + (", and the first token is "
-                            "<|endoftext|>)" if first else ")"), subject=max_tokens)
+    low = len(first) + (4 if probe == "induction" else 2)  # induction: two copies of 2 tokens
+    checked = max_tokens is not None or probe is not None  # the default text: any block_size
+    max_tokens = block if max_tokens is None else max_tokens
+    if checked and not low <= max_tokens <= block:
+        raise ArgumentError("max_tokens", f"out of range; valid: {low}..{block} (the model's "
+                            "block_size" + (", and the first token is <|endoftext|>" if first
+                                            else "")
+                            + ("; the induction probe needs two copies of at least 2 tokens "
+                               "to predict one by copying)" if probe == "induction" else ")"),
+                            subject=max_tokens)
     if probe is not None:
         ids = first + probe_tokens(probe, max_tokens - len(first), probe_pool(cfg, tokenizer),
                                    seed)
@@ -158,23 +162,37 @@ def token_id(tokenizer, text: str, param: str) -> int:
     return ids[0]
 
 
+# The corrupted inputs of the induction probe (`--patch-from NAME`): which copy's tokens are
+# replaced by tokens of neither copy. `corrupted` is `corrupted-second`, the first one offered.
+CORRUPTIONS = {
+    "corrupted-second": "the induction probe with its second copy's tokens replaced (the first "
+                        "copy kept: the tokens to copy are there, but no query asks for them)",
+    "corrupted-first": "the induction probe with its first copy's tokens replaced (the second "
+                       "copy kept: its queries find no earlier occurrence to copy from)",
+}
+CORRUPTION_ALIASES = {"corrupted": "corrupted-second"}
+
+
 def corrupted_input(cfg, tokenizer, inp: ProbeInput, patch_from: str, *,
                     max_tokens: int | None = None, seed: int = 0,
                     eot_first: bool = False) -> tuple[list[int], str]:
     """The corrupted input patched from (token ids, a description) for the clean `inp`: with
-    the induction probe, `patch_from` must be `corrupted` (the probe with its second copy's
-    tokens replaced by tokens of neither copy); with text, it is the corrupted text, read like
-    the clean one (the same `max_tokens`, <|endoftext|> first alike). The lengths are checked
-    by the caller (`circuits.check_same_length`)."""
+    the induction probe, `patch_from` is one of CORRUPTIONS (or its alias `corrupted`): the
+    probe with one copy's tokens replaced by tokens of neither copy; with text, it is the
+    corrupted text, read like the clean one (the same `max_tokens`, <|endoftext|> first
+    alike). The lengths are checked by the caller (`circuits.check_same_length`)."""
     if not inp.is_text:
-        if inp.source != "probe:induction" or patch_from != "corrupted":
+        name = CORRUPTION_ALIASES.get(patch_from, patch_from)
+        if inp.source != "probe:induction" or name not in CORRUPTIONS:
             raise ArgumentError("patch_from", "with a probe the corrupted input is "
-                                "`corrupted` (the induction probe with its second copy's tokens "
-                                "replaced); give --probe induction --patch-from corrupted, or "
-                                "a --text and a corrupted text")
+                                "`corrupted-second` (alias `corrupted`) or `corrupted-first` "
+                                "(the induction probe with that copy's tokens replaced); give "
+                                "--probe induction --patch-from corrupted-first, or a --text "
+                                "and a corrupted text")
         first = 1 if eot_first else 0
-        ids = corrupt_second_copy(inp.tokens, first, probe_pool(cfg, tokenizer), seed)
-        return ids, "the induction probe with its second copy's tokens replaced"
+        copy = 1 if name == "corrupted-first" else 2
+        ids = corrupt_copy(inp.tokens, first, probe_pool(cfg, tokenizer), seed, copy=copy)
+        return ids, f"{name}: {CORRUPTIONS[name]}"
     if not patch_from.strip():
         raise ArgumentError("patch_from", "the corrupted text is empty")
     other = prepare_input(cfg, tokenizer, text=patch_from, max_tokens=max_tokens,
@@ -182,19 +200,26 @@ def corrupted_input(cfg, tokenizer, inp: ProbeInput, patch_from: str, *,
     return other.tokens, f"text: {patch_from}"
 
 
-def corrupt_second_copy(tokens: Sequence[int], first: int, pool: Sequence[int],
-                        seed: int = 0) -> list[int]:
-    """The induction probe `tokens` (its two copies start at `first`) with every token of the
-    second copy replaced by a different one from `pool`, none of them in the first copy: the
-    same length and the same first copy, but nothing to copy."""
+def corrupt_copy(tokens: Sequence[int], first: int, pool: Sequence[int], seed: int = 0, *,
+                 copy: int = 2) -> list[int]:
+    """The induction probe `tokens` (its two copies start at `first`) with every token of copy
+    `copy` (1 or 2) replaced by a different one from `pool`, none of them in either copy: the
+    same length and the other copy unchanged, but nothing to copy."""
     half = (len(tokens) - first) // 2
     start = first + half
-    used = set(tokens[first:start])
+    lo, hi = (first, start) if copy == 1 else (start, len(tokens))
+    used = set(tokens[first:])
     spare = [t for t in pool if t not in used]
     if len(spare) < 1:
         raise ArgumentError("patch_from", "the probe's vocabulary has no token outside its "
-                            "first copy to corrupt the second copy with")
-    rng = random.Random(f"corrupt:{seed}")
-    fresh = rng.sample(spare, len(tokens) - start) if len(spare) >= len(tokens) - start else [
-        rng.choice(spare) for _ in range(len(tokens) - start)]
-    return list(tokens[:start]) + fresh
+                            "copies to corrupt a copy with")
+    rng = random.Random(f"corrupt:{seed}" if copy == 2 else f"corrupt-first:{seed}")
+    n = hi - lo
+    fresh = rng.sample(spare, n) if len(spare) >= n else [rng.choice(spare) for _ in range(n)]
+    return list(tokens[:lo]) + fresh + list(tokens[hi:])
+
+
+def corrupt_second_copy(tokens: Sequence[int], first: int, pool: Sequence[int],
+                        seed: int = 0) -> list[int]:
+    """`corrupt_copy` of the second copy."""
+    return corrupt_copy(tokens, first, pool, seed, copy=2)

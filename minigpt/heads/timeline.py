@@ -33,6 +33,7 @@ from minigpt.core.circuits import (
     k_composition,
     make_metric,
 )
+from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.heads import score_heads
 from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent
 from minigpt.heads.probes import probe_pool, probe_tokens
@@ -52,10 +53,8 @@ def probe_scores(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict[
     tokens, through the explicit attention path. The model's train/eval mode is restored."""
     length = min(cfg.model.block_size, MAX_PROBE_TOKENS)
     pool = probe_pool(cfg, tokenizer)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    device = device_of(model)
+    with eval_mode(model):
         out: dict[str, list] = {}
         for probe in dict.fromkeys(TIMELINE_SCORES.values()):
             ids = probe_tokens(probe, length, pool, seed)
@@ -67,8 +66,6 @@ def probe_scores(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict[
                 if p == probe:
                     out[name] = [[round(float(v), 6) for v in row] for row in scores[name]]
         return out
-    finally:
-        model.train(was_training)
 
 
 def formed_heads(scores: dict[str, list]) -> set[tuple[int, int, str]]:
@@ -191,24 +188,98 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
 
 
 def _draw_circuit(ax, recs: Sequence[dict]) -> None:
-    """The K-composition of the best previous-token head into the best induction head (and
-    random weights' score, dotted) against step; the largest direct logit attribution of one
-    head on a second axis."""
-    pts = [(r["step"], r["circuit"]) for r in recs if r.get("circuit")]
-    steps = [s for s, _ in pts]
-    ax.plot(steps, [c["k_composition"] for _, c in pts], "-", color="tab:purple",
-            linewidth=1.5, label="K-composition prev -> ind")
-    ax.plot(steps, [c["k_baseline"] for _, c in pts], ":", color="tab:purple", linewidth=1.0,
-            label="random weights")
-    last = pts[-1][1]
+    """The K-composition of the best previous-token head into the best induction head at each
+    measurement, against step: the pair can change from one measurement to the next, so each
+    point is coloured by the pair it measures (named in the legend; filled: both heads formed,
+    hollow: not), random weights' score dotted; on a second axis the largest direct logit
+    attribution of one head, named where that head changes."""
+    pts = [(r["step"], r["circuit"], r["scores"]) for r in recs if r.get("circuit")]
+    steps = [s for s, _, _ in pts]
+    ax.plot(steps, [c["k_composition"] for _, c, _ in pts], "-", color="0.75", linewidth=1.0,
+            zorder=1)
+    _pair_points(ax, pts)
+    ax.plot(steps, [c["k_baseline"] for _, c, _ in pts], ":", color="tab:purple",
+            linewidth=1.0, label="random weights")
     ax.set_ylabel("K-comp")
-    ax.set_ylim(0, max(0.5, *(c["k_composition"] for _, c in pts)) * 1.05)
+    ax.set_ylim(0, max(0.5, *(c["k_composition"] for _, c, _ in pts)) * 1.6)  # legend room
     ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=6, ncol=3, title="K-composition of the pair "
+              "(filled: both formed)", title_fontsize=6, framealpha=0.8)
     twin = ax.twinx()
-    twin.plot(steps, [c["dla"] for _, c in pts], "--", color="tab:orange", linewidth=1.2)
+    twin.plot(steps, [c["dla"] for _, c, _ in pts], "--", color="tab:orange", linewidth=1.2)
+    _name_changes(twin, [(s, c["dla_head"], c["dla"]) for s, c, _ in pts])
     twin.set_ylabel("best DLA (logit)", color="tab:orange", fontsize=8)
-    ax.set_title(f"circuit: L{last['previous_head'][0]}H{last['previous_head'][1]} (previous) "
-                 f"-> L{last['induction_head'][0]}H{last['induction_head'][1]} (induction) "
-                 f"K-composition (purple; dotted: random weights); dashed orange: the largest "
-                 f"direct logit attribution of one head (L{last['dla_head'][0]}"
-                 f"H{last['dla_head'][1]} at the end)", fontsize=7, wrap=True)
+    ax.set_title(f"circuit at each measurement: the best previous-token head of the layers "
+                 f"before the best induction head, and the K-composition of the pair; at the "
+                 f"end {_pair_title(pts[-1][1], pts[-1][2])}. Dashed orange: the largest "
+                 f"direct logit attribution of one head (named where it changes)", fontsize=7,
+                 wrap=True)
+
+
+MAX_PAIRS = 8  # pairs named in the legend; the rest are drawn grey as "other pairs"
+# not the red, blue and green of the score panels above
+PAIR_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black",
+                "tab:gray", "gold")
+
+
+def _pair_of(c: dict) -> str:
+    (lp, hp), (li, hi) = c["previous_head"], c["induction_head"]
+    return f"L{lp}H{hp} -> L{li}H{hi}"
+
+
+def _both_formed(c: dict, scores: dict) -> bool:
+    (lp, hp), (li, hi) = c["previous_head"], c["induction_head"]
+    prev, ind = scores["previous"][lp][hp], scores["induction"][li][hi]
+    return prev is not None and ind is not None and prev >= FORMED and ind >= FORMED
+
+
+def _pair_points(ax, pts) -> None:
+    """One marker per measurement, coloured by the pair it measures (the most frequent
+    MAX_PAIRS pairs named, in order of first appearance), filled when both heads formed."""
+    counts: dict[str, int] = {}
+    for _, c, _ in pts:
+        counts[_pair_of(c)] = counts.get(_pair_of(c), 0) + 1
+    named = sorted(counts, key=lambda p: -counts[p])[:MAX_PAIRS]
+    order = [p for p in dict.fromkeys(_pair_of(c) for _, c, _ in pts) if p in named]
+    colour = {p: PAIR_COLOURS[i] for i, p in enumerate(order)}
+    for pair in [*order, None]:
+        mine = [(s, c, sc) for s, c, sc in pts if (colour.get(_pair_of(c)) and
+                                                   _pair_of(c) == pair) or
+                (pair is None and _pair_of(c) not in colour)]
+        if not mine:
+            continue
+        col = colour.get(pair, "0.5")
+        for formed in (True, False):
+            group = [(s, c) for s, c, sc in mine if _both_formed(c, sc) == formed]
+            if group:
+                ax.scatter([s for s, _ in group], [c["k_composition"] for _, c in group],
+                           s=22, color=col, facecolors=col if formed else "none", zorder=3,
+                           label=(pair or "other pairs") if formed or not any(
+                               _both_formed(c, sc) for _, c, sc in mine) else None)
+
+
+def _pair_title(c: dict, scores: dict) -> str:
+    """The last pair, each head called what it is only when it has formed."""
+    (lp, hp), (li, hi) = c["previous_head"], c["induction_head"]
+    return (f"L{lp}H{hp} {_formed_label('previous', scores['previous'][lp][hp])} -> "
+            f"L{li}H{hi} {_formed_label('induction', scores['induction'][li][hi])}")
+
+
+def _formed_label(kind: str, score: float | None) -> str:
+    """`(previous 0.92)` for a head that reached FORMED, `(best previous 0.17, not formed)`
+    otherwise."""
+    if score is not None and score >= FORMED:
+        return f"({kind} {score:.2f})"
+    shown = "-" if score is None else f"{score:.2f}"
+    return f"(best {kind} {shown}, not formed)"
+
+
+def _name_changes(ax, pts: Sequence[tuple[int, list, float]]) -> None:
+    """Name the head ("L1H1") of the first point and of every point where it changes."""
+    last = None
+    for step, head, value in pts:
+        if head != last:
+            ax.annotate(f"L{head[0]}H{head[1]}", (step, value), textcoords="offset points",
+                        xytext=(0, 5), fontsize=6,
+                        color="tab:orange", ha="center")
+            last = head

@@ -16,10 +16,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from minigpt.core.heads import SCORE_HELP, SCORE_NAMES
+from minigpt.core.heads import LAG_WINDOW, SCORE_HELP, SCORE_NAMES
 from minigpt.display import visible_token
 from minigpt.files import atomic_write_bytes
-from minigpt.heads.inspection import Inspection
+from minigpt.heads.inspection import PATCH_READING, Inspection
 
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
                  "\u2029": "\\u2029"}
@@ -50,7 +50,52 @@ def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
             "score_help": SCORE_HELP, "run": insp.run, "step": insp.step,
             "source": insp.source, "parity": insp.parity_max_diff, "first": first,
             "copy_start": insp.copy_start, "glossary": glossary(),
-            "ablation": insp.ablation.to_json() if insp.ablation is not None else None}
+            "ablation": insp.ablation.to_json() if insp.ablation is not None else None,
+            **table_data(insp, scores), **circuit_data(insp), "lens": lens_data(insp)}
+
+
+def table_data(insp: Inspection, rows: list[dict]) -> dict:
+    """The score table's columns (every score, the best lags, then ablation, dla and patch
+    when measured), their meanings and each head's cells as text, in `rows`' order."""
+    measured = [n for n, on in (("ablation", insp.ablation), ("dla", insp.dla),
+                                ("patch", insp.patch)) if on is not None]
+    columns = [*SCORE_NAMES, "prev@k", "ind@k", *measured]
+    helps = {**SCORE_HELP, **dict(glossary())}
+
+    def cell(row: dict, name: str) -> str:
+        if name in LAG_COLUMNS:
+            lags = row[LAG_COLUMNS[name]]
+            k = row["best_" + LAG_COLUMNS[name][:-1]]
+            return "-" if k is None or lags[k - 1] is None else f"{lags[k - 1]:.3f}@{k}"
+        v = row[name]
+        return "-" if v is None else (f"{v:+.3f}" if name in measured else f"{v:.3f}")
+
+    return {"columns": columns, "column_help": {n: helps.get(n, "") for n in columns},
+            "cells": [[cell(r, n) for n in columns] for r in rows]}
+
+
+LAG_COLUMNS = {"prev@k": "previous_lags", "ind@k": "induction_lags"}
+
+
+def circuit_data(insp: Inspection) -> dict:
+    """What DLA and patching measured, for the page's header (None: not measured)."""
+    return {"dla": insp.dla.to_json() if insp.dla is not None else None,
+            "patch": insp.patch_json() if insp.patch is not None else None}
+
+
+def lens_data(insp: Inspection) -> dict | None:
+    """The logit lens as the page draws it: points, positions, targets and per (point,
+    position) the top token, the target's rank and probability (None: not measured)."""
+    lens = insp.lens
+    if lens is None:
+        return None
+    name = insp.token_str or str
+    return {"points": lens.points, "positions": lens.positions,
+            "targets": [visible_token(name(t), 12) for t in lens.targets],
+            "top": [[visible_token(name(int(t)), 12) for t in row] for row in lens.top.tolist()],
+            "rank": lens.rank.tolist(), "prob": [[round(p, 4) for p in row]
+                                                 for row in lens.prob.tolist()],
+            "logit": [[round(v, 3) for v in row] for row in lens.logit.tolist()]}
 
 
 # What the page's words and glyphs mean (shown under the map; tests/test_viewer_browser.py).
@@ -78,8 +123,16 @@ def glossary() -> list[list[str]]:
             + [["dominant", ("the pattern score (induction .. delimiter) that is highest and "
                 "at least 0.4; otherwise one of the types below")]]
             + [[n, v] for n, v in TYPE_HELP.items()]
+            + [["prev@k", (f"the best previous-token score over lags k = 1..{LAG_WINDOW} "
+                "(attention from t to t-k), @ that lag")],
+               ["ind@k", (f"the best induction score over lags k = 1..{LAG_WINDOW} (attention "
+                "to the token k after an earlier occurrence of the query's token), @ that "
+                "lag")]]
             + [["ablation", ("how much the loss rises (nats/token) with this head alone "
-                "knocked out (--ablate)")]]
+                "knocked out (--ablate)")],
+               ["dla", ("direct logit attribution (--dla): the head's own share of the logit "
+                "of the target, through W_O and the unembedding, scaled by the final norm")],
+               ["patch", "activation patching (--patch-from): " + PATCH_READING]]
             + [[g, v] for g, v in GLYPHS.items()])
 
 
@@ -96,7 +149,7 @@ th{background:#eee}tr.sel td{background:#ffe9a8}tbody tr{cursor:pointer}
 #tokens{display:flex;flex-wrap:wrap;gap:4px;list-style:none;padding:0}
 #tokens li{font-family:ui-monospace,monospace;background:#eef;padding:1px 4px;border-radius:3px}
 #tokens li.q{background:#fc6}
-#explain{max-width:60em}#mapbox{display:flex;gap:1em;align-items:flex-start}
+#explain,.explain{max-width:60em}#mapbox{display:flex;gap:1em;align-items:flex-start}
 #scalebox{font-size:.85em;text-align:center}
 dl#glossary{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em;max-width:60em}
 dl#glossary dt{font-family:ui-monospace,monospace;font-weight:bold}dl#glossary dd{margin:0}
@@ -177,7 +230,11 @@ _JS = r"""
     const row = D.scores.find((r) => r.layer === cur.layer && r.head === cur.head);
     text($("current"), "layer " + cur.layer + ", head " + cur.head + ": " + row.dominant +
          (D.ablation ? "; ablated, the loss rises by " + row.ablation.toFixed(4) +
-          " nats/token" : ""));
+          " nats/token" : "") +
+         (D.dla ? "; direct share of the logit " + row.dla.toFixed(3) : "") +
+         (D.patch ? "; patched, " + row.patch.toFixed(3) + " of the clean -> corrupted change"
+          : ""));
+    document.dispatchEvent(new CustomEvent("minigpt:head", {detail: cur}));
     document.querySelectorAll("#scores tbody tr").forEach((tr) => {
       tr.classList.toggle("sel", +tr.dataset.layer === cur.layer && +tr.dataset.head === cur.head);
     });
@@ -249,7 +306,13 @@ _JS = r"""
          D.parity.toExponential(2) + (D.ablation ? "\nablation (" + D.ablation.mode + "): " +
          D.ablation.what + "; loss " + D.ablation.base_loss.toFixed(4) + " nats/token over " +
          D.ablation.scored + "; the ablation column is the loss each head's ablation adds" :
-         ""));
+         "") + (D.dla ? "\ndla: " + D.dla.what + "; the model's value " +
+         D.dla.logit.toFixed(3) + ", the components add up to " +
+         D.dla.sum_of_components.toFixed(3) + "; the dla column is each head's direct share" :
+         "") + (D.patch ? "\npatch (" + D.patch.direction + ", from " +
+         D.patch.corrupted_input + "): " + D.patch.what + "; clean " +
+         D.patch.clean.toFixed(4) + ", corrupted " + D.patch.corrupted.toFixed(4) +
+         ". The patch column: " + D.patch.reading : ""));
     for (let l = 0; l < D.n_layer; l++) add($("layer"), "option", String(l)).value = String(l);
     for (let h = 0; h < D.n_head; h++) add($("head"), "option", String(h)).value = String(h);
     $("layer").addEventListener("change", () => select(+$("layer").value, cur.head));
@@ -259,22 +322,21 @@ _JS = r"""
       li.title = i + ": " + JSON.stringify(s) + " (id " + D.tokens[i] + ")";
     });
     const head = add($("scores"), "thead"), hr = add(head, "tr");
-    const columns = D.score_names.concat(D.ablation ? ["ablation"] : []);
-    ["layer", "head", "dominant"].concat(columns).forEach((n) => {
+    ["layer", "head", "dominant"].concat(D.columns).forEach((n) => {
       const th = add(hr, "th", n);
-      if (D.score_help[n]) th.title = D.score_help[n];
+      if (D.column_help[n]) th.title = D.column_help[n];
       if (n === "ablation") th.title = "nats/token the loss rises by with the head " +
         D.ablation.mode + "-ablated";
     });
     const body = add($("scores"), "tbody");
-    D.scores.forEach((r) => {
+    D.scores.forEach((r, i) => {
       const tr = add(body, "tr");
       tr.dataset.layer = r.layer;
       tr.dataset.head = r.head;
       add(tr, "td", String(r.layer));
       add(tr, "td", String(r.head));
       add(tr, "td", r.dominant);
-      columns.forEach((n) => add(tr, "td", r[n] === null ? "-" : r[n].toFixed(3)));
+      D.cells[i].forEach((c) => add(tr, "td", c));
       tr.addEventListener("click", () => select(r.layer, r.head));
     });
     canvas.addEventListener("mousemove", hover);
@@ -285,9 +347,128 @@ _JS = r"""
 """
 
 
+# Sections after the score table, each its own function of the page's data: what the current
+# head does at every distance (it redraws on the main script's "minigpt:head" event) and the
+# logit lens. They run before the main script, so they listen before its first draw.
+_JS_OFFSETS = r"""
+(function () {
+  "use strict";
+  const D = JSON.parse(document.getElementById("viewer-data").textContent);
+  const canvas = document.getElementById("offsets"), g = canvas.getContext("2d");
+  const W = 660, ROW = 100, LEFT = 40, GAP = 44, TOP = 20;
+  const SLOTS = D.scores[0].offsets.length;  // distances 0..K
+
+  function chart(y0, values, first, color, title) {
+    const bw = (W - LEFT - 10) / SLOTS;
+    g.font = "12px sans-serif";
+    g.fillStyle = "#222";
+    g.textAlign = "left";
+    g.fillText(title, LEFT, y0 - 6);
+    g.strokeStyle = "#999";
+    g.strokeRect(LEFT + 0.5, y0 + 0.5, W - LEFT - 10, ROW);
+    g.textAlign = "right";
+    [0, 0.5, 1].forEach((v) => g.fillText(v.toFixed(1), LEFT - 4, y0 + ROW - v * ROW + 4));
+    values.forEach((v, i) => {
+      if (v === null) return;
+      g.fillStyle = color;
+      g.fillRect(LEFT + (first + i) * bw + 1, y0 + ROW - v * ROW, Math.max(1, bw - 2), v * ROW);
+    });
+    g.fillStyle = "#222";
+    g.textAlign = "center";
+    for (let d = 0; d < SLOTS; d++) g.fillText(String(d), LEFT + d * bw + bw / 2, y0 + ROW + 14);
+  }
+  function lag(k, values) {
+    return k === null ? "none applies" : k + " (" + values[k - 1].toFixed(3) + ")";
+  }
+  function draw(cur) {
+    const r = D.scores.find((x) => x.layer === cur.layer && x.head === cur.head);
+    canvas.width = W;
+    canvas.height = TOP + 2 * ROW + GAP + 34;
+    g.fillStyle = "#fff";
+    g.fillRect(0, 0, canvas.width, canvas.height);
+    chart(TOP, r.offsets, 0, "#3b6ea8", "where it looks: mean attention to the key d " +
+          "positions back (d = 0: itself, 1: the previous token)");
+    chart(TOP + ROW + GAP, r.induction_lags, 1, "#c0392b", "induction at lag k: attention " +
+          "to the token k after an earlier occurrence of the query's token");
+    g.fillStyle = "#222";
+    g.textAlign = "center";
+    g.fillText("distance d / lag k", W / 2, canvas.height - 2);
+    canvas.dataset.layer = cur.layer;
+    canvas.dataset.head = cur.head;
+    document.getElementById("offsets-best").textContent = "layer " + cur.layer + ", head " +
+      cur.head + ": best previous-token lag " + lag(r.best_previous_lag, r.previous_lags) +
+      "; best induction lag " + lag(r.best_induction_lag, r.induction_lags);
+  }
+  document.addEventListener("minigpt:head", (ev) => draw(ev.detail));
+})();
+"""
+
+_JS_LENS = r"""
+(function () {
+  "use strict";
+  const D = JSON.parse(document.getElementById("viewer-data").textContent);
+  const L = D.lens;
+  if (!L) return;
+  function add(parent, tag, s) {
+    const el = document.createElement(tag);
+    if (s !== undefined) el.textContent = s;
+    parent.appendChild(el);
+    return el;
+  }
+  function shade(v) {  // white (0) .. dark blue (1), as the terminal table
+    const c = [20, 50, 130].map((x) => Math.round(255 * (1 - v) + x * v));
+    return "rgb(" + c.join(",") + ")";
+  }
+  document.getElementById("lens-section").hidden = false;
+  const table = document.getElementById("lens");
+  const hr = add(add(table, "thead"), "tr");
+  ["position", "token", "target"].concat(L.points).forEach((n) => add(hr, "th", n));
+  const body = add(table, "tbody");
+  L.positions.forEach((p, j) => {
+    const tr = add(body, "tr");
+    add(tr, "td", String(p));
+    add(tr, "td", D.labels[p]);
+    add(tr, "td", L.targets[j]);
+    L.points.forEach((point, i) => {
+      const prob = L.prob[i][j], rank = L.rank[i][j];
+      const td = add(tr, "td", L.top[i][j] + " #" + rank);
+      td.style.background = shade(prob);
+      td.style.color = prob > 0.45 ? "#fff" : "#000";
+      if (rank === 0) td.style.fontWeight = "bold";
+      td.title = "after " + point + ": top token " + JSON.stringify(L.top[i][j]) +
+        "; the target " + JSON.stringify(L.targets[j]) + " has rank " + rank +
+        ", probability " + prob.toFixed(4) + ", logit " + L.logit[i][j].toFixed(3);
+    });
+  });
+})();
+"""
+
+_SECTIONS_HTML = (
+    "<h2>At every distance</h2><p class=\"explain\">The head picked above, at every distance: "
+    "how much attention goes to the key d positions before the query (the previous-token "
+    "score at lag d), and its induction score at lag k (attention to the token k after an "
+    "earlier occurrence of the query's token; k = 1 is the induction score). A head whose "
+    "keys read a layer-0 head that looks k back scores at lag k. On the induction probe of "
+    "period n, a head that looks at t-1 also scores at induction lag n-1 (that key is also "
+    "the token n-1 after the earlier occurrence): read both charts together.</p>"
+    "<canvas id=\"offsets\"></canvas><div id=\"offsets-best\"></div>\n"
+    "<div id=\"lens-section\" hidden><h2>Logit lens</h2><p class=\"explain\">The residual "
+    "stream after the embedding (embed) and after each layer (Lk) read through the final norm "
+    "and the unembedding, at the scored positions: each cell is the top token there and the "
+    "target's rank (#0: the target is the top token, in bold), on a background as dark as "
+    "the target's probability. Hover a cell for the numbers. The last column is the model's "
+    "own prediction.</p><table id=\"lens\"></table></div>\n")
+
+
+def _script() -> str:
+    """The page's one inline script: the sections' listeners, then the main viewer."""
+    return '"use strict";\n' + _JS_OFFSETS + _JS_LENS + _JS
+
+
 def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None) -> str:
     """The viewer page as one string (see the module docstring for the escaping contract)."""
-    script_hash = base64.b64encode(hashlib.sha256(_JS.encode("utf-8")).digest()).decode()
+    script = _script()
+    script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     csp = (f"default-src 'none'; script-src 'sha256-{script_hash}'; "
            "style-src 'unsafe-inline'; img-src data:")
     return (
@@ -305,10 +486,11 @@ def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
         "</div><div id=\"hover\"></div>\n"
         "<h2>Tokens</h2><ol id=\"tokens\"></ol>\n"
         "<h2>Head scores</h2><table id=\"scores\"></table>\n"
+        f"{_SECTIONS_HTML}"
         "<h2>What the names and signs mean</h2><dl id=\"glossary\"></dl>\n"
         "<script type=\"application/json\" id=\"viewer-data\">"
         f"{safe_json(viewer_data(insp, heads))}</script>\n"
-        f"<script>{_JS}</script>\n</body></html>\n"
+        f"<script>{script}</script>\n</body></html>\n"
     )
 
 

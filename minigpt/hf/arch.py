@@ -199,7 +199,10 @@ def export_kind(m: ModelConfig) -> str:
 
 def export_config(m: ModelConfig, eot_id: int) -> dict:
     """config.json of the exported model (transformers' own keys, no custom code; GPT-2's
-    `n_ctx` too, which transformers 5 no longer writes and llama.cpp's converter reads)."""
+    `n_ctx` too, which transformers 5 no longer writes and llama.cpp's converter reads).
+    GPT-NeoX always has `attention_bias` true: a bias-free model's attention biases are
+    written as zeros (`weights.from_minigpt`), because TransformerLens's GPT-NeoX adapter
+    splits a query_key_value bias that must exist."""
     kind = export_kind(m)
     act = "gelu_new" if m.activation == "gelu_tanh" else "gelu"
     common = {"architectures": [ARCHITECTURES[kind]], "model_type": kind,
@@ -209,14 +212,58 @@ def export_config(m: ModelConfig, eot_id: int) -> dict:
     if kind == GPT2:
         return {**common, "n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd,
                 "n_positions": m.block_size, "n_ctx": m.block_size, "n_inner": None,
-                "activation_function": act, "layer_norm_epsilon": m.norm_eps, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                "activation_function": act, "layer_norm_epsilon": m.norm_eps,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0, "scale_attn_weights": True,
                 "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False}
     return {**common, "num_hidden_layers": m.n_layer, "num_attention_heads": m.n_head,
             "hidden_size": m.n_embd, "intermediate_size": 4 * m.n_embd,
             "max_position_embeddings": m.block_size, "hidden_act": act,
             "layer_norm_eps": m.norm_eps, "use_parallel_residual": False,
-            "attention_bias": m.bias, "attention_dropout": 0.0, "hidden_dropout": 0.0,
+            "attention_bias": True, "attention_dropout": 0.0, "hidden_dropout": 0.0,
             "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_base,
                                 "partial_rotary_factor": 1.0},
             "rotary_pct": 1.0, "rotary_emb_base": m.rope_base}  # the keys of transformers 4
+
+
+# config.json's "minigpt" section: what inspect-heads needs to give an export the inputs it
+# gives the run (transformers keeps keys it does not know, and the other readers skip them).
+MINIGPT_KEY = "minigpt"
+
+
+def export_inputs(cfg: Config, eot_first: bool) -> dict:
+    """The "minigpt" section of an export of a model with config `cfg`: `eot_first` (whether
+    inputs to inspect start with <|endoftext|>; false for a minigpt run) and `data` (its
+    data.source and, for the induction source, data.induction_vocab: the ids the probes use)."""
+    data = {"source": cfg.data.source}
+    if cfg.data.source == "induction":
+        data["induction_vocab"] = cfg.data.induction_vocab
+    return {"eot_first": eot_first, "data": data}
+
+
+def import_inputs(raw: dict, cfg: Config, where: str) -> bool | None:
+    """Apply config.json's "minigpt" section (`export_inputs`) to `cfg.data`; returns its
+    `eot_first` (None: no section, a model minigpt did not export). MinigptError naming the
+    field when it is malformed."""
+    section = raw.get(MINIGPT_KEY)
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise _Fields({}, where).refuse(MINIGPT_KEY, f"must be an object, got {brief(section)}")
+    eot_first = _Fields(section, f"{where}: {MINIGPT_KEY}").flag("eot_first", True)
+    data = section.get("data", {})
+    if not isinstance(data, dict):
+        raise _Fields({}, f"{where}: {MINIGPT_KEY}").refuse("data", f"must be an object, got "
+                                                          f"{brief(data)}")
+    d = _Fields(data, f"{where}: {MINIGPT_KEY}.data")
+    source = data.get("source", "text")
+    if source not in ("text", "induction"):
+        raise d.refuse("source", f"{brief(source)} is not text or induction")
+    cfg.data.source = source
+    if source == "induction":
+        vocab = d.count("induction_vocab")
+        if vocab < 2 or vocab > cfg.model.vocab_size:
+            raise d.refuse("induction_vocab", f"{vocab} is outside 2..{cfg.model.vocab_size} "
+                           "(vocab_size)")
+        cfg.data.induction_vocab = vocab
+    return eot_first

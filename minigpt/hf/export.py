@@ -4,7 +4,10 @@ no custom code.
 
 learned positions -> GPT2LMHeadModel; rope -> GPTNeoXForCausalLM (full rotary, sequential
 residual, q/k rows permuted to NeoX's rotate-half layout); sinusoidal / none, RMSNorm, ReLU^2,
-QK-norm and logit soft-capping are refused, naming the setting (`arch.export_kind`). Biases a
+QK-norm and logit soft-capping are refused, naming the setting (`arch.export_kind`).
+config.json also carries a "minigpt" section (`arch.export_inputs`): whether inputs to inspect
+start with <|endoftext|> and the run's data source and induction ids, so that
+`inspect-heads --model DIR` probes the export with the run's inputs. Biases a
 bias-free minigpt model lacks are written as zeros, and an attention-only model (model.mlp
 false, as configs/induction.yaml trains) gets MLPs whose weights are all zero: the same
 function, in the blocks GPT-2 and GPT-NeoX always have.
@@ -18,13 +21,20 @@ temporary directory left by a killed export is deleted by the next export to the
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt import __version__
 from minigpt.errors import ArgumentError
 from minigpt.files import check_new_path, new_output, write_file_synced
-from minigpt.hf.arch import ARCHITECTURES, export_config, export_kind
+from minigpt.hf.arch import (
+    ARCHITECTURES,
+    MINIGPT_KEY,
+    export_config,
+    export_inputs,
+    export_kind,
+)
 from minigpt.hf.tokenizer import tokenizer_files
 from minigpt.hf.weights import WEIGHTS, from_minigpt
 from minigpt.run.checkpoint import model_tensors
@@ -41,7 +51,8 @@ class Exported:
 
 
 def check_export_dir(out: Path) -> Path:
-    """`out` must be missing or an empty directory: an export never overwrites anything."""
+    """`out` must be missing or an empty directory this process may write: an export never
+    overwrites anything, and never fills a directory made read-only."""
     out = check_new_path(out, "out")
     if out.exists() and not out.is_dir():
         raise ArgumentError("out", "exists and is not a directory; give a new directory",
@@ -53,6 +64,12 @@ def check_export_dir(out: Path) -> Path:
     if full:
         raise ArgumentError("out", "is not empty; an export never overwrites files: give a new "
                             "or empty directory", subject=out)
+    # Made read-only (no write bit), or not writable by this process: the rename that commits
+    # the export needs only the parent's permission, so it would fill it anyway (root too).
+    if out.is_dir() and (not out.stat().st_mode & 0o222 or not os.access(out, os.W_OK | os.X_OK)):
+        raise ArgumentError("out", f"is a read-only directory (mode {out.stat().st_mode & 0o777:o})"
+                            "; an export fills the directory it is given: make it writable "
+                            "(chmod u+w) or give another", subject=out)
     return out
 
 
@@ -63,7 +80,9 @@ def export_files(loaded: LoadedRun) -> tuple[str, dict[str, bytes], int]:
     tensors = from_minigpt(kind, m, model_tensors(loaded.model))
     meta = {"format": "pt", "minigpt_version": __version__, "source": loaded.label}
     generation = {"bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id}
-    files = {"config.json": _json(export_config(m, tok.eot_id)),
+    config = {**export_config(m, tok.eot_id),
+              MINIGPT_KEY: export_inputs(loaded.cfg, loaded.eot_first)}
+    files = {"config.json": _json(config),
              "generation_config.json": _json(generation),
              WEIGHTS: tensors_to_bytes(tensors, meta), **tokenizer_files(tok, m.block_size)}
     return ARCHITECTURES[kind], files, loaded.model.num_params()["total"]

@@ -14,7 +14,7 @@ from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT, Rotary
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
-from minigpt.hf.arch import import_config, kind_of
+from minigpt.hf.arch import import_config, import_inputs, kind_of
 from minigpt.hf.hub import model_directory, model_file, read_model_json
 from minigpt.hf.tokenizer import load_hf_tokenizer
 from minigpt.hf.weights import check_weights, map_weights, to_minigpt
@@ -41,7 +41,9 @@ def load_model(spec: str | Path, device: str | torch.device = "cpu") -> LoadedRu
     `minigpt-lab[hf]`).
 
     Returns the same LoadedRun as `minigpt.run.load_run` (run_dir None, step 0, eot_first:
-    inputs to inspect start with <|endoftext|>), model on `device` in eval mode. Architectures:
+    inputs to inspect start with <|endoftext|>, unless config.json's "minigpt" section, which
+    a minigpt export writes, says otherwise and names the run's data source and induction ids:
+    `arch.import_inputs`), model on `device` in eval mode. Architectures:
     GPT2LMHeadModel and GPTNeoXForCausalLM in minigpt's shape (see `minigpt.hf.arch`); weights
     from safetensors only, memory-mapped: on CPU the model's float32 weights ARE the file's
     pages (one copy in memory, GPT-NeoX's fused QKV excepted). Every failure is a one-line
@@ -56,13 +58,14 @@ def load_model(spec: str | Path, device: str | torch.device = "cpu") -> LoadedRu
     kind = kind_of(raw, str(directory / CONFIG))
     name = str(spec).removeprefix("hf:") if str(spec).startswith("hf:") else directory.name
     cfg = import_config(raw, str(directory / CONFIG), name)
+    eot_first = import_inputs(raw, cfg, str(directory / CONFIG))  # None: not a minigpt export
     bias = raw.get("attention_bias", True)
     files = check_weights(directory, kind, cfg.model, attention_bias=bias is not False)
     tokenizer = load_hf_tokenizer(directory, name, cfg.model.vocab_size)
     model = assemble(cfg.model, to_minigpt(kind, cfg.model, map_weights(files)))
     model.to(dev).eval()
     return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=0, run_dir=None,
-                     source=str(spec), eot_first=True)
+                     source=str(spec), eot_first=True if eot_first is None else eot_first)
 
 
 class _NoDraws(TorchFunctionMode):

@@ -138,7 +138,8 @@ def _rank_merges(ranks: dict[bytes, int], vocab: dict[str, int], merges: list, r
         result = a + b
         raw = raw_of.get(result)
         if raw is None or raw_of.get(a) not in ranks or raw_of.get(b) not in ranks:
-            raise MinigptError(f"{where}: merge {n + 1} ({brief(a)} + {brief(b)}) does not join two "
+            raise MinigptError(f"{where}: merge {n + 1} ({brief(a)} + {brief(b)}) does not "
+                               "join two "
                                "byte-level tokens of the vocabulary into a third")
         if raw in ranks:
             continue  # the same token reached by a second merge: its first merge ranks it
@@ -181,7 +182,7 @@ def _specials(vocab: dict[str, int], added: dict[str, int], ranks: dict[bytes, i
 # no check before it can tell.
 KNOWN_PATTERNS = {
     **PATTERNS,
-    "cl100k (Hugging Face)": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "cl100k (Hugging Face)": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",  # noqa: E501 - a regex reads whole
     "o200k": (
         r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"""
         r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"""

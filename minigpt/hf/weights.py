@@ -117,7 +117,8 @@ def expected_shapes(kind: str, m: ModelConfig, attention_bias: bool,
             for name, (n_out, n_in), bias in (
                     ("attention.query_key_value", (3 * C, C), attention_bias),
                     ("attention.dense", (C, C), attention_bias),
-                    ("mlp.dense_h_to_4h", (4 * C, C), True), ("mlp.dense_4h_to_h", (C, 4 * C), True)):
+                    ("mlp.dense_h_to_4h", (4 * C, C), True),
+                    ("mlp.dense_4h_to_h", (C, 4 * C), True)):
                 out[f"{h}{name}.weight"] = (n_out, n_in)
                 if bias:
                     out[f"{h}{name}.bias"] = (n_out,)
@@ -219,7 +220,8 @@ def _pairs(kind: str, m: ModelConfig) -> list[tuple[str, str, bool]]:
             for ours, theirs, t in (("ln_1", "ln_1", False), ("ln_2", "ln_2", False),
                                     ("attn.c_attn", "attn.c_attn", True),
                                     ("attn.c_proj", "attn.c_proj", True),
-                                    ("mlp.c_fc", "mlp.c_fc", True), ("mlp.c_proj", "mlp.c_proj", True)):
+                                    ("mlp.c_fc", "mlp.c_fc", True),
+                                    ("mlp.c_proj", "mlp.c_proj", True)):
                 rows.append((f"blocks.{i}.{ours}.weight", f"h.{i}.{theirs}.weight", t))
                 rows.append((f"blocks.{i}.{ours}.bias", f"h.{i}.{theirs}.bias", False))
         head = "lm_head.weight"
@@ -230,7 +232,8 @@ def _pairs(kind: str, m: ModelConfig) -> list[tuple[str, str, bool]]:
         for i in range(m.n_layer):
             for ours, theirs in (("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"),
                                  ("attn.c_attn", "attention.query_key_value"),
-                                 ("attn.c_proj", "attention.dense"), ("mlp.c_fc", "mlp.dense_h_to_4h"),
+                                 ("attn.c_proj", "attention.dense"),
+                                 ("mlp.c_fc", "mlp.dense_h_to_4h"),
                                  ("mlp.c_proj", "mlp.dense_4h_to_h")):
                 for p in ("weight", "bias"):
                     rows.append((f"blocks.{i}.{ours}.{p}", f"gpt_neox.layers.{i}.{theirs}.{p}",
@@ -276,17 +279,15 @@ def zero_mlp(m: ModelConfig) -> dict[str, Tensor]:
 
 def from_minigpt(kind: str, m: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Hugging Face tensors (contiguous, CPU, float32) from minigpt's state dict; biases a
-    bias-free minigpt model lacks are written as zeros (GPT-NeoX without attention_bias
-    has no attention biases at all), and an attention-only model's MLPs as zero MLPs
-    (`zero_mlp`): the same function."""
+    bias-free minigpt model lacks are written as zeros (GPT-NeoX's attention biases too:
+    `export_config` says attention_bias true, which TransformerLens needs), and an
+    attention-only model's MLPs as zero MLPs (`zero_mlp`): the same function."""
     out = {}
     prefix = "transformer." if kind == GPT2 else ""
     state = {**zero_mlp(m), **state} if not m.mlp else state
     for ours, theirs, transposed in _pairs(kind, m):
         t = state.get(ours)
         if t is None:  # bias=False: a zero bias is the same function
-            if kind != GPT2 and not m.bias and ".attention." in theirs:
-                continue
             t = torch.zeros(state[ours.replace(".bias", ".weight")].shape[0])
         t = t.detach().to("cpu", torch.float32)
         if kind != GPT2 and ".attn.c_attn." in ours:

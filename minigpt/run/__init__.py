@@ -15,10 +15,21 @@ resume rules, the trainer state and the pictures of a run. Nothing here unpickle
 What a training session writes besides checkpoints (metrics.jsonl, pictures, summary.md) is
 written by the trainer's event consumers (minigpt/train/outputs.py).
 
-The public entry points are re-exported here: `from minigpt.run import load_run`.
+The public entry points are re-exported here: `from minigpt.run import load_run`. They are
+imported when first asked for, so a module of the package that needs no torch (lock.py,
+layout.py) loads none: a process that only takes the run lock starts in a tenth of a second.
 """
 
-from minigpt.run.load import LoadedRun, find_latest_run, load_run
-from minigpt.run.resume import run_dir_for
-
 __all__ = ["LoadedRun", "find_latest_run", "load_run", "run_dir_for"]
+
+
+def __getattr__(name: str):
+    if name in ("LoadedRun", "find_latest_run", "load_run"):
+        from minigpt.run import load
+
+        return getattr(load, name)
+    if name == "run_dir_for":
+        from minigpt.run.resume import run_dir_for
+
+        return run_dir_for
+    raise AttributeError(f"module 'minigpt.run' has no attribute {name!r}")

@@ -109,7 +109,7 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]
     """Flatten the optimizer state as `<param name>.<key>` (AdamW: exp_avg, exp_avg_sq, step;
     Muon: momentum_buffer); `names` lists the parameter names in optimizer order
     (param_groups concatenated). `optimizer` may be a chain of optimizers over disjoint
-    parameters (train.optim.OptimizerChain: `param_groups` and `state` span every part), so
+    parameters (train.weights.OptimizerChain: `param_groups` and `state` span every part), so
     one file holds every part's state under unique parameter names."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     assert len(params) == len(names), "names must match the optimizer's parameters"

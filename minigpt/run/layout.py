@@ -1,16 +1,18 @@
 """The run directory: what lives where, by name. Every module under `minigpt.run` (and the
 trainer) names files through these constants; nothing else hard-codes a run-dir path.
 
-    <run>/config.yaml, tokenizer.tiktoken, tokenizer.json   resolved config + tokenizer
-    <run>/metrics.jsonl, summary.md, train.lock               logs, end summary, the run lock
-    <run>/tensorboard/events.out.tfevents.*                   TensorBoard event files (train.tensorboard)
-    <run>/checkpoints/step-000500/                            one complete, self-contained checkpoint:
+    <run>/config.yaml, tokenizer.tiktoken, tokenizer.json    resolved config + tokenizer
+    <run>/metrics.jsonl, summary.md, train.lock                logs, end summary, the run lock
+    <run>/tensorboard/events.out.tfevents.*                    TensorBoard event files
+                                                               (train.tensorboard)
+    <run>/checkpoints/step-000500/                             one complete, self-contained
+                                                               checkpoint:
         model.safetensors  optimizer.safetensors  trainer_state.json  config.yaml
         tokenizer.tiktoken  tokenizer.json  manifest.json   (sha256 of every other file)
-        [train_weights.safetensors]                       with train.ema: the live weights
-    <run>/checkpoints/latest -> step-000500                   symlink: THE commit pointer
+        [train_weights.safetensors]                        with train.ema: the live weights
+    <run>/checkpoints/latest -> step-000500                    symlink: THE commit pointer
     <run>/model.safetensors, optimizer.safetensors, trainer_state.json, manifest.json
-                                                              symlinks into checkpoints/latest/
+                                                               symlinks into checkpoints/latest/
 
 How a checkpoint is committed is in `checkpoint.py`.
 """

@@ -6,8 +6,9 @@ Where each column comes from:
   flock on a read-only descriptor, released at once); else `no checkpoint` when none was
   committed (`--resume` starts such a run from step 0); else `finished` when the committed
   checkpoint reached the config's train.max_steps; else the status in summary.md when it was
-  written at that checkpoint's step (`interrupted`: Ctrl-C/SIGTERM, `stopped`: --stop-after);
-  else `killed` (the trainer ended without writing its summary: kill -9, a crash, power loss).
+  written at that checkpoint's step (`interrupted`: Ctrl-C/SIGTERM, `stopped`: --stop-after,
+  `formed`: the heads train.stop_when_formed waits for formed); else `killed` (the trainer
+  ended without writing its summary: kill -9, a crash, power loss).
   `damaged` when the commit pointer is not a step directory (a regular file, a link out of
   the run) or the committed checkpoint's manifest.json is not a JSON object.
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
@@ -173,17 +174,7 @@ def read_row(run_dir: Path) -> RunRow:
     times = [r["elapsed"] for r in records if finite(r.get("elapsed")) is not None]
     config = _config(run_dir, problems)
     max_steps = _max_steps(config)
-    try:
-        ckpt = latest_checkpoint_dir(run_dir)
-        ckpt_step = int(ckpt.name.split("-")[1]) if ckpt is not None else None
-        status = _status(run_dir, ckpt_step, max_steps, problems)
-        if ckpt is not None and status != "training" and not _manifest_ok(ckpt):
-            status = "damaged"
-    except MinigptError:
-        ckpt, ckpt_step, status = None, None, "damaged"
-    except OSError as e:
-        ckpt, ckpt_step, status = None, None, "damaged"
-        problems.append(f"{run_dir / CKPT_DIR}: {read_problem(e)}")
+    ckpt, ckpt_step, status = _checkpoint_status(run_dir, max_steps, problems)
     params = _params(ckpt, problems)
     return RunRow(name=run_dir.name, path=run_dir,
                   status="unreadable" if problems else status,
@@ -194,6 +185,59 @@ def read_row(run_dir: Path) -> RunRow:
                   problem=problems[0] if problems else None, best_step=best[1],
                   last_val_bpb=last[0], last_step=last[1],
                   copy_accuracy=copies[-1] if copies else None, heads=_circuit(records, config))
+
+
+@dataclass
+class RunStatus:
+    """A run's `status` column and the steps behind it, without reading metrics.jsonl."""
+
+    status: str
+    step: int | None       # the committed checkpoint's step (None: none committed)
+    max_steps: int | None  # config.yaml's train.max_steps
+
+    @property
+    def done(self) -> bool:
+        """Trained as far as it was meant to: finished, or stopped by train.stop_when_formed."""
+        return self.status in DONE
+
+    def phrase(self) -> str:
+        """How it stands, for a message: "still training (step 1000 of 8000 committed)"."""
+        of = f" of {self.max_steps}" if self.max_steps is not None else ""
+        if self.status == "training":
+            return f"still training (step {self.step or 0}{of} committed)"
+        if self.status in ("interrupted", "stopped", "killed", "formed", "finished"):
+            return f"{self.status} at step {self.step}{of}"
+        return self.status
+
+
+DONE = ("finished", "formed")  # formed: ended by train.stop_when_formed, as it was asked to
+
+
+def run_status(run_dir: Path) -> RunStatus:
+    """The run's status as `minigpt runs` shows it (the module docstring says how it is
+    decided), its committed step and its max steps; `unreadable` when a file it needs
+    cannot be read."""
+    problems: list[str] = []
+    max_steps = _max_steps(_config(run_dir, problems))
+    _, step, status = _checkpoint_status(run_dir, max_steps, problems)
+    return RunStatus("unreadable" if problems else status, step, max_steps)
+
+
+def _checkpoint_status(run_dir: Path, max_steps: int | None, problems: list[str]
+                       ) -> tuple[Path | None, int | None, str]:
+    """(committed checkpoint directory, its step, the run's status)."""
+    try:
+        ckpt = latest_checkpoint_dir(run_dir)
+        ckpt_step = int(ckpt.name.split("-")[1]) if ckpt is not None else None
+        status = _status(run_dir, ckpt_step, max_steps, problems)
+        if ckpt is not None and status != "training" and not _manifest_ok(ckpt):
+            status = "damaged"
+    except MinigptError:
+        return None, None, "damaged"
+    except OSError as e:
+        problems.append(f"{run_dir / CKPT_DIR}: {read_problem(e)}")
+        return None, None, "damaged"
+    return ckpt, ckpt_step, status
 
 
 def _text(path: Path, problems: list[str]) -> str | None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 
 from minigpt.config import Config, model_hash
-from minigpt.core.gpt import GPT
+from minigpt.core.gpt import GPT, device_of
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
+from minigpt.files import permission_denied_as_error
 from minigpt.run.checkpoint import Checkpoint, find_checkpoint, raw_module, tied_aliases
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -22,7 +23,6 @@ from minigpt.run.layout import (
     MODEL_FILE,
     OPTIM_FILE,
 )
-from minigpt.run.listing import data_kind
 from minigpt.run.safetensors_io import check_against, load_tensors, read_header
 from minigpt.tokenizer import Tokenizer
 
@@ -48,6 +48,11 @@ class LoadedRun:
     def label(self) -> str:
         """One phrase for messages: `<run dir> (step N)`, or the model spec."""
         return self.source if self.run_dir is None else f"{self.source} (step {self.step})"
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model is on."""
+        return device_of(self.model)
 
 
 def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint, name: str = MODEL_FILE) -> None:
@@ -79,7 +84,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
                          ckpt: Checkpoint) -> None:
     """Restore the state saved by optimizer_tensors (validated against the params first).
 
-    `optimizer` is one torch optimizer or a chain with `.parts` (train.optim.OptimizerChain);
+    `optimizer` is one torch optimizer or a chain with `.parts` (train.weights.OptimizerChain);
     `names` spans the parts in order. AdamW and Muon parts expect exactly their own keys
     (`_STATE_KEYS`), so a file from the other train.optimizer fails naming the first missing
     tensor instead of resuming with a silently reset state; another optimizer gets the keys
@@ -119,6 +124,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
 _STATE_KEYS = {"AdamW": ("exp_avg", "exp_avg_sq", "step"), "Muon": ("momentum_buffer",)}
 
 
+@permission_denied_as_error()
 def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
              step: int | None = None) -> LoadedRun:
     """Load a trained run for inference: the verified latest checkpoint's config, tokenizer and
@@ -134,13 +140,15 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     tokenizer = Tokenizer.load(ckpt.path)
     if tokenizer.n_vocab > cfg.model.vocab_size:
         raise MinigptError(f"{ckpt.path}: the tokenizer has {tokenizer.n_vocab} tokens but "
-                           f"model.vocab_size is {cfg.model.vocab_size}; files from different runs?")
+                           f"model.vocab_size is {cfg.model.vocab_size}; files from different "
+                           "runs?")
     model = GPT(cfg.model)
     load_model_weights(model, ckpt)
     model.to(dev).eval()
     return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir)
 
 
+@permission_denied_as_error()
 def trained_runs(root: Path = DEFAULT_RUNS) -> list[Path]:
     """The runs under `root` with a committed checkpoint, the most recently committed first.
     MinigptError when there is none."""
@@ -162,14 +170,3 @@ def trained_runs(root: Path = DEFAULT_RUNS) -> list[Path]:
 def find_latest_run(root: Path = DEFAULT_RUNS) -> Path:
     """The run under `root` with the most recently committed checkpoint."""
     return trained_runs(root)[0]
-
-
-def find_latest_text_run(root: Path = DEFAULT_RUNS) -> tuple[Path, list[Path]]:
-    """The latest run under `root` trained on text (data.source text: what `sample` wants),
-    with the newer runs passed over (trained on synthetic induction ids, whose output is not
-    text). No run trained on text: the latest run, with nothing passed over."""
-    runs = trained_runs(root)
-    for i, d in enumerate(runs):
-        if data_kind(d).get("source", "text") == "text":
-            return d, runs[:i]
-    return runs[0], []

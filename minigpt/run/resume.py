@@ -23,7 +23,7 @@ from minigpt.config import (
 )
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.fields import parse_value
-from minigpt.files import load_yaml
+from minigpt.files import load_yaml, permission_denied_as_error
 from minigpt.run.checkpoint import Checkpoint, latest_checkpoint_dir, verify_checkpoint
 from minigpt.run.layout import (
     CKPT_DIR,
@@ -55,6 +55,7 @@ def run_dir_for(cfg: Config, out: str | Path | None) -> Path:
     return Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name
 
 
+@permission_denied_as_error()
 def train_config(config: str | None, sets: list[str], *, out: str | Path | None = None,
                  resume: bool = False, device: str | None = None) -> tuple[Config, Path]:
     """The config and run directory of `minigpt train [--config C] [--set ...] [--out DIR]
@@ -74,6 +75,7 @@ def train_config(config: str | None, sets: list[str], *, out: str | Path | None 
     return _resumed(run_dir, command, device), run_dir
 
 
+@permission_denied_as_error()
 def resume_config(run_dir: Path, overrides: list[str], device: str | None = None,
                   config: str | None = None) -> Config:
     """The config of the run being resumed, such that the command that started the run, with
@@ -204,6 +206,7 @@ class Resumed:
     rng: RngStates
 
 
+@permission_denied_as_error()
 def open_run_dir(run_dir: Path, resume: bool, lock: RunLock,
                  is_main: bool = True) -> Resumed | None:
     """Resume: rank 0 locks the run dir; every rank reads the committed checkpoint (None:

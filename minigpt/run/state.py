@@ -70,15 +70,15 @@ class RngStates:
     python: tuple                   # random.setstate's argument
     data: torch.Tensor              # the data-order generator's state
 
-    def restore(self, data_gen: torch.Generator) -> None:
-        """Set the global generators and `data_gen` to these states. CUDA states are restored
-        when the device count matches (a run may resume on another machine)."""
+    def restore(self) -> None:
+        """Set the global generators to these states (`data` is the data-order generator's, set
+        by its owner). CUDA states are restored when the device count matches (a run may resume
+        on another machine)."""
         torch.set_rng_state(self.torch)
         if self.cuda and torch.cuda.is_available() and len(self.cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(self.cuda)
         np.random.set_state(self.numpy)
         random.setstate(self.python)
-        data_gen.set_state(self.data)
 
 
 def _is_int(x: Any, lo: int, hi: int) -> bool:

@@ -12,8 +12,11 @@ data.induction_distinct every repeat is a copy; without it a chance repeat count
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
+
+from minigpt.core.gpt import eval_mode
 
 
 def copy_mask(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -25,17 +28,14 @@ def copy_mask(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def copy_metrics(model, data, offsets: torch.Tensor, micro: int, device: torch.device
+def copy_metrics(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
                  ) -> tuple[float, float]:
     """(mean loss in nats/token, top-1 accuracy) of `model` over the copy positions of the
-    validation rows at `offsets`; (nan, nan) when there are none. The model's train/eval mode
-    is restored."""
-    was_training = model.training
-    model.eval()
+    validation batches (x, y); (nan, nan) when there are none. The model's train/eval mode is
+    restored."""
     loss_sum, right, n = 0.0, 0, 0
-    try:
-        for i in range(0, len(offsets), micro):
-            x, y = data.get_batch("val", offsets[i:i + micro], device)
+    with eval_mode(model):
+        for x, y in batches:
             mask = copy_mask(x, y)
             logits, _ = model(x)
             picked = logits[mask].float()  # (N, V)
@@ -45,6 +45,4 @@ def copy_metrics(model, data, offsets: torch.Tensor, micro: int, device: torch.d
             loss_sum += torch.nn.functional.cross_entropy(picked, target, reduction="sum").item()
             right += int((picked.argmax(-1) == target).sum())
             n += len(target)
-    finally:
-        model.train(was_training)
     return (loss_sum / n, right / n) if n else (math.nan, math.nan)

@@ -19,8 +19,9 @@ resumed step plus this session's, so a committed checkpoint never runs ahead of 
 CheckpointEvent that follows the commit writes config.yaml, the tokenizer and the pictures.
 Later saves only make the appended log durable first.
 
-Another output is one more consumer in the trainer's list (loop.py, `set_up`): a callable
-taking the same events in the same order, as the TensorBoard event files are (tensorboard.py).
+Another output is one more consumer in the session's list (reporting.py, `Reporting.build`): a
+callable taking the same events in the same order, as the TensorBoard event files are
+(tensorboard.py).
 """
 
 from __future__ import annotations

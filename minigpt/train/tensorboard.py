@@ -1,5 +1,5 @@
 """TensorBoard event files of a run (`train.tensorboard: true`): `<run>/tensorboard/`, written
-by one more consumer of the trainer's events (loop.py, `set_up`), on rank 0 only.
+by one more consumer of the trainer's events (reporting.py), on rank 0 only.
 
 What it logs, one scalar per tag and optimizer step, from the same records metrics.jsonl holds
 (`metrics_record`), stored as TensorBoard stores scalars (float32):
@@ -16,10 +16,13 @@ Sessions and resume. Each session writes its own event file, records written and
 they come. A fresh session opens it at its StartEvent (its run directory exists by then). A
 resumed session, like metrics.jsonl, writes nothing before its first checkpoint is committed:
 its records wait in memory with the time each arrived. At its StartEvent (before any commit)
-the directory and every event file in it are read and checked, and the cuts below planned in
-memory: a `tensorboard` that is a file or cannot be written, or a record that is no event, is
-one line with nothing changed. At its first CheckpointEvent the run's earlier event files are
-cut to the events of the steps up to the resumed step k (each file
+the directory and every file named `*tfevents*` in it are read as TensorBoard reads them
+(each record's length and data checked against their CRC-32C, a length bounded before it is
+read, one record held at a time), and the cuts below planned as byte ranges: a `tensorboard`
+that is a file or cannot be written, or a file that is not an event file (a note, zeros,
+random bytes, a record that fails its CRC or is no event), is one line with nothing changed;
+a file minigpt cannot read is never cut or removed. At its first CheckpointEvent the run's
+earlier event files are cut to the events of the steps up to the resumed step k (each file
 rewritten atomically; one left without data is removed), so records a killed session wrote
 past its last checkpoint are gone; then the session's own file opens with TensorBoard's
 "restarted at step k+1" marker (SessionLog START, which makes TensorBoard's readers drop
@@ -34,18 +37,18 @@ is on; `tensorboard_log` refuses in one line, before anything is made, when it i
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 from minigpt.config import TrainConfig
 from minigpt.errors import ConfigError, MinigptError
 from minigpt.events import CheckpointEvent, DoneEvent, StartEvent
-from minigpt.files import LARGE_CAP, atomic_write_bytes, disk_error, read_file
+from minigpt.files import atomic_file, disk_error, open_file
 from minigpt.run.layout import TENSORBOARD_DIR
 from minigpt.train.outputs import metrics_record
 
@@ -181,14 +184,14 @@ class TensorBoardLog:
         except OSError as e:
             raise disk_error(e, self.path) from None
 
-    def _plan_cut(self, step: int) -> list[tuple[Path, bytes | None]]:
+    def _plan_cut(self, step: int) -> list[_Cut]:
         """What cutting every event file already in the directory to the events of steps <=
-        `step` takes (a torn last record goes too): (path, its new bytes, or None: remove it,
-        as it holds no data then), read and checked now, before a resumed session's first
-        commit, so that what `_apply` does after it cannot fail on what is there. A
-        `tensorboard` that is no directory, cannot be written, or holds a file that is not an
-        event file is one MinigptError line, and nothing is changed."""
-        tb, where = self.tb, self.dir
+        `step` takes (a torn last record goes too), read and checked now, before a resumed
+        session's first commit, so that what `_apply` does after it cannot fail on what is
+        there. A `tensorboard` that is no directory, cannot be written, or holds a file named
+        `*tfevents*` that is not an event file (`_scan`) is one MinigptError line, and nothing
+        is changed: a file minigpt cannot read as TensorBoard does is never cut or removed."""
+        where = self.dir
         if os.path.lexists(where) and not where.is_dir():
             raise MinigptError(f"{where} is not a directory, so the TensorBoard event files "
                                "cannot go there; move it away or set train.tensorboard: false")
@@ -197,52 +200,152 @@ class TensorBoardLog:
                                "or set train.tensorboard: false")
         plan = []
         for path in sorted(where.glob("*tfevents*")) if where.is_dir() else []:
-            data = read_file(path, LARGE_CAP)
-            records = _records(data)
-            try:
-                events = [tb.Event.FromString(r) for r in records]
-            except Exception:  # noqa: BLE001 - protobuf's DecodeError (its module varies)
-                events = None
-            if events is None or any(e.wall_time <= 0 for e in events):
-                raise MinigptError(f"{path} is not a TensorBoard event file (a record that is "
-                                   "not an event); move it out of the run directory")
-            keep = [r for r, e in zip(records, events, strict=True) if e.step <= step]
-            if len(keep) == len(records) and len(data) == _size(records):
-                continue
-            if not any(tb.Event.FromString(r).HasField("summary") for r in keep):
-                plan.append((path, None))
-                continue
-            buf = io.BytesIO()
-            writer = tb.RecordWriter(buf)
-            for r in keep:
-                writer.write(r)
-            plan.append((path, buf.getvalue()))
+            cut = self._plan_file(path, step)
+            if cut is not None:
+                plan.append(cut)
         return plan
 
-    def _apply(self, plan: list[tuple[Path, bytes | None]]) -> None:
-        for path, data in plan:
-            if data is not None:
-                atomic_write_bytes(path, data)
+    def _plan_file(self, path: Path, step: int) -> _Cut | None:
+        """The cut of one event file to the events of steps <= `step` (None: nothing to cut),
+        holding the byte ranges of the records kept, never the records themselves."""
+        keep: list[list[int]] = []
+        kept_data = complete = False
+        with open_file(path) as fh:
+            st = os.fstat(fh.fileno())
+            end = 0
+            for at, data in _scan(fh, path, st.st_size):
+                end = at + len(data) + 16
+                try:
+                    event = self.tb.Event.FromString(data)
+                except Exception:  # noqa: BLE001 - protobuf's DecodeError (its module varies)
+                    event = None
+                if event is None or event.wall_time <= 0:
+                    raise _not_events(path, f"the record at byte {at} is not an event")
+                if event.step > step:
+                    continue
+                kept_data = kept_data or event.HasField("summary")
+                if keep and keep[-1][1] == at:
+                    keep[-1][1] = end
+                elif len(keep) < MAX_PIECES:
+                    keep.append([at, end])
+                else:  # steps that go back and forth, record by record: no writer does that
+                    raise _not_events(path, f"the records kept are in more than {MAX_PIECES:,} "
+                                      "pieces")
+            complete = end == st.st_size
+        if st.st_size == 0 or (complete and keep == [[0, st.st_size]]):
+            return None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        return _Cut(path, [tuple(r) for r in keep] if kept_data else None, stamp)
+
+    def _apply(self, plan: list[_Cut]) -> None:
+        for cut in plan:
+            if cut.keep is not None:
+                _rewrite(cut)
                 continue
             try:
-                path.unlink()
+                cut.path.unlink()
             except OSError as e:
-                raise disk_error(e, path) from None
+                raise disk_error(e, cut.path) from None
 
 
-def _records(data: bytes) -> list[bytes]:
-    """The records of a TFRecord file's bytes (8-byte length, 4-byte CRC, the record, 4-byte
-    CRC each); a last record cut short (a killed writer) is left out."""
-    out, at = [], 0
-    while at + 12 <= len(data):
-        n = int.from_bytes(data[at: at + 8], "little")
-        if at + 16 + n > len(data):
-            break
-        out.append(data[at + 12: at + 12 + n])
+# -- reading event files as TensorBoard does -----------------------------------------------------
+# A TFRecord file is a sequence of records, each: uint64 length (little-endian), the masked
+# CRC-32C of those 8 bytes (uint32), `length` bytes of data (one serialized Event), the masked
+# CRC-32C of the data. Both CRCs are checked, and a length is bounded before anything of that
+# length is read: a file of zeros fails the first header's CRC after 12 bytes.
+
+MAX_RECORD = 64 << 20  # bytes one record may claim (minigpt's are ~100; an image a few MB)
+MAX_PIECES = 1 << 16  # runs of kept records a cut may hold (a writer's steps rise: one run)
+_COPY_CHUNK = 1 << 20
+
+
+def _crc32c_table() -> tuple[int, ...]:
+    """The byte table of CRC-32C (Castagnoli; reflected polynomial 0x82F63B78)."""
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return tuple(table)
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C of `data` (the check value of b"123456789" is 0xE3069283); pure Python, about
+    10 MB/s: event files are a few MB."""
+    crc, table = 0xFFFFFFFF, _CRC32C_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The CRC TFRecord files store: CRC-32C rotated right by 15 bits plus 0xA282EAD8."""
+    c = crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _scan(fh, path: Path, size: int):
+    """(offset, data) of each record of the open event file `fh` of `size` bytes, checked as
+    TensorBoard's reader checks them, at most MAX_RECORD bytes held. A last record cut short
+    (a killed writer: a partial header, or a header whose record runs past the end) ends the
+    scan; a file with no whole record, a CRC that does not match, or a length past
+    MAX_RECORD is a MinigptError naming the file and the byte."""
+    at = 0
+    while at < size:
+        header = fh.read(12)
+        if len(header) < 12 and at > 0:
+            return  # a torn header
+        if len(header) < 12 or masked_crc32c(header[:8]) != int.from_bytes(header[8:],
+                                                                             "little"):
+            raise _not_events(path, f"the record header at byte {at} fails its CRC")
+        n = int.from_bytes(header[:8], "little")
+        if n > MAX_RECORD:
+            raise _not_events(path, f"the record at byte {at} claims {n:,} bytes, more than "
+                              f"the {MAX_RECORD >> 20} MiB minigpt reads")
+        if at + 16 + n > size:
+            if at > 0:
+                return  # a torn record
+            raise _not_events(path, "its first record runs past the end of the file")
+        data, footer = fh.read(n), fh.read(4)
+        if len(footer) < 4 or masked_crc32c(data) != int.from_bytes(footer, "little"):
+            raise _not_events(path, f"the record at byte {at} fails its data CRC")
+        yield at, data
         at += 16 + n
-    return out
 
 
-def _size(records: list[bytes]) -> int:
-    """Bytes a TFRecord file of `records` holds: a 12-byte header and a 4-byte footer each."""
-    return sum(len(r) + 16 for r in records)
+def _not_events(path: Path, why: str) -> MinigptError:
+    return MinigptError(f"{path} is not a TensorBoard event file ({why}); move it out of the "
+                        "run directory (nothing was changed)")
+
+
+@dataclass
+class _Cut:
+    """One event file cut on resume: the byte ranges of the records kept, or None: remove it
+    (no data is left); `stamp` (inode, size, mtime) is what the file was when checked."""
+
+    path: Path
+    keep: list[tuple[int, int]] | None
+    stamp: tuple[int, int, int]
+
+
+def _rewrite(cut: _Cut) -> None:
+    """The file of `cut` replaced (atomically) by its kept records, copied from it a chunk at
+    a time; MinigptError if the file changed since it was checked."""
+    with open_file(cut.path) as src:
+        st = os.fstat(src.fileno())
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != cut.stamp:
+            raise MinigptError(f"{cut.path} changed while the resume ran; nothing of it was "
+                               "cut: check what writes there")
+        with atomic_file(cut.path) as out:
+            for start, end in cut.keep:
+                src.seek(start)
+                while start < end:
+                    chunk = src.read(min(_COPY_CHUNK, end - start))
+                    if not chunk:  # shorter than when checked: the stamp would have changed
+                        raise MinigptError(f"{cut.path} ended early while being cut")
+                    out.write(chunk)
+                    start += len(chunk)

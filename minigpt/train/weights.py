@@ -1,4 +1,11 @@
-"""The optimizers and the learning-rate schedule.
+"""The weights a training session trains: the model, its optimizer and learning-rate schedule,
+the weight average it evaluates and saves (ema.py), and one optimizer step. `Weights.build`
+makes them in set-up (restored from the checkpoint on resume); `Weights.step` is the step.
+
+One step (`Weights.step`): the learning rate of the update (`lr_at`) set on every optimizer
+group (`set_lr`), then core/step.py's `train_step` over this rank's micro-batches (forward,
+backward, clip, optimizer step); with DDP one all-reduce per step carries the mean loss and any
+rank's stop request. The average folds the new weights in after the update.
 
 Step numbering: `it` counts optimizer updates from 0; update `it` uses `lr_at(it)`. The
 schedule is a pure function of `it` and the config, so a resumed run recomputes it exactly.
@@ -9,15 +16,30 @@ weight matrices inside the blocks (attention and MLP projections), AdamW for eve
 (token/position embeddings, an untied LM head, norm and QK-norm gains, biases). Muon
 orthogonalises each matrix's momentum (Newton-Schulz), which suits hidden-layer matrices but
 not embeddings (a lookup, not a linear map of the residual stream) or vectors.
+
+RNGs: the model's initialisation draws from its own generator seeded by run.seed; the global
+generators (dropout) are seeded by run.seed for a fresh run, or set to the states the
+checkpoint saved, as the last thing set-up does with them (`seed_rngs`). Dropout differs per
+rank (rank 0's stream is the saved one).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 import torch
 
-from minigpt.config import TrainConfig
+from minigpt.config import Config, TrainConfig
+from minigpt.core import step as core_step
+from minigpt.core.gpt import GPT
+from minigpt.device import amp_dtype, forward_context
+from minigpt.run.load import load_optimizer_state
+from minigpt.run.resume import Resumed
+from minigpt.train.distributed import DistInfo, all_reduce_sum
+from minigpt.train.ema import WeightAverage
 
 
 def lr_at(it: int, t: TrainConfig) -> float:
@@ -122,3 +144,100 @@ def set_lr(optimizer: torch.optim.Optimizer | OptimizerChain, lr: float) -> None
     optimizer keeps its ratio to its own peak."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)  # x 1.0 is exact: AdamW runs unchanged
+
+
+# --------------------------------------------------------------------------------------------
+# The session's weights.
+
+Context = Callable[[], AbstractContextManager]
+
+
+@dataclass
+class Weights:
+    """What one session trains, as `Weights.build` makes it (the module docstring)."""
+
+    settings: TrainConfig
+    model: GPT                      # the live weights the optimizer updates
+    fwd: torch.nn.Module            # what runs the forward pass (`forward_module`)
+    optimizer: torch.optim.AdamW | OptimizerChain
+    names: list[str]                # parameter names in optimizer order (checkpoints)
+    average: WeightAverage          # .model: what evaluations, samples and checkpoints use
+    precision: Context              # the context of every forward pass (autocast or none)
+    no_sync: Context | None         # DDP: the context of every micro-batch but the last
+    info: DistInfo
+
+    @classmethod
+    def build(cls, cfg: Config, device: torch.device, start: Resumed | None,
+              info: DistInfo) -> Weights:
+        """The model (initialised from run.seed), its optimizer at update 0's learning rate and
+        its WeightAverage, restored from the checkpoint on resume; what runs the forward pass;
+        then the RNGs seeded or restored (`seed_rngs`)."""
+        t = cfg.train
+        model = GPT.from_config(cfg, seed=cfg.run.seed).to(device)
+        optimizer, names = build_optimizer(model, t, device)
+        average = WeightAverage(model, t.ema)
+        if start is not None:
+            average.load(start.checkpoint)
+            load_optimizer_state(optimizer, names, start.checkpoint)
+        fwd = forward_module(model, t, device, info)
+        weights = cls(t, model, fwd, optimizer, names, average,
+                      forward_context(device, amp_dtype(t.precision, device)),
+                      fwd.no_sync if info.enabled else None, info)
+        seed_rngs(cfg.run.seed, info, start)
+        return weights
+
+    def step(self, it: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], n_micro: int,
+             flag) -> tuple[core_step.StepResult, float, bool]:
+        """Update `it` (0-based) over this rank's `n_micro` micro-batches: (core's StepResult,
+        the learning rate, whether any rank was signalled: its `flag.signum` set). The average
+        folds the new weights in when the optimizer stepped."""
+        lr = lr_at(it, self.settings)
+        set_lr(self.optimizer, lr)
+        stop = [False]
+
+        def mean_loss(mine: torch.Tensor) -> float:
+            """The loss for the log and any rank's stop request: one collective (DDP)."""
+            stats = torch.stack([mine, torch.tensor(float(flag.signum is not None))])
+            if self.info.world_size > 1:
+                all_reduce_sum(stats, self.info)
+            stop[0] = stats[1].item() > 0
+            return stats[0].item() / self.info.world_size
+
+        r = core_step.train_step(self.model, self.optimizer, batches, n_micro=n_micro,
+                                 grad_clip=self.settings.grad_clip, fwd=self.fwd,
+                                 precision=self.precision, no_sync=self.no_sync,
+                                 mean_loss=mean_loss)
+        if r.stepped:
+            self.average.update(it + 1)
+        return r, lr, stop[0]
+
+    def evaluate(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """The average's mean loss over this rank's evaluation batches and every other rank's."""
+        total = core_step.evaluate(self.average.model, batches, precision=self.precision)
+        all_reduce_sum(total, self.info)  # (sum of loss x rows, rows) over every rank
+        self.model.train()
+        return (total[0] / total[1]).item()
+
+
+def forward_module(model: GPT, t: TrainConfig, device: torch.device,
+                   info: DistInfo) -> torch.nn.Module:
+    """What the training step calls: the model, maybe compiled, maybe under DDP."""
+    fwd: torch.nn.Module = model
+    if t.compile == "true" or (t.compile == "auto" and device.type == "cuda"):
+        fwd = torch.compile(model)
+    if info.enabled:
+        fwd = torch.nn.parallel.DistributedDataParallel(
+            fwd, device_ids=[device.index] if device.type == "cuda" else None)
+    return fwd
+
+
+def seed_rngs(seed: int, info: DistInfo, start: Resumed | None) -> None:
+    """The global generators where the run left them (the module docstring): seeded from
+    run.seed for a fresh run, the saved states on resume. The last thing set-up does with any
+    RNG (what it builds after the weights draws nothing)."""
+    if start is None:
+        torch.manual_seed(seed)
+    else:
+        start.rng.restore()
+    if info.rank > 0:
+        torch.manual_seed(seed + 7919 * info.rank + (start.state.step if start else 0))

@@ -1,0 +1,146 @@
+"""Which run `sample`, `export` and `inspect-heads` use without `--run` (minigpt.run.choice,
+one rule): the latest finished run the command can use, named on stderr, with every newer
+run it passed over and why; a run still training is never used without a word. Through the
+installed command, on tiny runs made in place (a held train.lock is a run still training)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+MINIGPT = shutil.which("minigpt")
+
+
+def make_run(root: Path, name: str, age: float, *, finished: bool = True,
+             source: str = "text", **model) -> Path:
+    """A committed step-4 checkpoint of a random 1-layer byte model under root/runs/name,
+    committed `age` seconds ago; `finished`: train.max_steps 4 (else 400, and no summary:
+    `killed`); `source` only as config.yaml says it."""
+    from minigpt.config import from_dict, to_yaml
+    from minigpt.core.gpt import GPT
+    from minigpt.run.checkpoint import save_checkpoint
+    from minigpt.tokenizer import bytes_tokenizer
+
+    tok = bytes_tokenizer()
+    cfg = from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
+                               "vocab_size": tok.n_vocab, **model},
+                     "tokenizer": {"vocab_size": 256},
+                     "train": {"max_steps": 4 if finished else 400}})
+    run = root / "runs" / name
+    save_checkpoint(run, step=4, model=GPT.from_config(cfg, seed=0), cfg=cfg, tokenizer=tok,
+                    trainer_state={"step": 4})
+    text = to_yaml(cfg)
+    if source != "text":
+        text = text.replace("source: text", f"source: {source}")
+    (run / "config.yaml").write_text(text)
+    when = time.time() - age
+    os.utime(run / "checkpoints" / "latest", (when, when), follow_symlinks=False)
+    return run
+
+
+def held(run: Path):
+    """The run's train.lock held as a trainer holds it (the run shows as `training`)."""
+    fh = open(run / "train.lock", "a+")  # noqa: SIM115 - closed by the caller
+    fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fh
+
+
+def minigpt(cwd: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINIGPT_CACHE": str(cwd / "cache")}
+    r = subprocess.run([MINIGPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == code, r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory) -> Path:
+    """runs/: `done` (finished, the oldest), `killed` (newer, stopped short, no summary),
+    `speed` (newer, finished, a QK-norm model no export format holds), `busy` (the newest,
+    its lock held while the tests run)."""
+    root = tmp_path_factory.mktemp("choice")
+    make_run(root, "done", 400)
+    make_run(root, "killed", 300, finished=False)
+    make_run(root, "speed", 200, qk_norm=True)
+    busy = make_run(root, "busy", 100)
+    fh = held(busy)
+    yield root
+    fh.close()
+
+
+def test_export_takes_the_latest_finished_run_it_can_hold_and_says_what_it_passed(place):
+    r = minigpt(place, "export", "--out", "hf")
+    err = r.stderr
+    assert "exporting the latest finished run, runs/done (step 4)" in err
+    assert "passing over runs/busy (still training (step 4 of 4 committed))" in err
+    assert "passing over runs/speed (model.qk_norm is true: GPT-2 and GPT-NeoX do not " \
+        "normalise queries and keys)\n" in err  # no "give --run": it cannot be exported
+    assert "passing over runs/killed (killed at step 4 of 400)" in err
+    assert (place / "hf" / "config.json").is_file()
+
+
+def test_inspect_heads_takes_any_finished_run_and_says_its_kind(place):
+    r = minigpt(place, "inspect-heads", "--json", "--max-tokens", "8")
+    assert "using the latest finished run, runs/speed (step 4), trained on text, bytes" \
+        in r.stderr
+    assert "passing over runs/busy (still training" in r.stderr
+    assert "runs/killed" not in r.stderr  # older than the pick: not passed over
+
+
+def test_sample_passes_over_a_run_still_training(place):
+    r = minigpt(place, "sample", "-n", "4", "--seed", "1")
+    assert "sampling from the latest finished run trained on text, runs/speed (step 4)" \
+        in r.stderr
+    assert "passing over runs/busy (still training" in r.stderr
+
+
+def test_a_run_still_training_is_used_only_with_a_word(tmp_path):
+    fh = held(make_run(tmp_path, "busy", 10))
+    try:
+        r = minigpt(tmp_path, "sample", "-n", "4", "--seed", "1")
+    finally:
+        fh.close()
+    assert ("sampling from the latest run trained on text, still training (step 4 of 4 "
+            "committed): runs/busy (step 4)") in r.stderr
+
+
+def test_sample_takes_text_over_a_newer_induction_run_and_falls_back_to_it(tmp_path):
+    make_run(tmp_path, "text", 300)
+    make_run(tmp_path, "ind", 100, source="induction")
+    r = minigpt(tmp_path, "sample", "-n", "4", "--seed", "1")
+    assert "passing over runs/ind (trained on synthetic induction data, not text)" in r.stderr
+    assert "runs/text (step 4)" in r.stderr
+    shutil.rmtree(tmp_path / "runs" / "text")
+    r = minigpt(tmp_path, "sample", "-n", "4", "--seed", "1")
+    assert ("sampling from the latest run (trained on synthetic induction data, not text), "
+            "runs/ind (step 4)") in r.stderr
+
+
+def test_export_with_nothing_it_can_hold_is_one_line(tmp_path):
+    make_run(tmp_path, "speed", 10, activation="relu2")
+    r = minigpt(tmp_path, "export", "--out", "hf", code=2)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no run under runs/ is a model GPT-2 "
+                                                   "or GPT-NeoX can hold: runs/speed")
+    assert "give --run DIR" in lines[0] and not (tmp_path / "hf").exists()
+
+
+def test_the_pick_follows_the_runs_status_column(place):
+    """The one rule: the status the pick reads is the one `minigpt runs` shows."""
+    from minigpt.run.choice import pick_run
+    from minigpt.run.listing import list_runs
+
+    shown = {row.name: row.status for row in list_runs(place / "runs")}
+    assert shown == {"done": "finished", "killed": "killed", "speed": "finished",
+                     "busy": "training"}
+    pick = pick_run(root=place / "runs")
+    assert pick.run_dir.name == "speed" and pick.status.status == shown["speed"]
+    assert [(d.name, why.split(" (")[0], usable) for d, why, usable in pick.passed] == [
+        ("busy", "still training", True)]
