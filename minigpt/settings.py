@@ -120,6 +120,10 @@ class DataConfig:
         "and each new id is drawn from the group that a fixed random map of the id two places "
         "before it picks, so the token before a position tells which group the next new id is "
         "in", min=0)
+    induction_runs: float = setting(
+        0.0, "induction source, pairs layout: the chance that a pair is one id written 2n "
+        "times (a run), where only a head matching the previous token (lag 1) predicts the "
+        "repeats; lag-k circuits need the earlier occurrence k places back", min=0.0, max=1.0)
 
 
 @dataclass

@@ -40,6 +40,15 @@ two ids of a row from a random group). So the token before a position tells whic
 next new id comes from (log2 k bits of it): a layer-0 head that attends to the previous token
 lowers the loss on every new id from the first steps, which is what an induction head then
 builds on. The rest of a new id stays random, and a copy is predicted only by copying.
+
+induction_runs = p > 0 (pairs layout): each pair is, with chance p, a run, one new id written 2n
+times, instead of n new ids and their copy. A copy can be predicted by the textbook circuit
+(layer 1 matches the current id against what a previous-token head wrote one place after its
+earlier occurrence) or by a lag-k one (matching what a layer-0 head looking k back wrote, reading
+what a head looking k - 1 back wrote): both are right whenever the earlier occurrence is at least
+k places back, and in plain pairs it always is (a segment has at least induction_min_period ids),
+so which lag a seed learns is chance while the induction probe scores lag 1 only. Inside a run
+the earlier occurrence is one place back, where only lag 1 predicts.
 """
 
 from __future__ import annotations
@@ -109,6 +118,7 @@ class InductionRows:
     max_period: int = 0      # 0: block_size // 2
     distinct: bool = False   # new ids of a row drawn without replacement
     groups: int = 0          # data.induction_groups: a new id's group set by the id two back
+    runs: float = 0.0        # data.induction_runs: the chance a pair is a run of one id
     bytes_per_token: float = 1.0  # no text: bits per "byte" are bits per token
 
     def __post_init__(self) -> None:
@@ -154,9 +164,12 @@ class InductionRows:
         pos, used = 0, 0  # positions filled; ids of `fresh` consumed (distinct)
         while (T1 - pos) // 2 >= 2:
             n = min(int(torch.randint(lo, hi + 1, (1,), generator=g)), (T1 - pos) // 2)
+            run = self.runs and float(torch.rand((), generator=g)) < self.runs
             if self.distinct:
-                row[pos: pos + n] = fresh[used: used + n]
-                used += n
+                row[pos: pos + n] = fresh[used] if run else fresh[used: used + n]
+                used += 1 if run else n
+            elif run:
+                row[pos: pos + n] = row[pos]
             row[pos + n: pos + 2 * n] = row[pos: pos + n]  # the copy of this segment
             pos += 2 * n
         if self.distinct:
@@ -190,8 +203,11 @@ class InductionRows:
         while (T1 - len(row)) // 2 >= 2:
             n = min(rng.randint(lo, hi), (T1 - len(row)) // 2)
             start = len(row)
-            for _ in range(n):
-                row.append(new())
+            if self.runs and rng.random() < self.runs:
+                row += [new()] * n
+            else:
+                for _ in range(n):
+                    row.append(new())
             row += row[start:]  # the copy of this segment
         while len(row) < T1:  # a tail too short for a pair: new ids
             row.append(new())
@@ -217,7 +233,8 @@ def rows_for(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None = None
         f"{rows}{', no id twice' if dc.induction_distinct else ''}), drawn fresh for "
         "every batch")))
     return InductionRows(T, dc.induction_vocab, dc.induction_min_period,
-                         dc.induction_max_period, dc.induction_distinct, dc.induction_groups)
+                         dc.induction_max_period, dc.induction_distinct, dc.induction_groups,
+                         dc.induction_runs)
 
 
 def to_device(rows: torch.Tensor, device: torch.device) -> Batch:
