@@ -4,6 +4,8 @@ heads' types on the built-in induction probe.
     python benchmarks/induction_demo.py                  # train into a fresh temp dir, inspect
     python benchmarks/induction_demo.py --seeds 1-10     # one run per seed, two at a time
     python benchmarks/induction_demo.py --run DIR        # only inspect an existing run
+    python benchmarks/induction_demo.py --seeds 1000-1029 --save fresh.jsonl --markdown
+    python benchmarks/induction_demo.py --results fresh.jsonl --markdown   # the table again
 
 A run passes when `minigpt train` takes at most --budget seconds (wall clock, whole process incl.
 start-up) and, on the induction probe (block_size tokens: a random sequence of block_size/2 ids
@@ -23,13 +25,18 @@ scores, the training seconds and steps (a run with train.stop_when_formed ends e
 says formed or finished), the step at which the built-in probe first saw the induction head
 (from the run's `heads` records in metrics.jsonl), the ablation check, then the pass count.
 Exit 0 when every run passes, 1 otherwise. Timings on a shared machine are noisy: note the load
-average printed with them.
+average printed with them. `CPU s` is the training process's own CPU time (os.wait4), which
+other work on the machine changes far less than the wall clock; with one thread per run the
+training is deterministic, so re-running the same seeds on an idle machine re-times exactly the
+same runs. --save appends each seed's result (one JSON line) as it finishes; --results prints
+the table and --markdown from such a file without training (benchmarks/README.md's tables).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -56,6 +63,28 @@ def minigpt(*args: str, capture: bool = False, log=None) -> subprocess.Completed
     return subprocess.run(cmd, cwd=ROOT, check=False, text=True, env={**os.environ, **THREADS},
                           stdout=subprocess.PIPE if capture else log,
                           stderr=log)
+
+
+def timed_train(args: list[str], log) -> tuple[int, float, float]:
+    """`minigpt train ARGS` with output to `log`: (exit status, wall seconds, CPU seconds of
+    that process alone, user + system, from os.wait4: other runs beside it do not count)."""
+    print("$ minigpt " + " ".join(args), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "minigpt", *args], cwd=ROOT, stdout=log,
+                            stderr=log, env={**os.environ, **THREADS})
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, wall, usage.ru_utime + usage.ru_stime
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a pass rate k/n (95% for z = 1.96)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -131,17 +160,15 @@ def best(heads: list[dict], layer: int, score: str) -> dict:
 def demo(run: Path | None, config: str, sets: list[str], budget: float,
          threshold: float) -> dict | None:
     """Train (unless `run` is given), inspect, and return the result record (None on failure)."""
-    train_s = None
+    train_s = cpu_s = None
     if run is None:
         run = Path(tempfile.mkdtemp(prefix="minigpt-induction-")) / "run"
         flags = [x for s in sets for x in ("--set", s)]
-        t0 = time.perf_counter()
         with open(run.parent / "train.log", "w") as log:  # quiet: several runs at once
-            r = minigpt("train", "--config", config, "--out", str(run), "--device", "cpu",
-                        *flags, log=log)
-        train_s = time.perf_counter() - t0
-        if r.returncode:
-            print(f"training failed (exit {r.returncode}); log: {run.parent / 'train.log'}",
+            code, train_s, cpu_s = timed_train(["train", "--config", config, "--out", str(run),
+                                                "--device", "cpu", *flags], log)
+        if code:
+            print(f"training failed (exit {code}); log: {run.parent / 'train.log'}",
                   file=sys.stderr)
             return None
     block = yaml.safe_load((run / "config.yaml").read_text())["model"]["block_size"]
@@ -152,7 +179,7 @@ def demo(run: Path | None, config: str, sets: list[str], budget: float,
     ind, prev = best(doc["heads"], 1, "induction"), best(doc["heads"], 0, "previous")
     ind_other = next(h for h in other["heads"] if h["layer"] == 1 and h["head"] == ind["head"])
     result = {
-        "run": str(run), "step": doc["step"], "train_seconds": train_s,
+        "run": str(run), "step": doc["step"], "train_seconds": train_s, "cpu_seconds": cpu_s,
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpu_count": os.cpu_count(), "period": len(doc["tokens"]) // 2,
         "other_period": other_len // 2,
@@ -195,36 +222,72 @@ def report(res: dict, budget: float, threshold: float) -> None:
     print(f"run kept at {res['run']}", file=sys.stderr)
 
 
+def verdict(r: dict) -> str:
+    """pass, or FAIL: with the checks that failed (i induction, p previous-token, t time)."""
+    return "pass" if r["passed"] else "FAIL:" + "".join(
+        c for c, ok in (("i", r["ok_induction"]), ("p", r["ok_previous"]), ("t", r["ok_time"]))
+        if not ok)
+
+
+def rate(results: list[dict]) -> str:
+    """'k of n seeds passed (p%, 95% Wilson interval lo-hi%)'."""
+    k, n = sum(bool(r.get("passed")) for r in results), len(results)
+    lo, hi = wilson(k, n)
+    return (f"{k} of {n} seeds passed ({100 * k / max(n, 1):.0f}%, 95% Wilson interval "
+            f"{100 * lo:.0f}-{100 * hi:.0f}%)")
+
+
+def secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
 def table(results: list[dict], threshold: float) -> None:
     """One line per seed, then the pass count and what the columns mean."""
-    print(f"{'seed':>6} {'train s':>8} {'steps':>6} {'ended':>8} {'L1 head':>7} {'ind@P':>6} "
-          f"{'ind@P2':>6} {'L0 head':>7} {'prev':>6} {'ind. formed':>11} {'copy':>6} "
-          f"{'-L1':>6} {'-L0':>6} {'-other':>13} {'result':>8}", file=sys.stderr)
+    print(f"{'seed':>6} {'train s':>8} {'CPU s':>7} {'steps':>6} {'ended':>8} {'L1 head':>7} "
+          f"{'ind@P':>6} {'ind@P2':>6} {'L0 head':>7} {'prev':>6} {'ind. formed':>11} "
+          f"{'copy':>6} {'-L1':>6} {'-L0':>6} {'-other':>13} {'result':>8}", file=sys.stderr)
     for r in results:
         if r.get("failed"):
             print(f"{r['seed']:>6} {'-':>8} {'training or inspection failed':>45}",
                   file=sys.stderr)
             continue
         ind, prev, ab = r["layer1_induction"], r["layer0_previous"], r["ablation"]
-        why = "pass" if r["passed"] else "FAIL:" + "".join(
-            c for c, ok in (("i", r["ok_induction"]), ("p", r["ok_previous"]),
-                            ("t", r["ok_time"])) if not ok)
         at = r["formed_at"]["induction"]
-        secs = f"{r['train_seconds']:.1f}" if r["train_seconds"] is not None else "-"
         other = f"{ab['other_max']:.3f} {ab['other_head']}"
-        print(f"{r['seed']:>6} {secs:>8} {r['step']:>6} {r['ended'] or '?':>8} {ind['head']:>7} "
+        print(f"{r['seed']:>6} {secs(r['train_seconds']):>8} {secs(r.get('cpu_seconds')):>7} "
+              f"{r['step']:>6} {r['ended'] or '?':>8} {ind['head']:>7} "
               f"{ind['score']:>6.3f} {ind['score_other_period']:>6.3f} {prev['head']:>7} "
               f"{prev['score']:>6.3f} {at if at is not None else '-':>11} "
               f"{ab['base_loss']:>6.3f} {ab['induction_head']:>6.3f} {ab['previous_head']:>6.3f} "
-              f"{other:>13} {why:>8}", file=sys.stderr)
-    passed = sum(bool(r.get("passed")) for r in results)
-    print(f"{passed} of {len(results)} seeds passed (P = period {results[0].get('period', '?')}"
-          f", P2 = {results[0].get('other_period', '?')}; threshold {threshold}; FAIL:i/p/t = "
+              f"{other:>13} {verdict(r):>8}", file=sys.stderr)
+    print(f"{rate(results)} (P = period {results[0].get('period', '?')}, P2 = "
+          f"{results[0].get('other_period', '?')}; threshold {threshold}; FAIL:i/p/t = "
           "induction / previous-token / time)", file=sys.stderr)
-    print("copy = loss on the second copy of the induction probe (nats/token); -L1, -L0, "
-          "-other = what it gains when the L1 head, the L0 head, or (the largest of) any other "
-          "head is zero-ablated; steps = steps trained; ended = finished (max_steps) or formed "
+    print("CPU s = the training process's own CPU seconds (user + system); copy = loss on the "
+          "second copy of the induction probe (nats/token); -L1, -L0, -other = what it gains "
+          "when the L1 head, the L0 head, or (the largest of) any other head is zero-ablated; "
+          "steps = steps trained; ended = finished (max_steps) or formed "
           "(train.stop_when_formed)", file=sys.stderr)
+
+
+def markdown(results: list[dict]) -> str:
+    """The per-seed table as benchmarks/README.md shows it, then the pass rate."""
+    lines = ["| seed | train s | CPU s | steps | ended | layer-1 induction (P {} / {}) | layer-0 "
+             "previous | copy loss | -L1 | -L0 | result |".format(
+                 results[0].get("period", "?"), results[0].get("other_period", "?")),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r.get("failed"):
+            lines.append(f"| {r['seed']} | - | - | - | - | - | - | - | - | - | failed to run |")
+            continue
+        ind, prev, ab = r["layer1_induction"], r["layer0_previous"], r["ablation"]
+        lines.append(
+            f"| {r['seed']} | {secs(r['train_seconds'])} | {secs(r.get('cpu_seconds'))} | "
+            f"{r['step']} | {r['ended'] or '?'} | L1H{ind['head']} {ind['score']:.3f} / "
+            f"{ind['score_other_period']:.3f} | L0H{prev['head']} {prev['score']:.3f} | "
+            f"{ab['base_loss']:.3f} | {ab['induction_head']:.2f} | {ab['previous_head']:.2f} | "
+            f"{verdict(r).replace('FAIL:', 'fail ')} |")
+    return "\n".join(lines) + f"\n\n**{rate(results)}**\n"
 
 
 def main() -> int:
@@ -238,8 +301,21 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=180.0, help="seconds allowed for training")
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    ap.add_argument("--markdown", action="store_true", help="print the per-seed table and the "
+                    "pass rate as markdown on stdout (benchmarks/README.md's table)")
+    ap.add_argument("--save", type=Path, help="append each seed's result to this file as one "
+                    "JSON line as soon as it is done")
+    ap.add_argument("--results", type=Path, help="print the table (and --markdown) of results "
+                    "saved with --save, without training")
     args = ap.parse_args()
 
+    if args.results is not None:
+        results = [json.loads(x) for x in args.results.read_text().splitlines() if x.strip()]
+        results.sort(key=lambda r: r["seed"])
+        table(results, args.threshold)
+        if args.markdown:
+            print(markdown(results))
+        return 0 if all(r["passed"] for r in results) else 1
     seeds = parse_seeds(args.seeds) if args.run is None else []
     if len(seeds) > 1 and args.jobs > 1:
         THREADS.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -248,7 +324,10 @@ def main() -> int:
         sets = [*args.set, *([f"run.seed={seed}"] if seed is not None else [])]
         res = demo(args.run, args.config, sets, args.budget, args.threshold)
         res = res or {"failed": True, "passed": False}
-        res.update(seed=seed, sets=sets)
+        res.update(seed=seed, sets=sets, config=args.config)
+        if args.save is not None:
+            with open(args.save, "a") as fh:  # one line per seed, written whole
+                fh.write(json.dumps(res) + "\n")
         if len(seeds) <= 1 and not res.get("failed"):
             report(res, args.budget, args.threshold)
         return res
@@ -263,6 +342,8 @@ def main() -> int:
             return 1
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+    if args.markdown:
+        print(markdown(results))
     return 0 if all(r["passed"] for r in results) else 1
 
 

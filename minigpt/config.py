@@ -116,6 +116,10 @@ def _check_induction(cfg: Config) -> None:
             f"data.induction_min_period: {d.induction_min_period} exceeds the longest segment "
             f"({d.induction_max_period or half}: data.induction_max_period, or "
             f"model.block_size//2 when that is 0); lower it or use 0")
+    if d.induction_runs and not d.induction_min_period:
+        raise ConfigError(
+            f"data.induction_runs: {d.induction_runs} needs the pairs layout (runs are pairs); "
+            "set data.induction_min_period above 0 or data.induction_runs to 0")
     fresh = (m.block_size + 4) // 2  # most new ids a row needs: its segments and a short tail
     if d.induction_distinct and d.induction_vocab < fresh:
         raise ConfigError(

@@ -142,6 +142,84 @@ class HeadScoresEvent:
     circuit: dict | None = None  # the induction circuit's K-composition and best DLA head
 
 
+FORMED = 0.9  # a head "is" a <kind> head once its score on the built-in probe reaches this
+
+
+@dataclass
+class CircuitCheck:
+    """Whether a model's heads, as the built-in induction probe scored them at `step`, hold the
+    induction circuit: an induction head in a layer after the first and a previous-token head
+    in a layer before it, both >= FORMED. `induction` is the best-scoring induction head of the
+    layers after the first, `previous` the best previous-token head below its layer: (layer,
+    head, score), the score None where it does not apply."""
+    step: int
+    induction: tuple[int, int, float | None]
+    previous: tuple[int, int, float | None]
+
+    @property
+    def formed(self) -> bool:
+        return _ok(self.induction) and _ok(self.previous)
+
+    def short(self) -> str:
+        """A few words for `minigpt runs`."""
+        return {(True, True): "heads formed", (True, False): "no previous-token head",
+                (False, True): "no induction head"}.get(
+            (_ok(self.induction), _ok(self.previous)), "no heads formed")
+
+    def sentence(self) -> str:
+        """What formed and what did not, in words (summary.md and the end of `minigpt train`)."""
+        ind, prev = _head(self.induction), _head(self.previous)
+        if self.formed:
+            return (f"formed at step {self.step}: {ind} is an induction head "
+                    f"({_score(self.induction)}) and {prev} a previous-token head "
+                    f"({_score(self.previous)}), on the induction probe")
+        said = [f"{what} formed ({_head(h)}, {_score(h)})" if _ok(h) else
+                f"no {what} (the best, {_head(h)}, scores {_score(h)}; {FORMED} needed)"
+                for what, h in (("induction head", self.induction),
+                                ("previous-token head", self.previous))]
+        return f"NOT formed by step {self.step}: " + "; ".join(said)
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "formed": self.formed, "status": self.short(),
+                **{k: {"layer": h[0], "head": h[1], "score": h[2]}
+                   for k, h in (("induction", self.induction), ("previous", self.previous))}}
+
+
+def circuit_check(step: int, scores: dict) -> CircuitCheck | None:
+    """The CircuitCheck of one head measurement (a HeadScoresEvent's `scores`, or a "heads"
+    record's in metrics.jsonl); None for a one-layer model or scores without both kinds."""
+    ind, prev = scores.get("induction"), scores.get("previous")
+    if not isinstance(ind, list) or not isinstance(prev, list) or len(ind) < 2 \
+            or len(prev) != len(ind) or not all(isinstance(r, list) and r for r in ind + prev):
+        return None  # a one-layer model, or a record that is not one of ours
+
+    def best(rows: list, layers: range) -> tuple[int, int, float | None]:
+        value = {(la, h): _finite(v) for la in layers for h, v in enumerate(rows[la])}
+        la, h = max(value, key=lambda k: -1.0 if value[k] is None else value[k])
+        return la, h, value[la, h]
+
+    induction = best(ind, range(1, len(ind)))
+    return CircuitCheck(step, induction, best(prev, range(induction[0])))
+
+
+def _finite(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def _ok(h: tuple[int, int, float | None]) -> bool:
+    return h[2] is not None and h[2] >= FORMED
+
+
+def _head(h: tuple[int, int, float | None]) -> str:
+    return f"L{h[0]}H{h[1]}"
+
+
+def _score(h: tuple[int, int, float | None]) -> str:
+    """Three decimals, cut rather than rounded: 0.8996 shows as 0.899, never as the 0.900 it
+    does not reach."""
+    return "n/a" if h[2] is None else f"{math.floor(h[2] * 1000) / 1000:.3f}"
+
+
 @dataclass
 class CheckpointEvent:
     step: int
@@ -176,6 +254,7 @@ class DoneEvent:
     best_step: int = 0       # the step of best_val_loss
     last_eval: EvalEvent | None = None  # this session's last evaluation (the saved model's)
     data_source: str = "text"  # data.source
+    heads: HeadScoresEvent | None = None  # the last head measurement (None: heads not scored)
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """The end-of-run figures (summary.md and the CLI's table share them): the best and the
@@ -196,8 +275,7 @@ class DoneEvent:
                 rows.append(("copies (val)", copies))
             rows += [("val loss, all positions", _best_last(self.best_val_loss, self.best_step,
                                                              last and last.val_loss, last))]
-            return [*rows, ("run directory", str(self.run_dir)),
-                    ("next", f"minigpt inspect-heads --run {run} --probe induction")]
+            return [*rows, ("run directory", str(self.run_dir)), *self._heads_rows(run)]
         rows += [("val loss", _best_last(self.best_val_loss, self.best_step,
                                          last and last.val_loss, last)),
                  ("val bits/byte", _best_last(self.best_val_bpb, self.best_step,
@@ -205,6 +283,23 @@ class DoneEvent:
                  ("run directory", str(self.run_dir)),
                  ("sample", f"minigpt sample --run {run}")]
         return rows
+
+    def _heads_rows(self, run: str) -> list[tuple[str, str]]:
+        """An induction run's heads in words (what formed, what did not) and what to run next:
+        on a run without the circuit, the commands that show what the model does instead."""
+        check = circuit_check(self.heads.step, self.heads.scores) if self.heads else None
+        inspect = f"minigpt inspect-heads --run {run} --probe induction"
+        if check is None or check.formed:
+            return [*([("heads", check.sentence())] if check else []), ("next", inspect)]
+        last = self.last_eval
+        copies = (f" The model predicts {100 * last.copy_accuracy:.1f}% of the copies (val, "
+                  f"step {last.step}) some other way."
+                  if last is not None and math.isfinite(last.copy_accuracy) else "")
+        instead = (f"see what the model does instead: {inspect} (each head's pattern); "
+                   f"{inspect} --ablate zero (what removing each head costs); minigpt circuit "
+                   f"--run {run} --probe induction --patch-from corrupted (which heads carry "
+                   "the copies)")
+        return [("heads", check.sentence() + "." + copies), ("next", instead)]
 
 
 def _best_last(best: float, best_step: int, last: float | None, ev: EvalEvent | None) -> str:

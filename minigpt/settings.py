@@ -115,6 +115,15 @@ class DataConfig:
     induction_distinct: bool = setting(
         False, "induction source: draw a row's new ids without replacement, so every repeated id "
         "in a row belongs to a copy (as in the induction probe)")
+    induction_groups: int = setting(
+        0, "induction source: 0 = off; else the ids form this many groups of consecutive ids, "
+        "and each new id is drawn from the group that a fixed random map of the id two places "
+        "before it picks, so the token before a position tells which group the next new id is "
+        "in", min=0)
+    induction_runs: float = setting(
+        0.0, "induction source, pairs layout: the chance that a pair is one id written 2n "
+        "times (a run), where only a head matching the previous token (lag 1) predicts the "
+        "repeats; lag-k circuits need the earlier occurrence k places back", min=0.0, max=1.0)
 
 
 @dataclass

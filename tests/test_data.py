@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from minigpt.config import Config, MinigptError, from_dict
+from minigpt.config import Config, ConfigError, MinigptError, from_dict
 from minigpt.corpus import iter_pieces, list_corpus, records_digest, split_corpus
 from minigpt.data import Dataset, prepare_dataset
 from minigpt.events import DatasetReady, TokenizingFile
@@ -941,3 +941,82 @@ def test_a_file_named_like_a_glob_is_that_file_and_unlisted_subdirectories_are_e
             list_corpus(str(d))
     finally:
         (d / "sub").chmod(0o755)
+
+
+@pytest.mark.parametrize("min_period", [4, 0])
+def test_induction_groups_a_new_id_follows_the_id_two_places_before(min_period):
+    """induction_groups = 2: every new id after the first two is low (< vocab/2) or high as the
+    fixed group of the id two places before it says; copies stay copies, and new ids stay
+    distinct. Without it the group of a new id is a coin toss."""
+    def rows(groups: int):
+        cfg = from_dict({"model": {"block_size": 24}, "tokenizer": {"vocab_size": 256},
+                         "data": {"source": "induction", "induction_vocab": 64,
+                                  "induction_min_period": min_period,
+                                  "induction_distinct": True, "induction_groups": groups}})
+        ds = rows_for(cfg, bytes_tokenizer())
+        x, y = xy(ds, "train", ds.sample_offsets("train", 100, torch.Generator().manual_seed(5)))
+        return ds, torch.cat([x, y[:, -1:]], 1).tolist()
+
+    def follows(ds, rs) -> tuple[int, int]:
+        hits = total = 0
+        for r in rs:
+            lengths = _pair_lengths(r, min_period, 12) if min_period else [12]
+            new = _new_positions(lengths, len(r)) if min_period else range(12)
+            assert len({r[p] for p in new}) == len(new) == len(set(r))
+            for p in new:
+                if p >= 2:
+                    total += 1
+                    hits += (r[p] >= 32) == ds.pick[r[p - 2]]
+        return hits, total
+
+    ds, on = rows(2)
+    assert sum(ds.pick) == 32  # one fixed group per id, as many ids pick each
+    hits, total = follows(ds, on)
+    assert total > 500 and hits == total
+    hits, total = follows(*rows(0))
+    assert 0.4 < hits / total < 0.6
+
+
+def _blocks(row: list[int]) -> list[tuple[int, int]]:
+    """(id, length) of each maximal stretch of one id."""
+    out: list[tuple[int, int]] = []
+    for v in row:
+        if out and out[-1][0] == v:
+            out[-1] = (v, out[-1][1] + 1)
+        else:
+            out.append((v, 1))
+    return out
+
+
+@pytest.mark.parametrize("groups", [0, 2])
+def test_induction_runs_are_pairs_of_one_id_and_the_only_immediate_repeats(groups):
+    """induction_runs: a pair is, with the given chance, one new id written 2n times (n >= the
+    shortest segment), the only place an id follows itself (ids stay distinct otherwise); with
+    0 no id ever follows itself, with 1 a row is runs and a short tail."""
+    def rows(runs: float) -> list[list[int]]:
+        cfg = from_dict({"model": {"block_size": 24}, "tokenizer": {"vocab_size": 256},
+                         "data": {"source": "induction", "induction_vocab": 64,
+                                  "induction_min_period": 2, "induction_distinct": True,
+                                  "induction_groups": groups, "induction_runs": runs}})
+        ds = rows_for(cfg, bytes_tokenizer())
+        x, y = xy(ds, "train", ds.sample_offsets("train", 200, torch.Generator().manual_seed(3)))
+        return torch.cat([x, y[:, -1:]], 1).tolist()
+
+    assert all(n == 1 for r in rows(0.0) for _, n in _blocks(r))
+    some = rows(0.25)
+    runs = [(v, n) for r in some for v, n in _blocks(r) if n > 1]
+    assert len(runs) > 50 and all(n % 2 == 0 and n >= 4 for _, n in runs)
+    for r in some:  # an id in a run appears nowhere else in its row
+        assert all(r.count(v) == n for v, n in _blocks(r) if n > 1)
+    share = sum(1 for r in some for _, n in _blocks(r) if n > 1) / len(some)
+    assert 0.3 < share < 1.5  # ~4 pairs a row, a quarter of them runs
+    for r in rows(1.0):
+        blocks = _blocks(r)
+        assert all(n >= 4 for _, n in blocks[:-3]) and sum(n for _, n in blocks if n > 1) >= 21
+
+
+def test_induction_runs_need_the_pairs_layout():
+    with pytest.raises(ConfigError, match=re.escape(
+            "data.induction_runs: 0.5 needs the pairs layout")):
+        from_dict({"model": {"block_size": 24}, "tokenizer": {"vocab_size": 256}, "data": {
+            "source": "induction", "induction_min_period": 0, "induction_runs": 0.5}})

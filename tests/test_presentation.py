@@ -273,6 +273,49 @@ def test_an_induction_summary_shows_the_copies_and_no_bits_per_byte():
     assert rows["next"] == "minigpt inspect-heads --run runs/x --probe induction"
 
 
+def heads_event(step: int, induction: list, previous: list) -> events.HeadScoresEvent:
+    return events.HeadScoresEvent(step, 0.1, {"induction": induction, "previous": previous})
+
+
+def test_an_induction_summary_says_whether_the_circuit_formed():
+    last = eval_event(2000, 2.3, 2.3, 2000, copy_loss=0.05, copy_accuracy=0.981)
+    done = done_event(last, "induction")
+    done.heads = heads_event(2000, [[0.0, 0.0], [0.2, 0.94]], [[0.9512, 0.3], [0.99, 0.1]])
+    rows = dict(done.summary_rows())
+    # the previous-token head is the best of the layers below the induction head's
+    assert rows["heads"] == ("formed at step 2000: L1H1 is an induction head (0.940) and L0H0 a "
+                             "previous-token head (0.951), on the induction probe")
+    assert rows["next"] == "minigpt inspect-heads --run runs/x --probe induction"
+
+    done.heads = heads_event(2000, [[0.0, 0.0], [0.8996, None]], [[0.93, 0.1], [0.0, 0.0]])
+    rows = dict(done.summary_rows())
+    assert rows["heads"] == (
+        "NOT formed by step 2000: no induction head (the best, L1H0, scores 0.899; 0.9 "
+        "needed); previous-token head formed (L0H0, 0.930). The model predicts 98.1% of the "
+        "copies (val, step 2000) some other way.")
+    assert rows["next"].startswith("see what the model does instead: minigpt inspect-heads "
+                                   "--run runs/x --probe induction (each head's pattern); ")
+    assert "minigpt circuit --run runs/x --probe induction --patch-from corrupted" in rows["next"]
+    assert events.circuit_check(5, {"induction": [[0.99]], "previous": [[0.99]]}) is None
+    assert events.circuit_check(5, {"induction": [[1], "x"], "previous": [[1], [1]]}) is None
+
+
+def test_runs_says_what_an_induction_runs_heads_came_to():
+    from types import SimpleNamespace
+
+    from minigpt.cli.runs import _status
+
+    check = events.circuit_check(8000, {"induction": [[0.0], [0.2]], "previous": [[0.95], [0.0]]})
+    assert check.short() == "no induction head"
+    row = SimpleNamespace(status="finished", heads=check)
+    assert _status(row) == "finished, no induction head"
+    assert _status(SimpleNamespace(status="training", heads=check)) == "training"
+    formed = events.circuit_check(9, {"induction": [[0.0], [0.92]], "previous": [[0.95], [0]]})
+    assert _status(SimpleNamespace(status="formed", heads=formed)) == "formed"
+    assert _status(SimpleNamespace(status="finished", heads=formed)) == "finished, heads formed"
+    assert _status(SimpleNamespace(status="finished", heads=None)) == "finished"
+
+
 def train_view():
     from minigpt.cli.train import _TrainView
 

@@ -6,6 +6,7 @@ does, with the same weights."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -174,3 +175,41 @@ def test_a_bad_kind_is_one_line_through_the_command(tmp_path):
     assert r.stderr.strip().splitlines() == [(
         "error: --set train.stop_when_formed: 'prev' is not one of induction, previous, "
         "duplicate, first (did you mean 'previous'?)")]
+
+
+def test_a_run_whose_heads_did_not_form_says_so_through_the_command(tmp_path):
+    """Four steps of the induction config cannot form the circuit: the end of `minigpt train`,
+    summary.md and `minigpt runs` say so in words, with the copies and where to look next."""
+    run = tmp_path / "runs" / "short"
+    r = subprocess.run([MINIGPT, "train", "--config", "induction", "--out", str(run), "--set",
+                        "train.max_steps=4", "--set", "train.head_scores_interval=2", "--set",
+                        "train.eval_interval=4", "--set", "train.threads=1"],
+                       capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stderr
+    said = dict(x.split(": ", 1) for x in r.stderr.splitlines() if x.startswith(("heads: ",
+                                                                                    "next: ")))
+    # 4 steps from a random init: every head is far from 0.9
+    assert re.fullmatch(r"NOT formed by step 4: no induction head \(the best, L1H\d, scores "
+                        r"0\.\d{3}; 0\.9 needed\); no previous-token head \(the best, L0H\d, "
+                        r"scores 0\.\d{3}; 0\.9 needed\)\. The model predicts \d+\.\d% of the "
+                        r"copies \(val, step 4\) some other way\.", said["heads"]), said["heads"]
+    inspect = f"minigpt inspect-heads --run {run} --probe induction"
+    assert said["next"] == (
+        f"see what the model does instead: {inspect} (each head's pattern); {inspect} --ablate "
+        f"zero (what removing each head costs); minigpt circuit --run {run} --probe induction "
+        "--patch-from corrupted (which heads carry the copies)")
+    summary = (run / "summary.md").read_text()
+    assert f"| heads | {said['heads']} |" in summary and f"| next | {said['next']} |" in summary
+    # the commands it points to run on this run
+    r = subprocess.run([MINIGPT, *inspect.split()[1:], "--ablate", "zero", "--json"],
+                       capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout)["ablation"]["mode"] == "zero", r.stderr
+
+    r = subprocess.run([MINIGPT, "runs", str(run.parent)], capture_output=True, text=True,
+                       check=False, timeout=120)
+    assert r.returncode == 0 and "finished, no heads formed" in r.stdout, r.stdout
+    r = subprocess.run([MINIGPT, "runs", str(run.parent), "--json"], capture_output=True,
+                       text=True, check=False, timeout=120)
+    heads = json.loads(r.stdout)["runs"][0]["heads"]
+    assert heads["step"] == 4 and heads["formed"] is False
+    assert heads["status"] == "no heads formed" and heads["induction"]["layer"] == 1

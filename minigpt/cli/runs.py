@@ -57,12 +57,23 @@ def _runs_table(rows, directory: Path):
                           ("last change", "left")):
         table.add_column(name, justify=justify)
     for r in rows:
-        table.add_row(Text(printable(r.name)), r.status,
+        table.add_row(Text(printable(r.name)), _status(r),
                       f"{r.step}/{r.max_steps if r.max_steps else '?'}", _val(r),
                       "-" if r.params is None else f"{r.params:,}",
                       "-" if r.wall_time is None else _duration(r.wall_time),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_change)))
     return table
+
+
+def _status(r) -> str:
+    """The run's status; for a run on induction ids that is done, what its heads came to
+    ("finished, no induction head"; a run stopped by train.stop_when_formed with both heads
+    formed stays "formed")."""
+    if r.heads is None or r.status not in ("finished", "formed", "stopped", "interrupted",
+                                           "killed"):
+        return r.status
+    return r.status if r.status == "formed" and r.heads.formed else \
+        f"{r.status}, {r.heads.short()}"
 
 
 def _val(r) -> str:

@@ -43,14 +43,13 @@ from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.graph import attribute_edges, graph_of
 from minigpt.core.heads import score_heads
 from minigpt.core.patching import run_value
-from minigpt.events import HeadFormedEvent, HeadScoresEvent
+from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent
 from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
 
 # Which probe each timeline score is measured on: induction, previous-token and first-token
 # attention on random tokens repeated twice; duplicate-token attention on tokens from 8 ids.
 TIMELINE_SCORES = {"induction": "induction", "previous": "induction", "first": "induction",
                    "duplicate": "duplicate"}
-FORMED = 0.9  # a head "became" a <kind> head when its score first reaches this
 MAX_PROBE_TOKENS = 256  # the explicit path is O(T^2) in memory: cap long contexts
 KIND_NAMES = {"induction": "an induction head", "previous": "a previous-token head",
               "duplicate": "a duplicate-token head", "first": "a first-token (sink) head"}
@@ -160,15 +159,19 @@ def edge_record(model: torch.nn.Module, cfg, tokenizer, seed: int = 0) -> dict |
 
 class HeadWatch:
     """Measures a model's heads during training and reports each head that forms, once.
-    `already` holds what formed before a resume (from the run's earlier records)."""
+    `earlier` holds the run's records from before a resume (what formed then, and the last
+    measurement); `last` is the latest measurement (None before the first)."""
 
     def __init__(self, model: torch.nn.Module, cfg, tokenizer,
                  earlier: Sequence[dict] = ()) -> None:
         self.model, self.cfg, self.tokenizer = model, cfg, tokenizer
         self.formed: set[tuple[int, int, str]] = set()
+        self.last: HeadScoresEvent | None = None
         for rec in earlier:
             if rec.get("kind") == "heads" and isinstance(rec.get("scores"), dict):
                 self.formed |= formed_heads(rec["scores"])
+                self.last = HeadScoresEvent(rec["step"], rec.get("seconds", 0.0),
+                                            rec["scores"], rec.get("circuit"))
 
     def measure(self, step: int) -> tuple[HeadScoresEvent, list[HeadFormedEvent]]:
         """Every head's scores at `step` and the heads that formed since the last measure."""
@@ -181,8 +184,8 @@ class HeadWatch:
         self.formed |= set(new)
         formed = [HeadFormedEvent(step, la, h, kind, KIND_NAMES[kind], scores[kind][la][h])
                   for la, h, kind in new]
-        return HeadScoresEvent(step, round(time.perf_counter() - t0, 4), scores,
-                               circuit), formed
+        self.last = HeadScoresEvent(step, round(time.perf_counter() - t0, 4), scores, circuit)
+        return self.last, formed
 
 
 def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:

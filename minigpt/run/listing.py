@@ -13,6 +13,9 @@ Where each column comes from:
   the run) or the committed checkpoint's manifest.json is not a JSON object.
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
   max steps: config.yaml's train.max_steps.
+  A run on synthetic induction ids (data.source induction) adds what its last head
+  measurement in metrics.jsonl says of the induction circuit (`events.circuit_check`: heads
+  formed, no induction head, no previous-token head, no heads formed).
 - val bits/byte: the lowest val_bpb in metrics.jsonl with its step, and the last one (the
   saved weights are the last step's, so the two differ once validation rises); for a run on
   synthetic induction ids (which stand for no bytes), the share of copies the last
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.errors import MinigptError
+from minigpt.events import CircuitCheck, circuit_check
 from minigpt.files import ReadError, load_json, open_regular, parse_yaml, read_problem, read_regular
 from minigpt.run.checkpoint import latest_checkpoint_dir
 from minigpt.run.layout import (
@@ -76,6 +80,7 @@ class RunRow:
     last_val_bpb: float | None = None  # the last evaluation's (the saved model's, once done)
     last_step: int | None = None
     copy_accuracy: float | None = None  # induction runs: the last evaluation's copies predicted
+    heads: CircuitCheck | None = None   # induction runs: the last head measurement's verdict
 
     def to_json(self) -> dict:
         return {"name": self.name, "path": str(self.path), "status": self.status,
@@ -84,7 +89,8 @@ class RunRow:
                 "last_val_bpb": self.last_val_bpb, "last_step": self.last_step,
                 "copy_accuracy": self.copy_accuracy, "params": self.params,
                 "wall_time_s": self.wall_time, "last_change": self.last_change,
-                "skipped_lines": self.skipped_lines, "problem": self.problem}
+                "skipped_lines": self.skipped_lines, "problem": self.problem,
+                "heads": self.heads.to_json() if self.heads is not None else None}
 
 
 class Unreadable(MinigptError):
@@ -166,7 +172,8 @@ def read_row(run_dir: Path) -> RunRow:
     last = scored[-1] if scored else (None, None)
     copies = [r["copy_accuracy"] for r in evals if finite(r.get("copy_accuracy")) is not None]
     times = [r["elapsed"] for r in records if finite(r.get("elapsed")) is not None]
-    max_steps = _max_steps(run_dir, problems)
+    config = _config(run_dir, problems)
+    max_steps = _max_steps(config)
     ckpt, ckpt_step, status = _checkpoint_status(run_dir, max_steps, problems)
     params = _params(ckpt, problems)
     return RunRow(name=run_dir.name, path=run_dir,
@@ -177,7 +184,7 @@ def read_row(run_dir: Path) -> RunRow:
                   last_change=_last_change(run_dir), skipped_lines=bad,
                   problem=problems[0] if problems else None, best_step=best[1],
                   last_val_bpb=last[0], last_step=last[1],
-                  copy_accuracy=copies[-1] if copies else None)
+                  copy_accuracy=copies[-1] if copies else None, heads=_circuit(records, config))
 
 
 @dataclass
@@ -211,7 +218,7 @@ def run_status(run_dir: Path) -> RunStatus:
     decided), its committed step and its max steps; `unreadable` when a file it needs
     cannot be read."""
     problems: list[str] = []
-    max_steps = _max_steps(run_dir, problems)
+    max_steps = _max_steps(_config(run_dir, problems))
     _, step, status = _checkpoint_status(run_dir, max_steps, problems)
     return RunStatus("unreadable" if problems else status, step, max_steps)
 
@@ -317,13 +324,32 @@ def data_kind(run_dir: Path) -> dict:
     return {"source": str(source), "tokenizer": tokens}
 
 
-def _max_steps(run_dir: Path, problems: list[str]) -> int | None:
+def _config(run_dir: Path, problems: list[str]) -> dict | None:
+    """The run's config.yaml as a dict (None when missing, unreadable or not a mapping)."""
     text = _text(run_dir / CONFIG_FILE, problems)
     try:
-        value = parse_yaml(text)["train"]["max_steps"] if text is not None else None
-    except (MinigptError, KeyError, TypeError):
+        cfg = parse_yaml(text) if text is not None else None
+    except MinigptError:
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def _max_steps(config: dict | None) -> int | None:
+    try:
+        value = config["train"]["max_steps"] if config is not None else None
+    except (KeyError, TypeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _circuit(records: list[dict], config: dict | None) -> CircuitCheck | None:
+    """A run on induction ids: the induction circuit as its last head measurement saw it."""
+    data = config.get("data") if config is not None else None
+    if not isinstance(data, dict) or data.get("source") != "induction":
+        return None
+    last = next((r for r in reversed(records) if r.get("kind") == "heads"
+                 and isinstance(r.get("step"), int) and isinstance(r.get("scores"), dict)), None)
+    return circuit_check(last["step"], last["scores"]) if last is not None else None
 
 
 def _params(ckpt: Path | None, problems: list[str]) -> int | None:

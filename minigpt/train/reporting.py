@@ -148,7 +148,8 @@ class Reporting:
                          s.tokens_seen, wall, s.tokens_seen / max(wall, 1e-9),
                          s.best_val_loss if math.isfinite(s.best_val_loss) else math.nan,
                          s.best_val_bpb if math.isfinite(s.best_val_bpb) else math.nan,
-                         checkpoint, s.best_step, self.last_eval, self.cfg.data.source)
+                         checkpoint, s.best_step, self.last_eval, self.cfg.data.source,
+                         self.heads.last if self.heads is not None else None)
         self.emit(done)
         return done
 
