@@ -292,8 +292,9 @@ class DoneEvent:
         if check is None or check.formed:
             return [*([("heads", check.sentence())] if check else []), ("next", inspect)]
         last = self.last_eval
+        how = "" if _ok(check.induction) else " some other way"  # no induction head to do it
         copies = (f" The model predicts {100 * last.copy_accuracy:.1f}% of the copies (val, "
-                  f"step {last.step}) some other way."
+                  f"step {last.step}){how}."
                   if last is not None and math.isfinite(last.copy_accuracy) else "")
         instead = (f"see what the model does instead: {inspect} (each head's pattern); "
                    f"{inspect} --ablate zero (what removing each head costs); minigpt circuit "

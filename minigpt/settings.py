@@ -121,9 +121,9 @@ class DataConfig:
         "before it picks, so the token before a position tells which group the next new id is "
         "in", min=0)
     induction_runs: float = setting(
-        0.0, "induction source, pairs layout: the chance that a pair is one id written 2n "
-        "times (a run), where only a head matching the previous token (lag 1) predicts the "
-        "repeats; lag-k circuits need the earlier occurrence k places back", min=0.0, max=1.0)
+        0.0, "induction source, pairs layout: the chance that a pair is a run, one new id "
+        "written 2n times; inside it the earlier occurrence is one place back, where only the "
+        "lag-1 (textbook) induction circuit predicts", min=0.0, max=1.0)
 
 
 @dataclass
@@ -186,7 +186,9 @@ class TrainConfig:
         "eval = at each evaluation, off = never")
     stop_when_formed: list[str] = setting(  # noqa: RUF009 - a field(default_factory=...)
         [], "end training at the first head-score measurement that finds, for each of these kinds "
-        "(induction, previous, duplicate, first), a head scoring >= 0.9; [] = train to max_steps",
+        "(induction, previous, duplicate, first), a head scoring >= 0.9 (induction and previous "
+        "together: the previous-token head in a layer below the induction head's); [] = train to "
+        "max_steps",
         choices=HEAD_KINDS)
 
 

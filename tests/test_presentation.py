@@ -296,6 +296,12 @@ def test_an_induction_summary_says_whether_the_circuit_formed():
     assert rows["next"].startswith("see what the model does instead: minigpt inspect-heads "
                                    "--run runs/x --probe induction (each head's pattern); ")
     assert "minigpt circuit --run runs/x --probe induction --patch-from corrupted" in rows["next"]
+    # an induction head without a previous-token head: it may well be what copies
+    done.heads = heads_event(2000, [[0.0, 0.0], [0.95, 0.1]], [[0.88, 0.1], [0.0, 0.0]])
+    assert dict(done.summary_rows())["heads"] == (
+        "NOT formed by step 2000: induction head formed (L1H0, 0.950); no previous-token head "
+        "(the best, L0H0, scores 0.880; 0.9 needed). The model predicts 98.1% of the copies "
+        "(val, step 2000).")
     assert events.circuit_check(5, {"induction": [[0.99]], "previous": [[0.99]]}) is None
     assert events.circuit_check(5, {"induction": [[1], "x"], "previous": [[1], [1]]}) is None
 

@@ -213,3 +213,17 @@ def test_a_run_whose_heads_did_not_form_says_so_through_the_command(tmp_path):
     heads = json.loads(r.stdout)["runs"][0]["heads"]
     assert heads["step"] == 4 and heads["formed"] is False
     assert heads["status"] == "no heads formed" and heads["induction"]["layer"] == 1
+
+
+def test_induction_and_previous_together_need_the_previous_token_head_below():
+    """A layer-1 head attending to the previous token cannot feed the induction head's keys:
+    with both kinds named, only a layer-0 previous-token head under a layer-1 induction head
+    counts; each kind alone still counts in any layer."""
+    def scores(prev0: float, prev1: float) -> dict:
+        return {"induction": [[0.0, 0.0], [0.95, 0.0]], "previous": [[prev0, 0.1], [0.0, prev1]]}
+
+    both = ["induction", "previous"]
+    assert not timeline.all_formed(scores(0.5, 0.99), both)  # the early layer-1 kind
+    assert timeline.all_formed(scores(0.5, 0.99), ["previous"])
+    assert timeline.all_formed(scores(0.91, 0.0), both)
+    assert not timeline.all_formed(scores(0.89, 0.0), both)

@@ -43,7 +43,7 @@ from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.graph import attribute_edges, graph_of
 from minigpt.core.heads import score_heads
 from minigpt.core.patching import run_value
-from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent
+from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent, circuit_check
 from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
 
 # Which probe each timeline score is measured on: induction, previous-token and first-token
@@ -83,8 +83,15 @@ def formed_heads(scores: dict[str, list]) -> set[tuple[int, int, str]]:
 
 
 def all_formed(scores: dict[str, list], kinds: Sequence[str]) -> bool:
-    """Whether `scores` (one measurement) has, for every kind in `kinds`, a head >= FORMED."""
+    """Whether `scores` (one measurement) has, for every kind in `kinds`, a head >= FORMED.
+    Induction and previous named together mean the circuit (`events.circuit_check`): the
+    previous-token head in a layer below the induction head's, which its keys can read; a
+    layer-1 head attending to the previous token does not count for it."""
     found = {kind for _, _, kind in formed_heads(scores)}
+    pair = {"induction", "previous"} <= set(kinds)
+    check = circuit_check(0, scores) if pair else None
+    if check is not None and not check.formed:
+        return False
     return all(kind in found for kind in kinds)
 
 
