@@ -6,6 +6,7 @@ process (world 1, rank 0) and none of this touches torch.distributed.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from collections.abc import Callable
 from typing import TypeVar
@@ -53,7 +54,10 @@ def setup(device: torch.device) -> tuple[DistInfo, torch.device]:
 
 
 def teardown(info: DistInfo) -> None:
+    """Leave the process group once nothing holds it: a gloo group still referenced (by a DDP
+    wrapper) is destroyed at interpreter exit instead, where it can abort the process."""
     if info.enabled and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -79,6 +79,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
     finally:
         if trainer is not None:
             trainer.close()
+            trainer = None  # the DDP wrapper holds the process group: let it go first
         saving.release()
         teardown(info)
 
