@@ -51,7 +51,7 @@ import yaml
 
 from minigpt.core.heads import ablate_heads
 from minigpt.run import load_run
-from minigpt.run.state import read_metrics
+from minigpt.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 

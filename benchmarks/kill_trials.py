@@ -38,8 +38,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from minigpt.cli import app
-from minigpt.run.checkpoint import latest_checkpoint_dir
-from minigpt.run.layout import CKPT_DIR, LATEST
+from minigpt.run.layout import CKPT_DIR, LATEST, latest_checkpoint_dir
 from minigpt.run.load import load_run
 
 CKPT_EVERY = 3

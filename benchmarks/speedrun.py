@@ -55,7 +55,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from minigpt.run.state import read_metrics  # skips damaged lines, as `minigpt runs` does
+from minigpt.run.metrics import read_metrics  # skips damaged lines, as `minigpt runs` does
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import typing
 from typing import Any
@@ -21,7 +22,14 @@ from minigpt.files import parse_yaml, shown
 
 
 def field_type(cls: type, name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
+    return _type_hints(cls)[name]
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A settings class's field types, resolved once (the annotations are strings: resolving
+    them compiles each one, and a config load asks for every field's type)."""
+    return typing.get_type_hints(cls)
 
 
 def _type_name(tp: Any) -> str:

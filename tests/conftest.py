@@ -21,6 +21,29 @@ if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
 
 
+def _share_the_click_command() -> None:
+    """typer's CliRunner rebuilds the click command tree from the app's functions at every
+    invoke (resolving every parameter's annotation: ~10 ms, ~600 times in the quick tier); the
+    tree depends only on the app (no test replaces a command), so the in-process runs of one
+    app share the one built first. A typer without this private name builds it each time."""
+    import typer.main
+    import typer.testing
+
+    if getattr(typer.testing, "_get_command", None) is not typer.main.get_command:
+        return
+    built: dict[int, object] = {}
+
+    def get_command(app):
+        if id(app) not in built:
+            built[id(app)] = (app, typer.main.get_command(app))
+        return built[id(app)][1]
+
+    typer.testing._get_command = get_command
+
+
+_share_the_click_command()
+
+
 @contextlib.contextmanager
 def pictures_off(curves: bool = True, heads: bool = True):
     """Trainings inside draw neither curves.png nor heads.png (or only the one not turned off);

@@ -10,6 +10,8 @@ import hashlib
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -79,7 +81,7 @@ def test_the_trainer_draws_from_its_records_and_never_reads_the_log_back(tmp_pat
 
     import minigpt.run.curves as curves_mod
     import minigpt.run.listing as listing_mod
-    import minigpt.run.state as state_mod
+    import minigpt.run.metrics as metrics_mod
     import minigpt.train.outputs as outputs_mod
     from minigpt.config import load_config
     from minigpt.run.resume import resume_config
@@ -92,7 +94,7 @@ def test_the_trainer_draws_from_its_records_and_never_reads_the_log_back(tmp_pat
     with monkeypatch.context() as m:
         m.setattr(outputs_mod, "metrics_upto", lambda *a: reads.append(a[1]) or upto(*a))
         m.setattr(listing_mod, "read_metrics", never)
-        m.setattr(state_mod, "read_metrics", never)
+        m.setattr(metrics_mod, "read_metrics", never)
         m.setattr(outputs_mod, "draw_timeline", lambda *a, **k: None)  # heads.png: not read
         run = tmp_path / "a" / "run"
         train(load_config(None, tiny_train_sets(tmp_path, **{"train.max_steps": 9})), run,
@@ -175,3 +177,24 @@ def test_curves_bad_input_is_one_line_and_writes_nothing(trained_runs, tmp_path,
     for needle in needles:
         assert needle in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_runs_and_curves_start_without_torch(trained_runs, tmp_path):
+    """`minigpt runs` and `minigpt curves` read JSON, YAML and safetensors headers only: on
+    trained runs (checkpoints, metrics) each command does its work without importing torch, so
+    it starts in a few tenths of a second instead of the two seconds torch takes to load."""
+    run = trained_runs["finished"]["dir"]
+    code = ("import sys\nfrom minigpt.cli import main\nsys.argv = ['minigpt', *sys.argv[1:]]\n"
+            "try:\n    main()\nfinally:\n    print('torch loaded:', 'torch' in sys.modules, "
+            "file=sys.stderr)\n")
+    out = {}
+    for args in (["runs", str(run.parent), "--json"],
+                 ["curves", str(run), "--out", str(tmp_path / "c.png")]):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                           check=False, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == "torch loaded: False", r.stderr
+        out[args[0]] = r.stdout
+    rows = {x["name"]: x for x in json.loads(out["runs"])["runs"]}
+    assert rows["finished"]["step"] == 6 and rows["stopped"]["step"] == 4
+    not_blank(tmp_path / "c.png")

@@ -791,14 +791,12 @@ def test_real_process_exit_code_and_stderr(world, tmp_path, name, args, needle):
 
 
 MINIGPT = shutil.which("minigpt")
-# Every record case runs in-process in test_bad_input; one through the installed command here.
-QUICK_RECORD_CASES = {"records-line-not-json"}
-
-
+# Every record case runs in-process in test_bad_input (quick tier); every one through the
+# installed command here (slow tier).
+@pytest.mark.slow
 @pytest.mark.skipif(MINIGPT is None, reason="the minigpt console script is not installed")
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.id, marks=[] if c.id in QUICK_RECORD_CASES else [pytest.mark.slow])
-    for c in CASES if c.id.startswith("records-")])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES
+                                  if c.id.startswith("records-")])
 def test_record_corpora_through_the_installed_command(case, world, tmp_path):
     """The record-corpus cases as a user types them: the installed `minigpt` console script,
     exit 2, the error as the last stderr line (after data progress lines), no traceback, no
@@ -984,7 +982,7 @@ QUICK_IN_PROCESS = {"model-type-list", "eot-id-billion", "regex-invalid",
                     "resume-tensorboard-a-file", "empty-prompt-file-like-empty-prompt",
                     "inspect-nan-attention", "runs-escape-codes-in-a-name",
                     "error-naming-a-run-with-escape-codes", "resume-tensorboard-a-note",
-                    "tiktoken-missing-single-bytes"}
+                    "tiktoken-missing-single-bytes", "n-layer-million", "sample-prompt-file-fifo"}
 
 
 def in_process(args: list[str], **env: str | None) -> subprocess.CompletedProcess:

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import in_process
 from test_train import tiny_sets
 
 from minigpt.config import HEAD_KINDS, ConfigError, load_config
@@ -177,14 +178,28 @@ def test_a_bad_kind_is_one_line_through_the_command(tmp_path):
         "duplicate, first (did you mean 'previous'?)")]
 
 
-def test_a_run_whose_heads_did_not_form_says_so_through_the_command(tmp_path):
+def installed(*args: str) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` through the installed console script."""
+    return subprocess.run([MINIGPT, *args], capture_output=True, text=True, check=False,
+                          timeout=300)
+
+
+def here(*args: str) -> subprocess.CompletedProcess:
+    """`minigpt ARGS` by the app in this process (pictures off, as everywhere in this file)."""
+    return in_process(list(args))
+
+
+# The commands in this process in the quick tier; through the installed command in the slow.
+@pytest.mark.parametrize("minigpt", [pytest.param(here, id="in-process"),
+                                     pytest.param(installed, id="installed",
+                                                  marks=pytest.mark.slow)])
+def test_a_run_whose_heads_did_not_form_says_so_through_the_command(tmp_path, minigpt):
     """Four steps of the induction config cannot form the circuit: the end of `minigpt train`,
     summary.md and `minigpt runs` say so in words, with the copies and where to look next."""
     run = tmp_path / "runs" / "short"
-    r = subprocess.run([MINIGPT, "train", "--config", "induction", "--out", str(run), "--set",
-                        "train.max_steps=4", "--set", "train.head_scores_interval=2", "--set",
-                        "train.eval_interval=4", "--set", "train.threads=1"],
-                       capture_output=True, text=True, check=False, timeout=300)
+    r = minigpt("train", "--config", "induction", "--out", str(run), "--set",
+                "train.max_steps=4", "--set", "train.head_scores_interval=2", "--set",
+                "train.eval_interval=4", "--set", "train.threads=1")
     assert r.returncode == 0, r.stderr
     said = dict(x.split(": ", 1) for x in r.stderr.splitlines() if x.startswith(("heads: ",
                                                                                     "next: ")))
@@ -201,15 +216,12 @@ def test_a_run_whose_heads_did_not_form_says_so_through_the_command(tmp_path):
     summary = (run / "summary.md").read_text()
     assert f"| heads | {said['heads']} |" in summary and f"| next | {said['next']} |" in summary
     # the commands it points to run on this run
-    r = subprocess.run([MINIGPT, *inspect.split()[1:], "--ablate", "zero", "--json"],
-                       capture_output=True, text=True, check=False, timeout=300)
+    r = minigpt(*inspect.split()[1:], "--ablate", "zero", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["ablation"]["mode"] == "zero", r.stderr
 
-    r = subprocess.run([MINIGPT, "runs", str(run.parent)], capture_output=True, text=True,
-                       check=False, timeout=120)
+    r = minigpt("runs", str(run.parent))
     assert r.returncode == 0 and "finished, no heads formed" in r.stdout, r.stdout
-    r = subprocess.run([MINIGPT, "runs", str(run.parent), "--json"], capture_output=True,
-                       text=True, check=False, timeout=120)
+    r = minigpt("runs", str(run.parent), "--json")
     heads = json.loads(r.stdout)["runs"][0]["heads"]
     assert heads["step"] == 4 and heads["formed"] is False
     assert heads["status"] == "no heads formed" and heads["induction"]["layer"] == 1

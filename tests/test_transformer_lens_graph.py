@@ -20,15 +20,18 @@ import math
 
 import pytest
 import torch
+from test_transformer_lens import (  # noqa: F401 (transformer_lens: the autouse skip)
+    CLEAN,
+    CORRUPTED,
+    SECOND,
+    export_pair,
+    transformer_lens,
+)
 
 from minigpt.core import graph as G
 from minigpt.core.patching import make_metric
 
 pytestmark = pytest.mark.slow
-tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed "
-                         "(pip install transformer-lens==4.3.0; .ci/run installs it)")
-
-from test_transformer_lens import CLEAN, CORRUPTED, SECOND, export_pair
 
 MODELS = {
     "gpt2": {"pos_encoding": "learned", "bias": True, "n_layer": 3},

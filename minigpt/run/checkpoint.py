@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +51,10 @@ from minigpt.run.layout import (
     STATE_FILE,
     TOP_LINKS,
     TRAIN_WEIGHTS_FILE,
+    complete_steps,
+    latest_checkpoint_dir,
     step_dir_name,
+    step_of,
 )
 from minigpt.run.safetensors_io import read_header, tensors_to_bytes
 
@@ -158,7 +160,7 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module, cfg: Co
         _write_checkpoint(tmp, step, model, cfg, tokenizer, trainer_state, optimizer,
                           param_names, train_weights)
         if final.exists():  # a leftover of a save that never committed: not referenced
-            if prev is not None and step <= _step_of(prev.name):
+            if prev is not None and step <= step_of(prev.name):
                 raise RuntimeError(f"{final} is a committed checkpoint: never overwritten")
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -229,31 +231,12 @@ def _write_checkpoint(directory: Path, step: int, model: torch.nn.Module, cfg: C
     fsync_dir(directory)
 
 
-def _latest_target(root: Path) -> str | None:
-    try:
-        return os.readlink(root / LATEST)
-    except OSError:  # missing, or not a link (a copy made without links)
-        return None
-
-
-def _step_of(name: str) -> int | None:
-    return int(name[5:]) if re.fullmatch(r"step-\d{6,}", name) else None
-
-
-def _complete_steps(root: Path) -> list[tuple[int, Path]]:
-    """(step, dir) of every step directory holding a manifest, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted((s, p) for p in root.iterdir() if p.is_dir() and not p.is_symlink()
-                  and (s := _step_of(p.name)) is not None and (p / MANIFEST_FILE).is_file())
-
-
 def _cleanup(root: Path, committed: Path, prev: Path | None, keep: int) -> None:
     """Keep the newest `keep` checkpoints of the run (those committed before this save, up to
     `prev`, and `committed`); remove older ones, temp dirs, leftovers of saves that never
     committed (step dirs after `prev` but `committed`) and stale temp links."""
-    last = _step_of(prev.name) if prev is not None else -1
-    lineage = [p.name for s, p in _complete_steps(root) if s <= last] + [committed.name]
+    last = step_of(prev.name) if prev is not None else -1
+    lineage = [p.name for s, p in complete_steps(root) if s <= last] + [committed.name]
     kept = set(lineage[-keep:]) | {committed.name, LATEST}
     for p in root.iterdir():
         if p.name in kept:
@@ -269,8 +252,8 @@ def kept_steps(run_dir: Path) -> list[int]:
     latest = latest_checkpoint_dir(run_dir)
     if latest is None:
         return []
-    last = _step_of(latest.name)
-    return [s for s, _ in _complete_steps(Path(run_dir) / CKPT_DIR) if s <= last]
+    last = step_of(latest.name)
+    return [s for s, _ in complete_steps(Path(run_dir) / CKPT_DIR) if s <= last]
 
 
 def _ensure_top_links(run_dir: Path) -> None:
@@ -289,21 +272,6 @@ def _ensure_top_links(run_dir: Path) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Finding and verifying.
-
-
-def latest_checkpoint_dir(run_dir: Path) -> Path | None:
-    """The committed checkpoint directory of a run, or None if none was ever committed: the
-    target of `checkpoints/latest`, or, where that link is missing or is not a link (a copy
-    made without links), the newest step directory holding a manifest (verified on loading)."""
-    root = Path(run_dir) / CKPT_DIR
-    target = _latest_target(root)
-    if target is None:
-        complete = _complete_steps(root)
-        return complete[-1][1] if complete else None
-    if not re.fullmatch(r"step-\d{6,}", target):  # never follow a pointer out of the run
-        raise MinigptError(f"{root / LATEST} points to '{target}', not a step-NNNNNN directory; "
-                           "the run directory was tampered with")
-    return root / target
 
 
 def verify_checkpoint(ckpt_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> Checkpoint:

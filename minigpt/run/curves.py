@@ -22,7 +22,7 @@ from minigpt.errors import ArgumentError, MinigptError, WriteError
 from minigpt.files import atomic_file, atomic_write_bytes, not_replaceable
 from minigpt.run.layout import METRICS_FILE
 from minigpt.run.listing import Unreadable, data_kind, read_run_metrics
-from minigpt.run.state import finite
+from minigpt.run.metrics import finite
 
 CURVES_FILE = "curves.png"
 

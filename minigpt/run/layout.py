@@ -14,12 +14,17 @@ trainer) names files through these constants; nothing else hard-codes a run-dir 
     <run>/model.safetensors, optimizer.safetensors, trainer_state.json, manifest.json
                                                                symlinks into checkpoints/latest/
 
-How a checkpoint is committed is in `checkpoint.py`.
+How a checkpoint is committed is in `checkpoint.py`; which one is committed is read here (no
+torch: `minigpt runs` finds checkpoints without loading it).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+
+from minigpt.errors import MinigptError
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
@@ -42,3 +47,39 @@ DEFAULT_RUNS = Path("runs")  # where `--run` defaults look for the latest run
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
+
+
+def latest_target(root: Path) -> str | None:
+    """What `root/latest` points to (the committed step directory's name), or None."""
+    try:
+        return os.readlink(root / LATEST)
+    except OSError:  # missing, or not a link (a copy made without links)
+        return None
+
+
+def step_of(name: str) -> int | None:
+    """The step of a `step-NNNNNN` directory name; None for any other name."""
+    return int(name[5:]) if re.fullmatch(r"step-\d{6,}", name) else None
+
+
+def complete_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, dir) of every step directory holding a manifest, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((s, p) for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                  and (s := step_of(p.name)) is not None and (p / MANIFEST_FILE).is_file())
+
+
+def latest_checkpoint_dir(run_dir: Path) -> Path | None:
+    """The committed checkpoint directory of a run, or None if none was ever committed: the
+    target of `checkpoints/latest`, or, where that link is missing or is not a link (a copy
+    made without links), the newest step directory holding a manifest (verified on loading)."""
+    root = Path(run_dir) / CKPT_DIR
+    target = latest_target(root)
+    if target is None:
+        complete = complete_steps(root)
+        return complete[-1][1] if complete else None
+    if not re.fullmatch(r"step-\d{6,}", target):  # never follow a pointer out of the run
+        raise MinigptError(f"{root / LATEST} points to '{target}', not a step-NNNNNN directory; "
+                           "the run directory was tampered with")
+    return root / target

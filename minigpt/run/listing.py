@@ -43,7 +43,6 @@ from pathlib import Path
 from minigpt.errors import MinigptError
 from minigpt.events import CircuitCheck, circuit_check
 from minigpt.files import ReadError, load_json, open_regular, parse_yaml, read_problem, read_regular
-from minigpt.run.checkpoint import latest_checkpoint_dir
 from minigpt.run.layout import (
     CKPT_DIR,
     CONFIG_FILE,
@@ -53,9 +52,10 @@ from minigpt.run.layout import (
     METRICS_FILE,
     MODEL_FILE,
     SUMMARY_FILE,
+    latest_checkpoint_dir,
 )
+from minigpt.run.metrics import finite, read_metrics
 from minigpt.run.safetensors_io import read_header
-from minigpt.run.state import finite, read_metrics
 
 RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CKPT_DIR, LOCK_NAME)  # any one makes a run dir
 _SUMMARY_STATUS = re.compile(r"^\| status \| (\w+) at step (\d+)/\d+ \|$", re.MULTILINE)

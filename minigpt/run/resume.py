@@ -24,7 +24,7 @@ from minigpt.config import (
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.fields import parse_value
 from minigpt.files import load_yaml, permission_denied_as_error
-from minigpt.run.checkpoint import Checkpoint, latest_checkpoint_dir, verify_checkpoint
+from minigpt.run.checkpoint import Checkpoint, verify_checkpoint
 from minigpt.run.layout import (
     CKPT_DIR,
     CONFIG_FILE,
@@ -33,6 +33,7 @@ from minigpt.run.layout import (
     MODEL_FILE,
     OPTIM_FILE,
     STATE_FILE,
+    latest_checkpoint_dir,
 )
 from minigpt.run.lock import RunLock, check_fresh_run_dir
 from minigpt.run.state import RngStates, TrainerState, read_trainer_state

@@ -2,6 +2,9 @@
 header is checked (magic bytes, header length, dtypes, shapes, offsets) before any tensor is
 read, so a pickle, a zip, a truncated file or a crafted header claiming a huge tensor is a
 one-line MinigptError, never an allocation or a crash inside the safetensors library.
+
+The header is read without torch (`minigpt runs` checks weights' headers and starts without
+loading it); torch and the library's torch bindings are imported where tensors are made.
 """
 
 from __future__ import annotations
@@ -10,27 +13,29 @@ import json
 import math
 import os
 from pathlib import Path
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from typing import TYPE_CHECKING
 
 from minigpt.errors import MinigptError
 from minigpt.files import open_regular, parse_json, read_problem, read_regular
 
+if TYPE_CHECKING:
+    import torch
+
 # safetensors dtype codes and their sizes in bytes.
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                "U8": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
-TORCH_TO_ST = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-               torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-               torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+# torch dtypes by name (str(torch.float32) == "torch.float32") and their safetensors codes.
+TORCH_TO_ST = {"torch.float64": "F64", "torch.float32": "F32", "torch.float16": "F16",
+               "torch.bfloat16": "BF16", "torch.int64": "I64", "torch.int32": "I32",
+               "torch.int16": "I16", "torch.int8": "I8", "torch.uint8": "U8", "torch.bool": "BOOL"}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
 
 def tensors_to_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     """Serialise CPU-contiguous copies of `tensors` (shared storage is not allowed), with the
     metadata keys in sorted order: equal tensors and metadata give equal bytes."""
+    from safetensors.torch import save as st_save
+
     flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     return _sorted_metadata(st_save(flat, metadata=metadata))
 
@@ -118,7 +123,7 @@ def check_against(header: dict[str, dict], expected: dict[str, torch.Tensor], pa
         info = header.get(name)
         if info is None:
             raise MinigptError(f"{path}: tensor '{name}' is missing; {hint}")
-        want_dtype = TORCH_TO_ST.get(ref.dtype)
+        want_dtype = TORCH_TO_ST.get(str(ref.dtype))
         if info["dtype"] != want_dtype or list(info["shape"]) != list(ref.shape):
             raise MinigptError(
                 f"{path}: tensor '{name}' is {info['dtype']}{list(info['shape'])} but the config "
@@ -130,6 +135,9 @@ def check_against(header: dict[str, dict], expected: dict[str, torch.Tensor], pa
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read the tensors of a file whose header was already validated (CPU tensors)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load as st_load
+
     try:
         return st_load(read_regular(path, os.stat(path).st_size))
     except (OSError, SafetensorError) as e:  # unreadable, or what the library refuses

@@ -1,10 +1,9 @@
-"""What a run keeps about its progress, as plain JSON: trainer_state.json (where the run is, and
-the RNG states that let `--resume` continue it exactly) and metrics.jsonl read back.
+"""Where a run is, as plain JSON: trainer_state.json (the step, the best losses, and the RNG
+states that let `--resume` continue it exactly). Its numbers follow `run/metrics.py`'s
+`finite` (a number that is not finite is written as null and read back as missing).
 
 RNG states are JSON (base64 bytes / plain lists), never pickled: torch (CPU and every CUDA
-device), numpy's and Python's global generators, and the data-order generator. JSON has no NaN
-or infinity: a number that is not finite is written as null and read back as missing
-(`finite`, the one meaning of "a number" in a run's JSON files).
+device), numpy's and Python's global generators, and the data-order generator.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import base64
 import binascii
 import dataclasses
 import math
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -23,20 +21,8 @@ import torch
 
 from minigpt.data import DATA_SPLIT  # recorded in every trainer_state.json (docs/data.md)
 from minigpt.errors import MinigptError
-from minigpt.files import LARGE_CAP, ReadError, load_json, parse_json, read_file
-
-
-def finite(x: Any) -> int | float | None:
-    """`x` if it is a finite number (an int or a float, not a bool), else None."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def json_safe(record: dict) -> dict:
-    """`record` with every float that is not finite replaced by None (JSON's null)."""
-    return {k: finite(v) if isinstance(v, float) else v for k, v in record.items()}
-
+from minigpt.files import ReadError, load_json
+from minigpt.run.metrics import finite, json_safe
 
 # --------------------------------------------------------------------------------------------
 # RNG states.
@@ -165,57 +151,3 @@ def read_trainer_state(path: Path) -> tuple[TrainerState, RngStates]:
         raise MinigptError(f"{path} is damaged: a counter is missing or not a number")
     best = {k: math.inf if v is None else float(v) for k, v in numbers.items()}
     return TrainerState(step=raw["step"], **counts, **best), rng
-
-
-# --------------------------------------------------------------------------------------------
-# metrics.jsonl read back.
-
-
-def _record(line: str | bytes) -> dict | None:
-    """A metrics.jsonl line as a record: a JSON object with an integer `step`, else None (also
-    for a line past `parse_json`'s limits: nested 100,000 deep, a 5,000-digit number)."""
-    try:
-        rec = parse_json(line.encode("utf-8") if isinstance(line, str) else line)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) and isinstance(rec.get("step"), int) else None
-
-
-def _metrics_text(path: Path) -> str | None:
-    """metrics.jsonl's text through the file door (None: no file); ReadError otherwise."""
-    try:
-        return read_file(path, LARGE_CAP).decode("utf-8", errors="replace")
-    except ReadError as e:
-        if not os.path.lexists(path):
-            return None
-        raise e from None
-
-
-def read_metrics(path: Path) -> tuple[list[dict], int]:
-    """The records of a metrics.jsonl and the number of damaged lines skipped: a line that is
-    not a JSON object with an integer `step` (a torn last line after kill -9, an edit, bit rot).
-    Blank lines are neither. A missing file is ([], 0). Never raises on content; a file that
-    is not a regular file or is larger than 1 GiB is a ReadError naming it."""
-    text = _metrics_text(Path(path))
-    out, bad = [], 0
-    for line in (text or "").splitlines():
-        if not line.strip():
-            continue
-        rec = _record(line)
-        if rec is not None:
-            out.append(rec)
-        else:
-            bad += 1
-    return out, bad
-
-
-def metrics_upto(path: Path, step: int) -> tuple[list[str], list[dict]]:
-    """The lines of metrics.jsonl (verbatim) and their records up to `step`: what a session
-    resuming at `step` continues. Damaged lines and records after `step` are left out."""
-    lines, records = [], []
-    for line in (_metrics_text(Path(path)) or "").splitlines():
-        rec = _record(line)
-        if rec is not None and rec["step"] <= step:
-            lines.append(line)
-            records.append(rec)
-    return lines, records

@@ -38,7 +38,7 @@ from minigpt.files import atomic_write_bytes, atomic_write_text, check_replaceab
 from minigpt.heads.timeline import draw_timeline
 from minigpt.run.curves import CURVES_FILE, Series, write_curves
 from minigpt.run.layout import CONFIG_FILE, HEADS_PNG, METRICS_FILE, SUMMARY_FILE
-from minigpt.run.state import json_safe, metrics_upto
+from minigpt.run.metrics import json_safe, metrics_upto
 from minigpt.tokenizer import RANKS_FILE, SIDECAR_FILE, Tokenizer
 
 
