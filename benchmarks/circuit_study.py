@@ -15,8 +15,9 @@ neither copy: `minigpt circuit --patch-from corrupted`) and `first` (its first c
 the keys the induction head reads change, the queries do not). The metric is the copy loss
 (nats/token over the predictions inside the second copy).
 
-    python benchmarks/circuit_study.py --seeds 1-10,1337
-        [--config benchmarks/circuit_induction.yaml]
+    python benchmarks/circuit_study.py --seeds 1-10,1337,1018
+        [--config configs/induction.yaml]   (benchmarks/circuit_induction.yaml: the recipe
+                                             before issue 38, trained to 8000 steps)
         [--runs DIR] [--jobs 2] [--pairs 8] [--json]
 
 Runs are kept as DIR/seed<N> (default /tmp/minigpt-circuit-study) and reused when they exist,
@@ -106,12 +107,53 @@ def analyse(run: Path, pairs: int) -> dict:
                            "ten_kept": int(ten.circuit.sum()), "ten_recovered": ten.recovered,
                            "textbook": textbook(p, out), "edges": ten.n_edges,
                            "area": {k: v[0] for k, v in ten.areas().items()}}
+        out[corruption]["eliminated"] = eliminated(p, 10)
+        out[corruption]["copying"] = copying_heads(ten.graph, real, p.m_source - p.m_base)
+        out[corruption]["key_rank"] = [rank_of(ten.graph, r, out["previous"][0],
+                                               out["induction"][0]) for r in (ten.scores, real)]
         for name, ranking in (("ig", ten.scores), ("real", real)):
             for f in (0.9, 0.8):
                 n = G.smallest_circuit(p, ranking, f)
                 out[corruption][f"{name}{round(100 * f)}"] = [n[0], int(n[1].sum()), n[2]]
         out[corruption]["checks"] = checks(out, out[corruption])
     return out
+
+
+def eliminated(p, n: int) -> list:
+    """A circuit of n edges found by running, not by scores (greedy backward elimination, as
+    ACDC prunes): from every edge, remove at each step the edge whose removal leaves the
+    largest recovered fraction, until n are left. [recovered, edges kept after pruning]: a
+    search far stronger than the top-n by |score|, so where it falls short of 90% the top-n
+    edges cannot be expected to reach it (it is greedy: not a proof that no n edges can)."""
+    keep = p.graph.valid().clone()
+    rec = 1.0
+    while int(keep.sum()) > n:
+        edges = keep.nonzero().tolist()
+        trial = keep[None].repeat(len(edges), 1, 1)
+        for i, (u, v) in enumerate(edges):
+            trial[i, u, v] = False
+        fractions = G.recovered(p, trial).recovered
+        best = max(range(len(edges)), key=lambda i: fractions[i])
+        keep[edges[best][0], edges[best][1]] = False
+        rec = fractions[best]
+    return [rec, int(G.prune(p.graph, keep).sum())]
+
+
+def copying_heads(graph, real: torch.Tensor, gap: float) -> list[str]:
+    """The layer-1 heads whose output into the logits, patched alone from the corrupted run,
+    moves the metric by at least 10% of the clean -> corrupted change."""
+    logits = graph.logits_reader
+    return [graph.writer_name(u) for u in range(graph.n_writers)
+            if graph.writer_name(u).startswith("L1.H") and real[u, logits] >= 0.1 * gap]
+
+
+def rank_of(graph, scores: torch.Tensor, prev: str, ind: str) -> int:
+    """The rank (1 = strongest by |score|) of the edge previous-token head -> induction
+    head's key input."""
+    u = next(u for u in range(graph.n_writers) if graph.writer_name(u) == prev)
+    v = next(v for v in range(graph.n_readers) if graph.reader_name(v) == (ind, "k"))
+    flat = scores.abs().nan_to_num(-1.0)
+    return int((flat > flat[u, v]).sum()) + 1
 
 
 def strongest(graph, scores: torch.Tensor, n: int) -> list[str]:
@@ -154,19 +196,27 @@ def checks(res: dict, c: dict) -> str:
 def table(results: list[dict], corruption: str) -> None:
     print(f"\ncorruption: {corruption} copy replaced; circuit: EAP-IG (5 steps), noising; "
           "edges for X%: the fewest top edges found to recover X% (kept after pruning), "
-          "ranked by EAP-IG / by the real single-edge effect")
+          "ranked by EAP-IG / by the real single-edge effect; 10 by elimination: the best 10 "
+          "edges greedy backward elimination finds by running; key edge's rank: the "
+          "previous-token head into the induction head's key, by EAP-IG / real effect; copying "
+          "heads: the layer-1 heads whose output into the logits, patched alone, moves the "
+          "metric by >= 10% of the clean -> corrupted change")
     print("| seed | step | L1 induction | L0 previous | copy acc. | clean / corrupted loss | "
-          "strongest edges (EAP-IG) | strongest (real) | 10 edges recover | textbook 5 "
-          "recover | edges for 90% | edges for 80% | curve area EAP / EAP-IG / real | check |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "copying heads | strongest edges (EAP-IG) | strongest (real) | 10 edges recover | "
+          "10 by elimination "
+          "| textbook 5 recover | key edge's rank | edges for 90% | edges for 80% | curve area "
+          "EAP / EAP-IG / real | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         c = r[corruption]
         a = c["area"]
         print(f"| {r['seed']} | {r['step']} | {r['induction'][0]} {r['induction'][1]:.3f} | "
               f"{r['previous'][0]} {r['previous'][1]:.3f} | {r['copy_accuracy']:.3f} | "
-              f"{c['clean']:.3f} / {c['corrupted']:.3f} | {', '.join(c['top'][:3])} | "
+              f"{c['clean']:.3f} / {c['corrupted']:.3f} | {', '.join(c['copying'])} | "
+              f"{', '.join(c['top'][:3])} | "
               f"{', '.join(c['top_real'][:3])} | {c['ten_kept']} kept: "
-              f"{100 * c['ten_recovered']:.1f}% | {100 * c['textbook']:.1f}% | "
+              f"{100 * c['ten_recovered']:.1f}% | {100 * c['eliminated'][0]:.1f}% | "
+              f"{100 * c['textbook']:.1f}% | {c['key_rank'][0]} / {c['key_rank'][1]} | "
               f"{c['ig90'][1]} / {c['real90'][1]} | {c['ig80'][1]} / {c['real80'][1]} | "
               f"{a['eap']:.3f} / {a['eap-ig']:.3f} / {a['patching']:.3f} | {c['checks']} |")
 
@@ -174,7 +224,7 @@ def table(results: list[dict], corruption: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="1337")
-    ap.add_argument("--config", default="benchmarks/circuit_induction.yaml")
+    ap.add_argument("--config", default="configs/induction.yaml")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/minigpt-circuit-study"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=8)
