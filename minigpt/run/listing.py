@@ -130,7 +130,7 @@ def list_runs(root: Path) -> list[RunRow]:
 
 
 def read_run_metrics(run_dir: Path) -> tuple[list[dict], int]:
-    """`state.read_metrics` of a run's metrics.jsonl, read only when it is a regular file of at
+    """`metrics.read_metrics` of a run's metrics.jsonl, read only when it is a regular file of at
     most MAX_METRICS_BYTES (missing: no records). Unreadable (a MinigptError) otherwise."""
     path = Path(run_dir) / METRICS_FILE
     try:
