@@ -49,7 +49,7 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
-def latest_target(root: Path) -> str | None:
+def _latest_target(root: Path) -> str | None:
     """What `root/latest` points to (the committed step directory's name), or None."""
     try:
         return os.readlink(root / LATEST)
@@ -75,11 +75,11 @@ def latest_checkpoint_dir(run_dir: Path) -> Path | None:
     target of `checkpoints/latest`, or, where that link is missing or is not a link (a copy
     made without links), the newest step directory holding a manifest (verified on loading)."""
     root = Path(run_dir) / CKPT_DIR
-    target = latest_target(root)
+    target = _latest_target(root)
     if target is None:
         complete = complete_steps(root)
         return complete[-1][1] if complete else None
-    if not re.fullmatch(r"step-\d{6,}", target):  # never follow a pointer out of the run
+    if step_of(target) is None:  # never follow a pointer out of the run
         raise MinigptError(f"{root / LATEST} points to '{target}', not a step-NNNNNN directory; "
                            "the run directory was tampered with")
     return root / target
