@@ -51,8 +51,8 @@ def worker(phase: str, corpus: str, vocab_size: int, cache: str) -> dict:
 
     out: dict = {"phase": phase}
     if phase != "import":
-        from minigpt.data import prepare_dataset
-        from minigpt.tokenizer import build_tokenizer
+        from minigpt.data.cache import prepare_dataset
+        from minigpt.data.tokenizer import build_tokenizer
 
         cfg = from_dict({"tokenizer": {"vocab_size": vocab_size},
                          "data": {"corpus": corpus, "cache_dir": cache}})
@@ -67,7 +67,7 @@ def worker(phase: str, corpus: str, vocab_size: int, cache: str) -> dict:
             out["bytes_per_token"] = ds.bytes_per_token
         out["n_vocab"] = tok.n_vocab
     else:
-        import minigpt.data  # noqa: F401 - the import baseline (torch, numpy, tiktoken)
+        import minigpt.data.cache  # noqa: F401 - the import baseline (torch, numpy, tiktoken)
     out["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return out
 

@@ -67,10 +67,10 @@ def tl_bridge(model: GPT, cfg, root: Path):
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from transformer_lens.model_bridge import TransformerBridge
 
+    from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.hf import export_hf
     from minigpt.run import load_run
     from minigpt.run.checkpoint import save_checkpoint
-    from minigpt.tokenizer import bytes_tokenizer
 
     save_checkpoint(root / "run", step=1, model=model, cfg=cfg, tokenizer=bytes_tokenizer(),
                     trainer_state={"step": 1})

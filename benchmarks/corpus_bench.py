@@ -108,8 +108,8 @@ class _ParquetRows:
 def worker(corpus: str, vocab_size: int, cache: str) -> dict:
     """Prepare the corpus in this (fresh) process; timings and ru_maxrss."""
     from minigpt.config import from_dict
-    from minigpt.data import prepare_dataset
-    from minigpt.tokenizer import build_tokenizer
+    from minigpt.data.cache import prepare_dataset
+    from minigpt.data.tokenizer import build_tokenizer
 
     cfg = from_dict({"tokenizer": {"vocab_size": vocab_size},
                      "data": {"corpus": corpus, "cache_dir": cache}})

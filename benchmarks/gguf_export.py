@@ -35,7 +35,7 @@ from test_gguf import RUNS, make_run, train_bpe
 from test_gguf_llamacpp import CASES, PROMPT, varied_texts
 
 from minigpt.core.generate import generate
-from minigpt.llamacpp import export_gguf
+from minigpt.hf.gguf import export_gguf
 from minigpt.run import load_run
 
 

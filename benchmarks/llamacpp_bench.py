@@ -37,8 +37,8 @@ import torch
 from minigpt.config import from_dict
 from minigpt.core.generate import generate
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.tokenizer import bytes_tokenizer
 
 SHAPES = {  # name -> (model settings, prompt tokens, new tokens)
     "default": ({"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128,

@@ -143,8 +143,8 @@ def random_model(shape: dict, vocab: int, pos: str = "rope") -> GPT:
 def cli_tokens_per_s(shape: dict, vocab: int, n: int, busy: bool) -> float:
     """`minigpt sample --json -n N` on a random-init run of `shape` (a byte tokenizer, the model
     padded to `vocab` rows): the tokens/s the command itself reports, best of two."""
+    from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.run.checkpoint import save_checkpoint
-    from minigpt.tokenizer import bytes_tokenizer
 
     tok = bytes_tokenizer()
     with tempfile.TemporaryDirectory() as tmp, busy_process(busy):
@@ -197,8 +197,8 @@ def crossover(args) -> None:
 
 
 def bench_startup(args) -> None:
+    from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.run.checkpoint import save_checkpoint
-    from minigpt.tokenizer import bytes_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"

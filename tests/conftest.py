@@ -113,8 +113,8 @@ def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) 
     logits are not finite)."""
     from minigpt.config import from_dict
     from minigpt.core.gpt import GPT
+    from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.run.checkpoint import save_checkpoint
-    from minigpt.tokenizer import bytes_tokenizer
 
     tok = bytes_tokenizer()
     sec = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": tok.n_vocab,

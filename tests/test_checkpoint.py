@@ -18,10 +18,10 @@ from safetensors.torch import save as st_save
 
 from minigpt.config import MinigptError, load_config, to_yaml
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.run import checkpoint as ck
 from minigpt.run.load import find_latest_run, load_optimizer_state, load_run
 from minigpt.run.safetensors_io import read_header
-from minigpt.tokenizer import bytes_tokenizer
 from minigpt.train.weights import build_optimizer
 
 SETS = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=8",

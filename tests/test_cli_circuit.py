@@ -169,13 +169,13 @@ def test_the_installed_command(run_dir, tmp_path, args, needle, how):
 def test_a_model_with_no_head_is_refused_before_any_work(run_dir, monkeypatch):
     """The config refuses n_layer 0 itself; a model that has no head anyway (built past the
     config) is refused by the command's first check after loading, before any input is made."""
-    import minigpt.inputs
+    import minigpt.infer.inputs
     from minigpt.run import LoadedRun  # noqa: F401 - the type load_run_or_model returns
 
     loaded = load_run(run_dir, "cpu")
     headless = dataclasses.replace(loaded, cfg=dataclasses.replace(
         loaded.cfg, model=dataclasses.replace(loaded.cfg.model, n_layer=0)))
-    monkeypatch.setattr(minigpt.inputs, "load_run_or_model", lambda *a, **k: headless)
+    monkeypatch.setattr(minigpt.infer.inputs, "load_run_or_model", lambda *a, **k: headless)
     made = []
     monkeypatch.setattr("minigpt.heads.graph.circuit_pairs", lambda *a, **k: made.append(1))
     assert "no head for a circuit" in error_line(invoke(run_dir, *PROBE))

@@ -22,9 +22,9 @@ from minigpt.cli import app
 from minigpt.config import from_dict
 from minigpt.core import circuits as c
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.tokenizer import bytes_tokenizer
 
 BLOCK = 24
 

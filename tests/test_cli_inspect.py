@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from minigpt.cli import app
 from minigpt.config import from_dict
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.tokenizer import bytes_tokenizer
 
 BLOCK = 24
 
@@ -65,7 +65,7 @@ def test_one_head_shows_its_weights(run_dir):
 
 def markup_run(run: Path) -> Path:
     """A run whose tokenizer has the tokens "[red]" and "[b]" (rich markup if read as such)."""
-    from minigpt.tokenizer import Tokenizer
+    from minigpt.data.tokenizer import Tokenizer
 
     ranks = {bytes([b]): b for b in range(256)}
     for tok in (b"[r", b"[re", b"[red", b"[red]", b"[b", b"[b]"):

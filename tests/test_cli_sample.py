@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from minigpt.cli import app
 from minigpt.config import from_dict
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.errors import MinigptError
 from minigpt.run.checkpoint import latest_checkpoint_dir, save_checkpoint
-from minigpt.tokenizer import bytes_tokenizer
 
 BLOCK = 16
 
@@ -331,14 +331,14 @@ def test_in_process_thread_count_is_restored(run_dir):
 
 
 # --------------------------------------------------------------------------------------------
-# Prompt files: read only as far as the model can use (minigpt.inputs.read_prompt over
+# Prompt files: read only as far as the model can use (minigpt.infer.inputs.read_prompt over
 # minigpt.files.read_text_part)
 
 
 def merges_tokenizer():
     """Bytes plus a few merges (ASCII and multi-byte), on the GPT-4 split pattern: tokens of
     1 to 5 bytes, so where a cut falls matters."""
-    from minigpt.tokenizer import PATTERNS, Tokenizer
+    from minigpt.data.tokenizer import PATTERNS, Tokenizer
 
     ranks = {bytes([b]): b for b in range(256)}
     for tok in ("th", "the", " t", " th", " the", "é", "ét", "été", " é", "日", "日本", " a",
@@ -357,7 +357,7 @@ def test_a_long_prompt_file_keeps_the_tokens_the_whole_file_would(tmp_path, shif
     whole file (the cut falls inside a multi-byte character for some shifts)."""
     import random
 
-    from minigpt.inputs import read_prompt, text_budget
+    from minigpt.infer.inputs import read_prompt, text_budget
 
     tok, block = merges_tokenizer(), 64
     rng = random.Random(shift)
@@ -371,7 +371,7 @@ def test_a_long_prompt_file_keeps_the_tokens_the_whole_file_would(tmp_path, shif
 
 
 def test_a_short_prompt_file_is_read_whole(tmp_path):
-    from minigpt.inputs import read_prompt
+    from minigpt.infer.inputs import read_prompt
 
     tok = merges_tokenizer()
     path = tmp_path / "p.txt"

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from minigpt.config import Config, ConfigError, MinigptError, from_dict
-from minigpt.corpus import iter_pieces, list_corpus, records_digest, split_corpus
-from minigpt.data import Dataset, prepare_dataset
+from minigpt.data.cache import Dataset, prepare_dataset
+from minigpt.data.corpus import iter_pieces, list_corpus, records_digest, split_corpus
+from minigpt.data.records import iter_records
+from minigpt.data.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 from minigpt.events import DatasetReady, TokenizingFile
 from minigpt.paths import DATA_DIR
-from minigpt.records import iter_records
-from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 from minigpt.train.batches import InductionRows, TokenRows, rows_for, to_device
 
 SHAKESPEARE = (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
@@ -859,8 +859,8 @@ def test_gzip_records_are_bounded_per_line_and_report_compressed_progress(tmp_pa
     """A line past MAX_RECORD_BYTES is one error, read no further than the cap; a run of
     blank lines is skipped at C speed, line numbers kept; progress counts the compressed
     bytes read, up to the file's size."""
-    import minigpt.records as rec
-    from minigpt.corpus import scan_records
+    import minigpt.data.records as rec
+    from minigpt.data.corpus import scan_records
 
     monkeypatch.setattr(rec, "MAX_RECORD_BYTES", 1 << 20)
     long = tmp_path / "long.jsonl.gz"

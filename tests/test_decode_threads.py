@@ -14,9 +14,9 @@ from minigpt.bench.sample import SampleSettings, run_sample_suite
 from minigpt.cli import app
 from minigpt.config import ModelConfig, from_dict
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.device import DECODE_WEIGHTS_PER_THREAD, decode_threads, decoding_threads
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.tokenizer import bytes_tokenizer
 
 
 @pytest.fixture(autouse=True)

@@ -29,11 +29,11 @@ from conftest import killed_mid_write, perturb, shakespeare
 
 from minigpt.config import from_dict
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 from minigpt.errors import WriteError
-from minigpt.llamacpp import export_gguf
+from minigpt.hf.gguf import export_gguf
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install 'minigpt-lab[gguf]'")
 regex = pytest.importorskip("regex", reason="installed with transformers (the dev extra)")
@@ -303,7 +303,7 @@ def test_without_the_rope_permutation_the_file_computes_something_else(exported,
                                                                          monkeypatch):
     """The gptneox parity above needs the q/k row permutation: with the identity instead,
     the logits differ."""
-    import minigpt.llamacpp as lc
+    import minigpt.hf.gguf as lc
 
     monkeypatch.setattr(lc, "rope_interleaved_to_halves", torch.arange)
     run_dir, _ = exported["rope"]

@@ -22,9 +22,9 @@ from conftest import shakespeare
 from test_gguf import RUNS, TEXTS, gelu, gguf_forward, make_run, read_gguf, train_bpe
 
 from minigpt.core.generate import generate
-from minigpt.llamacpp import export_gguf
+from minigpt.data.tokenizer import bytes_tokenizer
+from minigpt.hf.gguf import export_gguf
 from minigpt.run import load_run
-from minigpt.tokenizer import bytes_tokenizer
 
 llama_cpp = pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (.ci/run installs it before the "

@@ -33,10 +33,10 @@ from typer.testing import CliRunner
 from minigpt.cli import app
 from minigpt.config import Config, from_dict, to_yaml
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import LOCK_NAME
 from minigpt.run.state import TrainerState, rng_state
-from minigpt.tokenizer import bytes_tokenizer
 from minigpt.train.weights import build_optimizer
 
 BLOCK = 16
@@ -1629,8 +1629,8 @@ def build_caches(root: Path, world: World) -> dict[str, Path]:
     """A token cache of the world's corpus for TINY_SETS, and copies damaged in place: ids
     overwritten with 0xFF, bytes_per_token "x" and 0."""
     from minigpt.config import load_config
-    from minigpt.data import prepare_dataset
-    from minigpt.tokenizer import build_tokenizer
+    from minigpt.data.cache import prepare_dataset
+    from minigpt.data.tokenizer import build_tokenizer
 
     sets = {**TINY_SETS, "data.corpus": world.corpus, "data.cache_dir": root / "good"}
     cfg = load_config(None, [f"{k}={v}" for k, v in sets.items()])

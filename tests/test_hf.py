@@ -22,11 +22,11 @@ from conftest import perturb, shakespeare
 from typer.testing import CliRunner
 
 from minigpt.cli import app
+from minigpt.data.tokenizer import EOT
 from minigpt.errors import MinigptError
 from minigpt.heads.probes import prepare_input
 from minigpt.hf import load_model
 from minigpt.hf.tokenizer import load_hf_tokenizer
-from minigpt.tokenizer import EOT
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -508,8 +508,8 @@ def test_loading_maps_the_weights_instead_of_copying_them(tmp_path):
     about one copy of the file (its pages), not two."""
     from safetensors.torch import save_file
 
+    from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.hf.tokenizer import tokenizer_json
-    from minigpt.tokenizer import bytes_tokenizer
 
     n_layer, C, V = 6, 512, 50257
     gen = torch.Generator().manual_seed(0)

@@ -25,12 +25,12 @@ from minigpt.cli import app
 from minigpt.config import ModelConfig, from_dict
 from minigpt.core.generate import generate
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import EOT, build_tokenizer, bytes_tokenizer
 from minigpt.errors import MinigptError, WriteError
 from minigpt.hf import export_hf, load_model
 from minigpt.hf.arch import export_kind
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.tokenizer import EOT, build_tokenizer, bytes_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,10 +13,10 @@ import torch
 from minigpt.config import MinigptError, from_dict
 from minigpt.core import heads as sc
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.heads import inspection as ins
 from minigpt.heads import output
 from minigpt.heads import probes as prb
-from minigpt.tokenizer import bytes_tokenizer
 
 T = 16
 
@@ -247,7 +247,7 @@ def test_a_long_text_file_is_read_from_its_start_only(tmp_path):
     """--text-file reads what max_tokens tokens can reach (with room to spare), and those
     tokens are the whole file's first ones; a file that starts with blank space is no
     'empty text' when only its start was read."""
-    from minigpt.inputs import text_budget
+    from minigpt.infer.inputs import text_budget
 
     tok = bytes_tokenizer()
     path = tmp_path / "long.txt"

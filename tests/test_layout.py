@@ -19,12 +19,13 @@ from minigpt.paths import PACKAGE_DIR
 FLOORS = [
     ("ground", {"minigpt", "minigpt.errors", "minigpt.paths", "minigpt.files", "minigpt.events",
                 "minigpt.display", "minigpt.threads"}),
-    ("config", {"minigpt.settings", "minigpt.fields", "minigpt.config"}),
+    ("config", {"minigpt.config"}),
     ("core", {"minigpt.core"}),
     ("device", {"minigpt.device"}),
-    ("data", {"minigpt.records", "minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),
-    ("sample, run", {"minigpt.sample", "minigpt.run"}),
-    ("hf, inputs", {"minigpt.hf", "minigpt.llamacpp", "minigpt.inputs"}),
+    ("data", {"minigpt.data"}),
+    ("run", {"minigpt.run"}),
+    ("hf", {"minigpt.hf"}),
+    ("infer", {"minigpt.infer"}),
     ("train, heads", {"minigpt.train", "minigpt.heads"}),
     ("bench", {"minigpt.bench"}),
     ("cli", {"minigpt.cli", "minigpt.__main__"}),
@@ -123,7 +124,7 @@ def test_ground_floor_and_config_do_not_import_torch():
             assert not tops & {"torch", "numpy", "safetensors"}, f"{name} imports {tops}"
 
 
-CORE_MAY_IMPORT = {"torch", "minigpt.settings", "minigpt.errors"}
+CORE_MAY_IMPORT = {"torch", "minigpt.config.settings", "minigpt.errors"}
 
 
 def core_outside_imports(path: Path) -> set[str]:
@@ -153,7 +154,7 @@ def test_the_rules_catch_what_they_look_for(tmp_path):
                    "    import typer\n")
     assert {"minigpt.cli.main", "typer", "os"} <= imports_of(src)
     assert floor_of("minigpt.cli.main") > floor_of("minigpt.core.gpt")
-    src.write_text("import json\nimport torch.nn\nfrom minigpt.settings import Config\n"
+    src.write_text("import json\nimport torch.nn\nfrom minigpt.config.settings import Config\n"
                    "from minigpt.core.gpt import GPT\nfrom minigpt.files import read_text\n"
                    "import numpy\nfrom minigpt.config import load_config\n")
     assert core_outside_imports(src) == {"minigpt.files", "numpy", "minigpt.config"}
@@ -165,7 +166,8 @@ def test_importing_the_core_loads_no_file_code():
     code = ("import sys\n"
             "import minigpt.core.gpt, minigpt.core.heads, minigpt.core.circuits\n"
             "import minigpt.core.generate, minigpt.core.step\n"
-            "bad = {'minigpt.files', 'minigpt.config', 'minigpt.fields', 'minigpt.paths', 'yaml'}\n"
+            "bad = {'minigpt.files', 'minigpt.config.load', 'minigpt.config.fields', "
+            "'minigpt.paths', 'yaml'}\n"
             "print(sorted(bad & set(sys.modules)))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", r.stdout

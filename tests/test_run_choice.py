@@ -27,8 +27,8 @@ def make_run(root: Path, name: str, age: float, *, finished: bool = True,
     `killed`); `source` only as config.yaml says it."""
     from minigpt.config import from_dict, to_yaml
     from minigpt.core.gpt import GPT
+    from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.run.checkpoint import save_checkpoint
-    from minigpt.tokenizer import bytes_tokenizer
 
     tok = bytes_tokenizer()
     cfg = from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,

@@ -1,4 +1,4 @@
-"""The generation engine (minigpt.core.generate, and minigpt.sample's text layer) on tiny
+"""The generation engine (minigpt.core.generate, and minigpt.infer.sample's text layer) on tiny
 random-init models: no training needed."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from minigpt.core.generate import (
 )
 from minigpt.core.gpt import GPT
 from minigpt.errors import ArgumentError
-from minigpt.sample import TextStream, sample
+from minigpt.infer.sample import TextStream, sample
 
 POS_ENCODINGS = ("rope", "learned", "sinusoidal", "none")
 

@@ -122,14 +122,14 @@ FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "j
               "torch.load", "read_parquet", "fdopen"}
 
 DOOR_EXCEPTIONS = {
-    ("records.py", "json.loads"): "one JSON Lines record, already cut to MAX_RECORD_BYTES, "
+    ("data/records.py", "json.loads"): "one JSON Lines record, already cut to MAX_RECORD_BYTES, "
                                   "parsed with files.json_int and RecursionError caught (its "
                                   "error names the column)",
-    ("records.py", "ParquetFile"): "pyarrow opens the path after files.open_file checked it",
+    ("data/records.py", "ParquetFile"): "pyarrow opens the path after files.open_file checked it",
     ("hf/weights.py", "safe_open"): "memory-maps a shard that hub.model_file let through and "
                                     "whose header read_header checked",
-    ("data.py", "np.memmap"): "maps the token cache after open_regular checked it and its size "
-                              "against the metadata",
+    ("data/cache.py", "np.memmap"): "maps the token cache after open_regular checked it and "
+                                    "its size against the metadata",
     ("train/outputs.py", "open"): "appends to metrics.jsonl, which this session rewrote or "
                                   "created (atomic_write_text) just before",
     ("train/tensorboard.py", "open"): "creates a new event file exclusively ('xb'): never "
@@ -879,12 +879,12 @@ def test_a_permission_error_nobody_worded_is_still_one_line(monkeypatch):
     into the same line: exit 2, never a traceback."""
     import errno
 
-    import minigpt.inputs
+    import minigpt.infer.inputs
 
     def denied(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied", "/srv/x/model.safetensors")
 
-    monkeypatch.setattr(minigpt.inputs, "load_run_or_model", denied)
+    monkeypatch.setattr(minigpt.infer.inputs, "load_run_or_model", denied)
     r = CliRunner().invoke(app, ["sample", "--run", "/srv/x"])
     assert r.exit_code == 2 and r.stderr.splitlines() == [(
         "error: /srv/x/model.safetensors: permission denied; make it readable (chmod u+rwX) "

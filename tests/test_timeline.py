@@ -13,12 +13,12 @@ from test_train import losses, tiny_sets
 
 from minigpt.config import ConfigError, ModelConfig, load_config
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.errors import ArgumentError
 from minigpt.events import HeadFormedEvent
 from minigpt.heads import timeline
 from minigpt.run import load_run
 from minigpt.run.checkpoint import kept_steps
-from minigpt.tokenizer import bytes_tokenizer
 from minigpt.train import train
 
 

@@ -15,10 +15,8 @@ import tiktoken
 import tiktoken.load
 
 from minigpt.config import Config, MinigptError, from_dict
-from minigpt.corpus import split_corpus
-from minigpt.events import BPETrained, TokenizerCacheHit, TrainingBPE
-from minigpt.paths import DATA_DIR
-from minigpt.tokenizer import (
+from minigpt.data.corpus import split_corpus
+from minigpt.data.tokenizer import (
     EOT,
     NAMED_ENCODINGS,
     PATTERNS,
@@ -29,6 +27,8 @@ from minigpt.tokenizer import (
     bytes_tokenizer,
     tiktoken_cache_dir,
 )
+from minigpt.events import BPETrained, TokenizerCacheHit, TrainingBPE
+from minigpt.paths import DATA_DIR
 
 TEXTS = {
     "english": "The quick brown fox jumps over the lazy dog. It's 3.14, isn't it?\n",
@@ -392,7 +392,7 @@ def test_a_rank_file_without_every_single_byte_is_refused_when_read(tmp_path, mo
         build_tokenizer(from_dict({"tokenizer": {"encoding": str(many)}}))
 
 def test_a_tokenizer_built_in_code_checks_its_ids_too():
-    from minigpt.tokenizer import EOT, PATTERNS, Tokenizer
+    from minigpt.data.tokenizer import EOT, PATTERNS, Tokenizer
 
     ranks = {bytes([b]): b for b in range(256)}
     with pytest.raises(MinigptError, match="share the id 5"):

@@ -421,8 +421,8 @@ def test_resume_without_rng_state_is_a_clear_error(tmp_path):
     """A checkpoint written without trainer RNG state (e.g. by another tool) cannot be
     resumed exactly: one-line error, no traceback, nothing changed."""
     from minigpt.config import to_yaml
+    from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.run.checkpoint import save_checkpoint
-    from minigpt.tokenizer import bytes_tokenizer
 
     cfg = load_config(None, tiny_sets(tmp_path))
     cfg.model.vocab_size = 257

@@ -24,11 +24,11 @@ import torch
 from minigpt.config import from_dict, load_config, to_dict
 from minigpt.core import circuits as c
 from minigpt.core.gpt import GPT
+from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.errors import MinigptError
 from minigpt.hf import export_hf
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
-from minigpt.tokenizer import bytes_tokenizer
 
 pytestmark = pytest.mark.slow
 

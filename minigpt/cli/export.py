@@ -83,7 +83,7 @@ def _hf(out: Path, run: Path | None) -> None:
 
 
 def _gguf(out: Path, run: Path | None, dtype: str) -> None:
-    from minigpt.llamacpp import DTYPES, check_gguf_out, export_gguf, require_gguf
+    from minigpt.hf.gguf import DTYPES, check_gguf_out, export_gguf, require_gguf
 
     if dtype not in DTYPES:
         raise ArgumentError("dtype", f"'{dtype}' is not a GGUF dtype here; valid: "

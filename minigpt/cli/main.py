@@ -141,7 +141,7 @@ def load_inspected(run: Path | None, model: str | None, device: str, checkpoint:
     """The run or model `inspect-heads` and `circuit` study: without --run and --model, the
     latest finished run of any kind, named with what it was trained on (and what newer run was
     passed over)."""
-    from minigpt.inputs import load_run_or_model
+    from minigpt.infer.inputs import load_run_or_model
     from minigpt.run.listing import data_kind
 
     if run is not None or model is not None:

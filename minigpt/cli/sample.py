@@ -68,9 +68,9 @@ def sample_command(
     if seed is not None:
         check_seed(seed)
     check_threads(threads)
-    from minigpt import sample as smp
     from minigpt.device import decoding_threads
-    from minigpt.inputs import load_run_or_model, read_prompt
+    from minigpt.infer import sample as smp
+    from minigpt.infer.inputs import load_run_or_model, read_prompt
 
     which = ""
     if run is None and model is None:
@@ -111,7 +111,7 @@ def _trained_on_text(run_dir: Path) -> str | None:
 
 
 class _SampleView:
-    """Prints what `minigpt.sample.sample` reports: text on stdout (streamed, whole, or one JSON
+    """Prints what `infer.sample.sample` reports: text on stdout (streamed, whole, or one JSON
     document per sample) and one line of timings per sample on stderr."""
 
     def __init__(self, prompt, seed: int, num_samples: int, json_out: bool, streaming: bool,

@@ -15,7 +15,7 @@
   through the final norm and the unembedding.
 - `step.py`: one optimizer step (`train_step`) and one evaluation (`evaluate`).
 
-These files import only torch, the standard library, `minigpt.settings` (the settings
+These files import only torch, the standard library, `minigpt.config.settings` (the settings
 dataclasses, no file code) and `minigpt.errors` (tests/test_layout.py checks it): no files,
 no events, no run directory, no tokenizer. Every other package (train, run, hf, heads, bench,
 cli) is a consumer of this one.

@@ -1,6 +1,6 @@
 """Generation on token ids: ids in, ids out. This module knows no tokenizer, no text and no
 clock (like nanochat's engine): turning ids into printable text, stop strings and timings are
-minigpt/sample.py's, a consumer of this loop.
+minigpt/infer/sample.py's, a consumer of this loop.
 
 Two layers, each usable alone:
 
@@ -150,7 +150,7 @@ def sampling_loop(model: torch.nn.Module, prompt_ids: Sequence[int], how: Sampli
             generator: torch.Generator | None, use_kv_cache: bool, stop_ids: Sequence[int],
             on_logits: Callable[[torch.Tensor], None] | None) -> Iterator[int]:
     """The decoding loop of `generate`, with the settings already validated in `how`
-    (`how.num_samples` is not used: one call, one sample). minigpt.sample runs it per sample."""
+    (`how.num_samples` is not used: one call, one sample). infer/sample.py runs it per sample."""
     ids = [int(t) for t in prompt_ids]
     if not ids:
         raise ArgumentError("prompt_ids", "the prompt must hold at least one token (use "

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
 
-from minigpt.settings import Config, ModelConfig
+from minigpt.config.settings import Config, ModelConfig
 
 __all__ = ["GPT", "AttnSpec", "Intervention", "KVCache", "attention", "device_of",
            "eval_mode", "flops_per_token"]

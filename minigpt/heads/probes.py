@@ -10,7 +10,7 @@ from pathlib import Path
 
 from minigpt.errors import ArgumentError, ConflictError
 from minigpt.files import read_text_part
-from minigpt.inputs import text_budget
+from minigpt.infer.inputs import text_budget
 
 PROBES = ("induction", "previous", "duplicate")
 PROBE_HELP = {
@@ -97,7 +97,7 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
                   seed: int = 0, eot_first: bool = False) -> ProbeInput:
     """Tokens for inspect-heads from at most one of text / text_file / probe (none:
     DEFAULT_TEXT; more than one: a ConflictError). A text file is read only as far as
-    `max_tokens` tokens can reach (`minigpt.inputs.text_budget`; regular files only).
+    `max_tokens` tokens can reach (`minigpt.infer.inputs.text_budget`; regular files only).
 
     At most `max_tokens` tokens (default and maximum: model.block_size); longer text is cut to
     its first `max_tokens` tokens (see ProbeInput.truncated). Probes are `max_tokens` long.

@@ -27,10 +27,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from minigpt.data.tokenizer import EOT, PATTERNS, Tokenizer
 from minigpt.errors import MinigptError
 from minigpt.hf.arch import brief
 from minigpt.hf.hub import model_file, read_model_file, read_model_json
-from minigpt.tokenizer import EOT, PATTERNS, Tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 VOCAB_JSON = "vocab.json"

@@ -59,7 +59,7 @@ from minigpt.run.layout import (
 from minigpt.run.safetensors_io import read_header, tensors_to_bytes
 
 if TYPE_CHECKING:
-    from minigpt.tokenizer import Tokenizer
+    from minigpt.data.tokenizer import Tokenizer
 
 @dataclasses.dataclass
 class Checkpoint:

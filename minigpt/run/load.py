@@ -11,6 +11,7 @@ import torch
 
 from minigpt.config import Config, model_hash
 from minigpt.core.gpt import GPT, device_of
+from minigpt.data.tokenizer import Tokenizer
 from minigpt.device import resolve_device
 from minigpt.errors import MinigptError
 from minigpt.files import permission_denied_as_error
@@ -24,7 +25,6 @@ from minigpt.run.layout import (
     OPTIM_FILE,
 )
 from minigpt.run.safetensors_io import check_against, load_tensors, read_header
-from minigpt.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass

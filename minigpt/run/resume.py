@@ -21,8 +21,8 @@ from minigpt.config import (
     parse_override,
     read_config,
 )
+from minigpt.config.fields import parse_value
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
-from minigpt.fields import parse_value
 from minigpt.files import load_yaml, permission_denied_as_error
 from minigpt.run.checkpoint import Checkpoint, verify_checkpoint
 from minigpt.run.layout import (

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minigpt.data import DATA_SPLIT  # recorded in every trainer_state.json (docs/data.md)
+from minigpt.data.cache import DATA_SPLIT  # recorded in every trainer_state.json (docs/data.md)
 from minigpt.errors import MinigptError
 from minigpt.files import ReadError, load_json
 from minigpt.run.metrics import finite, json_safe

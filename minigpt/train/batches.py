@@ -15,7 +15,7 @@ A row is block_size + 1 ids; its batch is x, y = rows[:, :-1], rows[:, 1:], each
 block_size) int64 (y[:, t] is the token after x[:, t]), copied to the device: through pinned
 memory, without waiting, to CUDA; contiguous copies elsewhere.
 
-Corpus rows (`TokenRows`): an offset is a start position in the token cache data.py prepares.
+Corpus rows (`TokenRows`): an offset is a start position in the token cache data/cache.py prepares.
 
 Synthetic induction rows (`InductionRows`, `data.source: induction`): no corpus; an offset is a
 per-sequence seed and the row is drawn from it, so a batch is a function of its offsets, as
@@ -62,11 +62,11 @@ import numpy as np
 import torch
 
 from minigpt.config import Config, TrainConfig
-from minigpt.data import Dataset, prepare_dataset
+from minigpt.data.cache import Dataset, prepare_dataset
+from minigpt.data.tokenizer import Tokenizer, build_tokenizer
 from minigpt.errors import ConfigError, MinigptError
 from minigpt.events import DatasetReady, OnEvent, no_events
 from minigpt.run.resume import Resumed
-from minigpt.tokenizer import Tokenizer, build_tokenizer
 from minigpt.train.distributed import DistInfo, main_first
 from minigpt.train.safety import check_memory
 

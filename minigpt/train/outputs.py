@@ -32,6 +32,7 @@ import os
 from pathlib import Path
 
 from minigpt.config import Config, to_yaml
+from minigpt.data.tokenizer import RANKS_FILE, SIDECAR_FILE, Tokenizer
 from minigpt.errors import WriteError
 from minigpt.events import CheckpointEvent, DoneEvent, EvalEvent, HeadScoresEvent, StepEvent
 from minigpt.files import atomic_write_bytes, atomic_write_text, check_replaceable, disk_error
@@ -39,7 +40,6 @@ from minigpt.heads.timeline import draw_timeline
 from minigpt.run.curves import CURVES_FILE, Series, write_curves
 from minigpt.run.layout import CONFIG_FILE, HEADS_PNG, METRICS_FILE, SUMMARY_FILE
 from minigpt.run.metrics import json_safe, metrics_upto
-from minigpt.tokenizer import RANKS_FILE, SIDECAR_FILE, Tokenizer
 
 
 def metrics_record(event: object) -> dict | None:

@@ -22,10 +22,10 @@ import torch
 
 from minigpt.config import Config, TrainConfig, head_scores_every
 from minigpt.core.generate import generate
+from minigpt.data.tokenizer import Tokenizer
 from minigpt.events import DoneEvent, EvalEvent, OnEvent, StartEvent, StepEvent
 from minigpt.heads.timeline import HeadWatch, all_formed
 from minigpt.run.state import TrainerState
-from minigpt.tokenizer import Tokenizer
 from minigpt.train.batches import Batches
 from minigpt.train.clock import Clock
 from minigpt.train.copies import copy_metrics

@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 from minigpt.config import Config
+from minigpt.data.tokenizer import Tokenizer
 from minigpt.events import CheckpointEvent, NothingSavedEvent, OnEvent
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import RunLock
 from minigpt.run.resume import Resumed, claim_fresh, open_run_dir
 from minigpt.run.state import TrainerState, rng_state
-from minigpt.tokenizer import Tokenizer
 from minigpt.train.distributed import DistInfo, main_first
 from minigpt.train.weights import Weights
 

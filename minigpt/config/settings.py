@@ -1,7 +1,7 @@
 """What every setting is: one dataclass per config section, each field on one line with its
 default, one-line help and bounds (`setting(...)`). Standard library only, so the maths
 (`minigpt/core/`) takes a `ModelConfig` without loading any file code; reading, overriding and
-checking a config file is `config.py`'s job.
+checking a config file is `load.py`'s job.
 
 One name per setting everywhere: dataclass field = YAML key = `--set section.key` path.
 docs/config.md is generated from these declarations (`python tools/docs_gen.py`).

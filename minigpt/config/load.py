@@ -21,11 +21,8 @@ from typing import Any
 
 import yaml
 
-from minigpt.errors import ArgumentError, ConfigError, MinigptError
-from minigpt.fields import build_section, describe, parse_value, unknown
-from minigpt.files import parse_yaml, read_text
-from minigpt.paths import CONFIGS_DIR, resolve_path
-from minigpt.settings import (
+from minigpt.config.fields import build_section, describe, parse_value, unknown
+from minigpt.config.settings import (
     HEAD_KINDS,
     SECTIONS,
     Config,
@@ -35,6 +32,9 @@ from minigpt.settings import (
     TokenizerConfig,
     TrainConfig,
 )
+from minigpt.errors import ArgumentError, ConfigError, MinigptError
+from minigpt.files import parse_yaml, read_text
+from minigpt.paths import CONFIGS_DIR, resolve_path
 
 __all__ = ["HEAD_KINDS", "SECTIONS", "Config", "ConfigError", "DataConfig", "MinigptError",
            "ModelConfig", "RunConfig", "TokenizerConfig", "TrainConfig", "apply_overrides",
@@ -126,7 +126,7 @@ def _check_induction(cfg: Config) -> None:
             f"data.induction_distinct: a row of model.block_size={m.block_size} needs up to "
             f"{fresh} distinct ids but data.induction_vocab is {d.induction_vocab}; raise "
             "data.induction_vocab or set data.induction_distinct to false")
-    if d.source == "induction" and not tc.encoding:  # (a named encoding is checked in data.py)
+    if d.source == "induction" and not tc.encoding:  # (a named encoding: data/cache.py)
         if tc.vocab_size != 256:
             raise ConfigError(
                 f"tokenizer.vocab_size: {tc.vocab_size} would train a BPE on the corpus, but "

@@ -25,7 +25,7 @@ import numpy as np
 import tiktoken
 
 from minigpt.config import Config
-from minigpt.corpus import (
+from minigpt.data.corpus import (
     CHUNK_BYTES,
     PROGRESS_BYTES,
     SPLIT_RULE,
@@ -38,6 +38,7 @@ from minigpt.corpus import (
     spans_hash,
     split_corpus,
 )
+from minigpt.data.records import record_format
 from minigpt.errors import MinigptError
 from minigpt.events import (
     BPETrained,
@@ -49,7 +50,6 @@ from minigpt.events import (
 )
 from minigpt.files import atomic_write_bytes, parse_json, read_file, shown
 from minigpt.paths import cache_root, resolve_path
-from minigpt.records import record_format
 
 EOT = "<|endoftext|>"
 RANKS_FILE = "tokenizer.tiktoken"
@@ -320,7 +320,7 @@ def build_tokenizer(cfg: Config, on_event: OnEvent | None = None) -> Tokenizer:
         return _from_encoding(tc.encoding, tc.pattern)
     if tc.vocab_size == 256:
         return bytes_tokenizer(tc.pattern)
-    return _trained(cfg, on_event)  # config.py refuses a BPE for the induction source
+    return _trained(cfg, on_event)  # config/load.py refuses a BPE for the induction source
 
 
 def _trained(cfg: Config, emit: OnEvent) -> Tokenizer:

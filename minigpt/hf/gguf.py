@@ -49,6 +49,7 @@ import torch
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import rope_interleaved_to_halves
+from minigpt.data.tokenizer import EOT, PATTERNS, Tokenizer
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.files import check_new_path, new_output
 from minigpt.hf.arch import GPT2, export_kind
@@ -56,7 +57,6 @@ from minigpt.hf.tokenizer import bpe_vocab
 from minigpt.hf.weights import zero_mlp
 from minigpt.run.checkpoint import model_tensors
 from minigpt.run.load import LoadedRun
-from minigpt.tokenizer import EOT, PATTERNS, Tokenizer
 
 ARCHITECTURES = {GPT2: "gpt2", "gpt_neox": "gptneox"}  # hf.arch kind -> llama.cpp name
 # minigpt's split patterns -> the llama.cpp pre-tokenizer whose regex splits text the same way

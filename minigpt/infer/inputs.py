@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from minigpt.core.generate import truncate_prompt
+from minigpt.data.tokenizer import Tokenizer
 from minigpt.device import resolve_device
 from minigpt.errors import ConflictError
 from minigpt.files import read_text_part
 from minigpt.run import LoadedRun, load_run
-from minigpt.tokenizer import Tokenizer
 
 MIN_TEXT_BYTES = 64 * 1024  # a text file up to this size is always read whole
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from minigpt.config import Config, DataConfig
-from minigpt.corpus import (
+from minigpt.data.corpus import (
     CHUNK_BYTES,
     SPLIT_RULE,
     CorpusSplit,
@@ -32,6 +32,7 @@ from minigpt.corpus import (
     list_corpus,
     split_corpus,
 )
+from minigpt.data.tokenizer import EOT, Tokenizer
 from minigpt.errors import MinigptError
 from minigpt.events import CorpusProgress, DatasetReady, OnEvent, TokenizingFile, no_events
 from minigpt.files import (
@@ -44,7 +45,6 @@ from minigpt.files import (
     shown,
 )
 from minigpt.paths import cache_root
-from minigpt.tokenizer import EOT, Tokenizer
 
 CACHE_VERSION = 3  # 3: documents of record files; an empty corpus is never cached
 DATA_SPLIT = "bytes"  # the split every run uses; checkpoints record it as data_split

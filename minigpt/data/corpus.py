@@ -4,7 +4,7 @@ Shared by the tokenizer (BPE training) and the data pipeline (tokenization), so 
 them in the import order: config -> corpus -> tokenizer -> data.
 
 A corpus is a sequence of documents: a text file is one document, each record of a JSON Lines
-or Parquet file (minigpt.records) is one. The train/validation split (`split_corpus`) is made
+or Parquet file (minigpt.data.records) is one. The train/validation split (`split_corpus`) is made
 on the documents' bytes before any tokenizer exists; its rule, the formats and the document
 rule are written once, in docs/data.md.
 
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from minigpt.data.records import SUFFIXES, RecordScan, digest, iter_records, record_format, scan
 from minigpt.errors import MinigptError, WriteError
 from minigpt.events import CorpusProgress, OnEvent, no_events
 from minigpt.files import open_regular, read_problem
 from minigpt.paths import is_glob, resolve_path
-from minigpt.records import SUFFIXES, RecordScan, digest, iter_records, record_format, scan
 
 CHUNK_BYTES = 1 << 20  # read size; pieces are about this long
 PROGRESS_BYTES = 64 << 20  # a CorpusProgress event every this many bytes of a long pass
