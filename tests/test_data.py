@@ -20,10 +20,11 @@ from minigpt.config import Config, ConfigError, MinigptError, from_dict
 from minigpt.data.cache import Dataset, prepare_dataset
 from minigpt.data.corpus import iter_pieces, list_corpus, records_digest, split_corpus
 from minigpt.data.records import iter_records
+from minigpt.data.rows import InductionRows, TokenRows, rows_for
 from minigpt.data.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 from minigpt.events import DatasetReady, TokenizingFile
 from minigpt.paths import DATA_DIR
-from minigpt.train.batches import InductionRows, TokenRows, rows_for, to_device
+from minigpt.train.batches import to_device
 
 SHAKESPEARE = (DATA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
 

@@ -30,6 +30,7 @@ FLOORS = [
     ("bench", {"minigpt.bench"}),
     ("cli", {"minigpt.cli", "minigpt.__main__"}),
 ]
+MAX_LOOSE_ROOT_MODULES = 8
 MAX_FUNCTION_LINES = 60  # the developers' guide: "a function over ~60 lines is a smell"
 
 
@@ -68,6 +69,18 @@ def imports_of(path: Path) -> set[str]:
 
 GRAPH = {name: {m for m in imports_of(p) if m in MODULES and m != name}
          for name, p in MODULES.items()}
+
+
+def test_the_package_root_holds_only_what_every_room_uses():
+    """Loose modules at the root are the ground floor and the device: everything else lives in
+    a room (a package) named for what it holds, so a newcomer opens a room, not a heap."""
+    loose = {f"minigpt.{p.stem}" for p in PACKAGE_DIR.glob("*.py")
+             if p.stem not in ("__init__", "__main__")}
+    assert len(loose) <= MAX_LOOSE_ROOT_MODULES, sorted(loose)
+    assert loose <= FLOORS[0][1] | {"minigpt.device"}, sorted(loose - FLOORS[0][1])
+    rooms = {m for _, members in FLOORS[1:] for m in members if m != "minigpt.__main__"}
+    assert all((PACKAGE_DIR.parent / m.replace(".", "/") / "__init__.py").is_file()
+               for m in rooms - {"minigpt.device"}), rooms
 
 
 def test_every_module_is_on_a_floor():

@@ -17,13 +17,14 @@ from test_train import tiny_sets
 
 from minigpt.config import ModelConfig, load_config
 from minigpt.core.gpt import GPT
+from minigpt.data.rows import rows_for
 from minigpt.events import EvalEvent
 from minigpt.hf import export_hf, load_model
 from minigpt.hf.arch import export_kind
 from minigpt.run import load_run
 from minigpt.run.resume import resume_config
 from minigpt.train import train
-from minigpt.train.batches import rows_for, to_device, validation_sample
+from minigpt.train.batches import to_device, validation_sample
 from minigpt.train.ema import WeightAverage, ema_decay
 
 # Trainings here draw no pictures (conftest.pictures_off: no test here reads curves.png or

@@ -1,5 +1,5 @@
-"""Token data: the corpus tokenized once into a memory-mapped cache (train/batches.py reads
-batches from it).
+"""Token data: the corpus tokenized once into a memory-mapped cache (rows.py reads the
+rows a training session trains on from it).
 
 Token cache (under `<cache dir>/tokens/`): `<key>.bin` holds every token of the corpus, each
 document preceded by `<|endoftext|>`, as uint16 when n_vocab <= 65536 else uint32: the
