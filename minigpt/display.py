@@ -11,6 +11,8 @@ what is shown, so a line can read differently from what it holds). Each is shown
 
 - `printable(text, keep="")`: every such character escaped except those in `keep` (a sample's
   newlines and tabs, say, which are its layout, not a command).
+- `head_name(layer, head)`: a head as every table, log line, picture and JSON names it,
+  `L1.H2` (core/graph.py's nodes are spelled the same; tests/test_display.py holds them to it).
 - `visible_token(s, max_len)`: a token's text for labels: whitespace made visible (space ·,
   newline ↵, tab →, CR ␍), every other such character escaped.
 """
@@ -37,3 +39,8 @@ def visible_token(s: str, max_len: int = 0) -> str:
     if max_len and len(text) > max_len:
         text = text[: max_len - 1] + "…"
     return text
+
+
+def head_name(layer: int, head: int) -> str:
+    """The one spelling of a head: `L{layer}.H{head}`, e.g. L1.H2."""
+    return f"L{layer}.H{head}"

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from minigpt.display import head_name
+
 OnEvent = Callable[[object], None]
 
 
@@ -211,7 +213,7 @@ def _ok(h: tuple[int, int, float | None]) -> bool:
 
 
 def _head(h: tuple[int, int, float | None]) -> str:
-    return f"L{h[0]}H{h[1]}"
+    return head_name(h[0], h[1])
 
 
 def _score(h: tuple[int, int, float | None]) -> str:

@@ -287,6 +287,6 @@ def test_bad_patching_input():
         c.make_metric(len(ids), answer=3)
     with pytest.raises(ArgumentError, match="same token"):
         c.make_metric(len(ids), answer=3, wrong=3)
-    with pytest.raises(ArgumentError, match="'sideways' is not one of"):
+    with pytest.raises(ArgumentError, match="'sideways' is not a direction"):
         c.patch_heads(model, ids, random_ids(seed=5), metric, direction="sideways")
     assert model.training is False

@@ -56,3 +56,17 @@ def test_train_prints_a_sample_with_its_controls_escaped(capsys):
     err = capsys.readouterr().err
     assert "  | ROMEO: hi\\x9b2J\n  | \tthere\\u202etxt.exe\\x1b[0m" in err
     assert not any(ord(ch) in CONTROLS - {0x0A, 0x09} for ch in err)
+
+
+def test_a_head_has_one_spelling_everywhere():
+    """Tables, logs, pictures (display.head_name) and the edge graph's nodes (core/graph.py,
+    which imports no display code) name a head the same way: L1.H2."""
+    from minigpt.config import ModelConfig
+    from minigpt.core.graph import graph_of
+    from minigpt.display import head_name
+
+    g = graph_of(ModelConfig(n_layer=2, n_head=3, n_embd=12, block_size=8, vocab_size=16))
+    heads = {g.writer_name(u) for u in range(g.n_writers)} - {"embed", "L0.MLP", "L1.MLP"}
+    assert heads == {head_name(la, h) for la in range(2) for h in range(3)}
+    assert head_name(1, 2) == "L1.H2"
+    assert events._head((1, 2, 0.95)) == "L1.H2"

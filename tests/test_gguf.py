@@ -463,7 +463,7 @@ def bad_export_cases(small_run: Path, tmp_path: Path) -> list[tuple[list[str], l
         (export_cmd(small_run, tmp_path / "o" / ("x" * 300 + ".gguf")),
          ["--out", "longer than the file system allows"]),
         (export_cmd(small_run, tmp_path / "o" / "x.gguf", "--dtype", "bf16"),
-         ["--dtype", "f32, f16"]),
+         ["--dtype", "float32, float16"]),
         (["--run", str(small_run), "--out", str(tmp_path / "o" / "hf"), "--dtype", "f16"],
          ["--dtype", "--format gguf"]),
     ]
@@ -637,7 +637,7 @@ def test_the_installed_command_writes_the_file_and_says_where(small_run, tmp_pat
     r = export(*export_cmd(small_run, out, "--dtype", "f16"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out)
-    assert "gpt2" in r.stderr and "f16" in r.stderr and "llama-bpe" in r.stderr
+    assert "gpt2" in r.stderr and "float16" in r.stderr and "llama-bpe" in r.stderr
     assert read_gguf(out)[0]["general.file_type"] == 1
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~current_umask())
 

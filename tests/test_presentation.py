@@ -283,15 +283,15 @@ def test_an_induction_summary_says_whether_the_circuit_formed():
     done.heads = heads_event(2000, [[0.0, 0.0], [0.2, 0.94]], [[0.9512, 0.3], [0.99, 0.1]])
     rows = dict(done.summary_rows())
     # the previous-token head is the best of the layers below the induction head's
-    assert rows["heads"] == ("formed at step 2000: L1H1 is an induction head (0.940) and L0H0 a "
+    assert rows["heads"] == ("formed at step 2000: L1.H1 is an induction head (0.940) and L0.H0 a "
                              "previous-token head (0.951), on the induction probe")
     assert rows["next"] == "minigpt inspect-heads --run runs/x --probe induction"
 
     done.heads = heads_event(2000, [[0.0, 0.0], [0.8996, None]], [[0.93, 0.1], [0.0, 0.0]])
     rows = dict(done.summary_rows())
     assert rows["heads"] == (
-        "NOT formed by step 2000: no induction head (the best, L1H0, scores 0.899; 0.9 "
-        "needed); previous-token head formed (L0H0, 0.930). The model predicts 98.1% of the "
+        "NOT formed by step 2000: no induction head (the best, L1.H0, scores 0.899; 0.9 "
+        "needed); previous-token head formed (L0.H0, 0.930). The model predicts 98.1% of the "
         "copies (val, step 2000) some other way.")
     assert rows["next"].startswith("see what the model does instead: minigpt inspect-heads "
                                    "--run runs/x --probe induction (each head's pattern); ")
@@ -299,8 +299,8 @@ def test_an_induction_summary_says_whether_the_circuit_formed():
     # an induction head without a previous-token head: it may well be what copies
     done.heads = heads_event(2000, [[0.0, 0.0], [0.95, 0.1]], [[0.88, 0.1], [0.0, 0.0]])
     assert dict(done.summary_rows())["heads"] == (
-        "NOT formed by step 2000: induction head formed (L1H0, 0.950); no previous-token head "
-        "(the best, L0H0, scores 0.880; 0.9 needed). The model predicts 98.1% of the copies "
+        "NOT formed by step 2000: induction head formed (L1.H0, 0.950); no previous-token head "
+        "(the best, L0.H0, scores 0.880; 0.9 needed). The model predicts 98.1% of the copies "
         "(val, step 2000).")
     assert events.circuit_check(5, {"induction": [[0.99]], "previous": [[0.99]]}) is None
     assert events.circuit_check(5, {"induction": [[1], "x"], "previous": [[1], [1]]}) is None
@@ -535,10 +535,10 @@ def test_heads_png_names_the_pair_at_each_point_and_calls_a_head_formed_only_whe
         Figure.savefig = original
     ax = seen[0].axes[2]  # the circuit panel
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "L0H1 -> L1H0" in labels and "L0H0 -> L1H1" in labels
-    assert "L0H0 (previous 0.95) -> L1H1 (induction 0.92)" in ax.get_title()
+    assert "L0.H1 -> L1.H0" in labels and "L0.H0 -> L1.H1" in labels
+    assert "L0.H0 (previous 0.95) -> L1.H1 (induction 0.92)" in ax.get_title()
     names = [t.get_text() for t in seen[0].axes[-1].texts]  # the DLA head where it changes
-    assert names == ["L0H1", "L1H1"]
+    assert names == ["L0.H1", "L1.H1"]
     early = timeline._pair_title(recs[0]["circuit"], recs[0]["scores"])
-    assert early == ("L0H1 (best previous 0.20, not formed) -> "
-                     "L1H0 (best induction 0.10, not formed)")
+    assert early == ("L0.H1 (best previous 0.20, not formed) -> "
+                     "L1.H0 (best induction 0.10, not formed)")

@@ -7,26 +7,29 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from minigpt.cli.heads import (
+from minigpt.cli.main import (
     AnswerOpt,
     CheckpointOpt,
+    DeviceOpt,
+    FilesOutOpt,
+    JsonOpt,
+    LensOpt,
     MaxTokensOpt,
+    ModelOpt,
+    PatchDirectionOpt,
+    PatchFromOpt,
     ProbeOpt,
-    SeedOpt,
+    ProbeSeedOpt,
+    RunOpt,
+    TargetOpt,
     TextFileOpt,
     TextOpt,
-    WrongOpt,
-)
-from minigpt.cli.main import (
-    DeviceOpt,
-    ModelOpt,
-    RunOpt,
     ThreadsOpt,
+    WrongOpt,
     app,
     load_inspected,
     out_console,
@@ -35,25 +38,10 @@ from minigpt.cli.main import (
 from minigpt.display import printable
 from minigpt.files import shown
 
-PatchFromOpt = Annotated[str | None, typer.Option(
-    "--patch-from", metavar="TEXT|corrupted-second|corrupted-first", help="The corrupted input "
-    "(required): a text of the same length (with --text / --text-file), or, with --probe "
-    "induction, `corrupted-second` (alias `corrupted`: its second copy's tokens replaced) or "
-    "`corrupted-first` (its first copy's tokens replaced).")]
-LensOpt = Annotated[bool, typer.Option(
-    "--lens", help="Also the logit lens of the (first) clean input: the residual stream after "
-    "the embedding and after each layer read through the final norm and the unembedding, at "
-    "the scored positions (a table, and `lens` in the JSON).")]
-DirectionOpt = Annotated[str, typer.Option(
-    "--patch-direction", help="noising: each edge's score estimates what taking it from the "
-    "corrupted run does to the clean run; denoising: what taking it from the clean run does "
-    "to the corrupted run (TransformerLens's sign).")]
-TargetOpt = Annotated[str | None, typer.Option(
-    "--target", metavar="TOKEN", help="Score this token at every scored position instead of "
-    "the actual next token. One token of the vocabulary.")]
 MetricOpt = Annotated[str, typer.Option(
     "--metric", help="loss (of the next token, nats/token) or logit (of the next token) at "
-    "the scored positions; --answer/--wrong make it logit[answer] - logit[wrong].")]
+    "the scored positions; --answer/--wrong make it logit_diff, logit[answer] - "
+    "logit[wrong] at the last position (--metric logit_diff says so, and needs them).")]
 IgStepsOpt = Annotated[int, typer.Option(
     "--ig-steps", help="EAP-IG: the gradient averaged over this many points between the two "
     "inputs' embeddings; 1 = EAP.")]
@@ -73,34 +61,28 @@ CurveOpt = Annotated[bool, typer.Option(
 TopOpt = Annotated[int, typer.Option("--top", help="Edges in the table.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", help="Files to write as well: png (circuit.png, faithfulness.png), html "
-    "(circuit.html), json (circuit.json); repeatable or comma-separated.")]
-OutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="Directory for the files. Default: <run>/heads/.")]
-JsonOpt = Annotated[bool, typer.Option(
-    "--json", help="Print the circuit as JSON on stdout (every edge; no table).")]
+    "(circuit.html), json (circuit.json) (table: none); repeatable or comma-separated. The "
+    "table is printed in every case, except with --json.")]
 
 
 @app.command("circuit")
 def circuit_command(
     run: RunOpt = None, model: ModelOpt = None, checkpoint: CheckpointOpt = None,
     text: TextOpt = None, text_file: TextFileOpt = None, probe: ProbeOpt = None,
-    patch_from: PatchFromOpt = None, patch_direction: DirectionOpt = "noising",
+    patch_from: PatchFromOpt = None, patch_direction: PatchDirectionOpt = None,
     metric: MetricOpt = "loss", target: TargetOpt = None, answer: AnswerOpt = None,
     wrong: WrongOpt = None, ig_steps: IgStepsOpt = 5, edges: EdgesOpt = None,
     recover: RecoverOpt = None, pairs: PairsOpt = 1, curve: CurveOpt = True, top: TopOpt = 20,
-    max_tokens: MaxTokensOpt = None, seed: SeedOpt = 0, formats: FormatOpt = None,
-    out: OutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
+    max_tokens: MaxTokensOpt = None, seed: ProbeSeedOpt = 0, formats: FormatOpt = None,
+    out: FilesOutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
     threads: ThreadsOpt = 0, lens: LensOpt = False,
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
     from minigpt.core.circuit_args import check_search
-    from minigpt.core.sampling import check_seed
-    from minigpt.heads.flags import CIRCUIT_FORMATS, parse_formats
-    from minigpt.threads import check_threads
+    from minigpt.heads.flags import CIRCUIT_FORMATS, check_early
 
-    fmts = parse_formats(formats or [], CIRCUIT_FORMATS)  # every flag before torch loads
-    check_seed(seed)
-    check_threads(threads)
+    fmts = check_early(formats, seed, threads, valid=CIRCUIT_FORMATS)  # before torch loads
+    patch_direction = patch_direction or "noising"
     check_search(edges, recover, ig_steps, patch_direction)
     from minigpt.core.graph import graph_of
     from minigpt.device import cpu_threads

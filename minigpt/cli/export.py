@@ -18,7 +18,7 @@ FORMATS = ("hf", "gguf")
 @app.command("export")
 def export_command(
     out: Annotated[Path, typer.Option(
-        "--out", help="hf: a directory to create (missing or empty); gguf: a new file "
+        "--out", "-o", help="hf: a directory to create (missing or empty); gguf: a new file "
         "(FILE.gguf). Never overwritten.")],
     run: RunOpt = None,
     fmt: Annotated[str, typer.Option(
@@ -26,8 +26,8 @@ def export_command(
         "load (learned positions -> GPT-2, RoPE -> GPT-NeoX). gguf: one file llama.cpp loads "
         "(gpt2 / gptneox; needs pip install 'minigpt-lab[gguf]').")] = "hf",
     dtype: Annotated[str, typer.Option(
-        "--dtype", help="gguf only: f32 (exact) or f16 (half the size) for the matrices.")]
-        = "f32",
+        "--dtype", help="gguf only: float32 (exact) or float16 (half the size) for the "
+        "matrices (f32 and f16 still read).")] = "float32",
 ) -> None:
     """Export a trained run for other tools: transformers (--format hf) or llama.cpp (gguf)."""
     if fmt not in FORMATS:
@@ -35,7 +35,9 @@ def export_command(
     if fmt == "gguf":
         _gguf(out, run, dtype)
     else:
-        if dtype != "f32":
+        from minigpt.hf.gguf import gguf_dtype
+
+        if gguf_dtype(dtype) != "float32":
             raise ArgumentError("dtype", "applies to --format gguf only; --format hf writes "
                                 "float32")
         _hf(out, run)
@@ -83,11 +85,9 @@ def _hf(out: Path, run: Path | None) -> None:
 
 
 def _gguf(out: Path, run: Path | None, dtype: str) -> None:
-    from minigpt.hf.gguf import DTYPES, check_gguf_out, export_gguf, require_gguf
+    from minigpt.hf.gguf import check_gguf_out, export_gguf, gguf_dtype, require_gguf
 
-    if dtype not in DTYPES:
-        raise ArgumentError("dtype", f"'{dtype}' is not a GGUF dtype here; valid: "
-                            f"{', '.join(DTYPES)}")
+    dtype = gguf_dtype(dtype)
     require_gguf()  # fail before loading anything
     check_gguf_out(out)
     loaded = _load(run)

@@ -5,33 +5,39 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from minigpt.cli.main import (
+    AnswerOpt,
+    CheckpointOpt,
     DeviceOpt,
+    FilesOutOpt,
+    JsonOpt,
+    LensOpt,
+    MaxTokensOpt,
     ModelOpt,
+    PatchDirectionOpt,
+    PatchFromOpt,
+    ProbeOpt,
+    ProbeSeedOpt,
     RunOpt,
+    TargetOpt,
+    TextFileOpt,
+    TextOpt,
     ThreadsOpt,
+    WrongOpt,
     app,
     load_inspected,
     out_console,
     say,
 )
 from minigpt.cli.shading import shade as _shade
-from minigpt.display import printable
+from minigpt.display import head_name, printable
 from minigpt.errors import ArgumentError
 from minigpt.files import shown
 
-TextOpt = Annotated[str | None, typer.Option(
-    "--text", help="Text to run through the model. Default: a built-in passage.")]
-TextFileOpt = Annotated[Path | None, typer.Option(
-    "--text-file", help="Read the text from this UTF-8 file.")]
-ProbeOpt = Annotated[str | None, typer.Option(
-    "--probe", help="Built-in synthetic input instead of text: induction (random tokens "
-    "repeated twice), previous (no repeats), duplicate (8 ids, many repeats).")]
 LayerOpt = Annotated[list[int] | None, typer.Option(
     "--layer", help="Layer to show (repeatable). Default: all.")]
 HeadOpt = Annotated[list[int] | None, typer.Option(
@@ -39,14 +45,6 @@ HeadOpt = Annotated[list[int] | None, typer.Option(
 FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", help="Files to write as well: png, html, safetensors, json (table: none); "
     "repeatable or comma-separated. The table is printed in every case, except with --json.")]
-OutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="Directory for the files. Default: <run>/heads/.")]
-MaxTokensOpt = Annotated[int | None, typer.Option(
-    "--max-tokens", help="Inspect at most this many tokens (2..block_size; longer text is "
-    "cut). Default: block_size.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic probes.")]
-JsonOpt = Annotated[bool, typer.Option(
-    "--json", help="Print the head scores as JSON on stdout (no tables).")]
 AblateOpt = Annotated[str | None, typer.Option(
     "--ablate", metavar="MODE", help="Also measure what each head carries: the loss with that "
     "head alone ablated minus the loss without (nats/token). zero: its output replaced by "
@@ -60,52 +58,24 @@ CompositionOpt = Annotated[bool, typer.Option(
     "--composition", help="Also score how much every head's output is read by the queries, "
     "keys and values of each later head (Q/K/V composition, from the weights), beside the "
     "score of random weights of the same shapes.")]
-PatchFromOpt = Annotated[str | None, typer.Option(
-    "--patch-from", metavar="TEXT|corrupted-second|corrupted-first", help="Also patch every "
-    "head from a corrupted input of the same length: a text (with --text / --text-file), or, "
-    "with --probe induction, `corrupted-second` (alias `corrupted`: its second copy's tokens "
-    "replaced) or `corrupted-first` (its first copy's tokens replaced: what the previous-token "
-    "head carries shows here). Per head: the fraction of the metric's change that patching it "
-    "alone moves.")]
-LensOpt = Annotated[bool, typer.Option(
-    "--lens", help="Also read the residual stream after the embedding and after each layer "
-    "through the final norm and the unembedding (the logit lens), at the scored positions: the "
-    "target's logit, rank and probability and the top token at each point (lens.png with "
-    "--format png).")]
-DirectionOpt = Annotated[str | None, typer.Option(
-    "--patch-direction", help="With --patch-from. noising (the default): the clean run with "
-    "one head's output from the corrupted run (what it destroys); denoising: the corrupted run "
-    "with one head's clean output (what it restores).")]
-TargetOpt = Annotated[str | None, typer.Option(
-    "--target", metavar="TOKEN", help="Attribute (and score the loss of) this token at every "
-    "scored position instead of the actual next token. One token of the vocabulary.")]
-AnswerOpt = Annotated[str | None, typer.Option(
-    "--answer", metavar="TOKEN", help="With --wrong: the metric of --dla and --patch-from "
-    "is logit[answer] - logit[wrong] at the last position (e.g. --answer ' Mary' --wrong "
-    "' John').")]
-WrongOpt = Annotated[str | None, typer.Option(
-    "--wrong", metavar="TOKEN", help="The token --answer is compared with (one token).")]
-CheckpointOpt = Annotated[int | None, typer.Option(
-    "--checkpoint", metavar="STEP", help="Inspect the run's kept checkpoint of this step "
-    "(train.keep_checkpoints sets how many are kept). Default: the latest.")]
 
 
 @app.command("inspect-heads")
 def inspect_heads_command(
     run: RunOpt = None, text: TextOpt = None, text_file: TextFileOpt = None,
     probe: ProbeOpt = None, layer: LayerOpt = None, head: HeadOpt = None,
-    formats: FormatOpt = None, out: OutOpt = None, max_tokens: MaxTokensOpt = None,
-    seed: SeedOpt = 0, json_out: JsonOpt = False, device: DeviceOpt = "auto",
+    formats: FormatOpt = None, out: FilesOutOpt = None, max_tokens: MaxTokensOpt = None,
+    seed: ProbeSeedOpt = 0, json_out: JsonOpt = False, device: DeviceOpt = "auto",
     model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
     dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
-    patch_direction: DirectionOpt = None, target: TargetOpt = None,
+    patch_direction: PatchDirectionOpt = None, target: TargetOpt = None,
     answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
     lens: LensOpt = False,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.heads.flags import check_patch_direction
+    from minigpt.heads.flags import check_early, check_patch_direction
 
-    fmts = _check_flags(formats, seed, ablate, threads)  # before torch loads
+    fmts = check_early(formats, seed, threads, ablate=ablate)  # before torch loads
     patch_direction = check_patch_direction(patch_from, patch_direction)
     from minigpt.device import cpu_threads
     from minigpt.heads import output
@@ -150,24 +120,10 @@ def inspect_heads_command(
         _print_tables(insp, layers, heads)
 
 
-def _check_flags(formats: list[str] | None, seed: int, ablate: str | None,
-                 threads: int) -> list[str]:
-    """The flags checked before torch loads; the formats asked for."""
-    from minigpt.core.sampling import check_seed
-    from minigpt.heads.flags import check_ablate, parse_formats
-    from minigpt.threads import check_threads
-
-    fmts = parse_formats(formats or [])
-    check_seed(seed)  # as sample's: torch generators take [0, 2**64)
-    check_ablate(ablate)
-    check_threads(threads)
-    return fmts
-
-
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
                      direction, target, answer, wrong, lens=False):
     """What of heads.circuits to measure (None: nothing), every token checked first."""
-    from minigpt.core.circuits import DIRECTIONS, check_composition, check_same_length
+    from minigpt.core.circuits import check_composition, check_same_length
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
 
@@ -176,9 +132,6 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
         if value is not None and not uses_metric:
             raise ArgumentError(param, "sets the metric of --dla, --patch-from and --lens; "
                                 "give one of them too")
-    if direction not in DIRECTIONS:
-        raise ArgumentError("patch_direction", f"'{direction}' is not a direction; valid: "
-                            f"{', '.join(DIRECTIONS)}")
     if not (uses_metric or composition):
         return None
     if composition:
@@ -370,8 +323,8 @@ def _composition_table(comp, top: int = 5):
         recs = sorted((r for r in comp.records() if r["kind"] == kind),
                       key=lambda r: -r["score"])[:top]
         for r in recs:
-            table.add_row(kind, f"L{r['from_layer']}.H{r['from_head']}",
-                          f"L{r['to_layer']}.H{r['to_head']}", f"{r['score']:.3f}",
+            table.add_row(kind, head_name(r['from_layer'], r['from_head']),
+                          head_name(r['to_layer'], r['to_head']), f"{r['score']:.3f}",
                           f"{r['baseline']:.3f}")
     return table
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import app, out_console, say
+from minigpt.cli.main import JsonOpt, app, out_console, say
 from minigpt.display import printable
 
 
@@ -19,8 +19,7 @@ def runs_command(
     directory: Annotated[Path, typer.Argument(
         help="Directory holding run directories (or one run directory).",
         metavar="DIR")] = Path("runs"),
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="One JSON document on stdout instead of the table.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """List runs: status, step, best and last val bits/byte, parameters, wall time, last
     change."""

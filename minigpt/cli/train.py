@@ -14,7 +14,7 @@ import typer
 
 from minigpt import events
 from minigpt.cli.main import app, err_console, out_console
-from minigpt.display import printable
+from minigpt.display import head_name, printable
 
 
 @app.command("train")
@@ -180,7 +180,7 @@ class _TrainView:
                       "more model.dropout would help")
 
     def _head_formed(self, e: events.HeadFormedEvent) -> None:
-        self.line(f"L{e.layer}H{e.head} became {e.what} at step {e.step:,} "
+        self.line(f"{head_name(e.layer, e.head)} became {e.what} at step {e.step:,} "
                   f"({e.kind} score {e.score:.2f})")
 
     def _nothing_saved(self, e: events.NothingSavedEvent) -> None:

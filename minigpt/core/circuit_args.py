@@ -1,7 +1,8 @@
 """What a circuit search is asked for, checked without torch: `minigpt circuit` refuses a bad
 `--edges`, `--recover`, `--ig-steps` or `--patch-direction` at once, before torch and the model
 load, and `core.graph.find_circuit` checks the same rule for Python callers (both call
-`check_search`)."""
+`check_search`). The patching direction's rule (`check_direction`) serves the heads' patching
+and inspect-heads too; the IG steps' (`check_ig_steps`) the edge scores."""
 
 from __future__ import annotations
 
@@ -24,9 +25,23 @@ def check_search(edges: int | None, recover: float | None, ig_steps: int,
     if recover is not None and not 0.0 < recover <= 1.0:
         raise ArgumentError("recover", "must be a fraction in (0, 1], e.g. 0.9",
                             subject=recover)
+    check_ig_steps(ig_steps)
+    check_direction(direction)
+
+
+def check_ig_steps(ig_steps: int) -> int:
+    """`ig_steps` >= 1 (1 = EAP, more = EAP-IG), else an ArgumentError: the one rule, for
+    `minigpt circuit` before torch loads and for every Python caller of the edge scores."""
     if ig_steps < 1:
         raise ArgumentError("ig_steps", "must be at least 1 (1 = EAP, more = EAP-IG)",
                             subject=ig_steps)
+    return ig_steps
+
+
+def check_direction(direction: str) -> str:
+    """A patching direction, one of DIRECTIONS, else an ArgumentError naming
+    `--patch-direction`: the one rule for heads (`core.circuits.patch_heads`) and edges."""
     if direction not in DIRECTIONS:
         raise ArgumentError("patch_direction", f"'{direction}' is not a direction; valid: "
                             f"{', '.join(DIRECTIONS)}")
+    return direction

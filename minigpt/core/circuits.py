@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.circuit_args import DIRECTIONS
+from minigpt.core.circuit_args import DIRECTIONS, check_direction  # noqa: F401 - DIRECTIONS re-exported
 from minigpt.core.gpt import device_of, eval_mode, norm
 from minigpt.core.patching import (  # noqa: F401 - Metric, make_metric, check_same_length re-exported
     CHUNK_FLOATS,
@@ -374,8 +374,7 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
     layer l's heads run layers l.. only, in batches bounded by CHUNK_FLOATS). Eval mode,
     restored after. ArgumentError for inputs of different lengths or a corrupted input that
     leaves the metric where it was (nothing to attribute)."""
-    if direction not in DIRECTIONS:
-        raise ArgumentError("direction", f"'{direction}' is not one of {', '.join(DIRECTIONS)}")
+    check_direction(direction)
     check_same_length(clean, corrupted)
     L, H = model.cfg.n_layer, model.cfg.n_head
     device = device_of(model)

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.circuit_args import DEFAULT_RECOVER, DIRECTIONS, check_search  # noqa: F401
+from minigpt.core.circuit_args import DEFAULT_RECOVER, DIRECTIONS, check_ig_steps, check_search  # noqa: F401
 from minigpt.core.gpt import AttnSpec, Intervention, eval_mode
 from minigpt.core.patching import SMALL_GAP, Metric, record, run_value, sweep
 from minigpt.errors import ArgumentError, MinigptError
@@ -275,8 +275,7 @@ def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
     metric(base with the edge patched from source) - metric(base)); `targets` (B, P) the
     scored tokens. ig_steps 1: both are EAP. The model's parameters get no gradient."""
     graph = graph_of(model.cfg)
-    if ig_steps < 1:
-        raise ArgumentError("ig_steps", f"must be at least 1, got {ig_steps}")
+    check_ig_steps(ig_steps)
     U, R = graph.n_writers, graph.n_readers
     eap = torch.zeros(U, R, dtype=torch.float64)
     ig = torch.zeros(U, R, dtype=torch.float64)

@@ -8,6 +8,7 @@ ranking, with each curve's area)."""
 from __future__ import annotations
 
 from minigpt.core.graph import FRACTIONS, Circuit
+from minigpt.display import head_name
 from minigpt.heads.heatmap import _png_bytes
 
 BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
@@ -22,7 +23,7 @@ def _positions(result: Circuit) -> dict[str, tuple[float, float]]:
     y = 1.0
     for layer in range(g.n_layer):
         for h in range(g.n_head):
-            pos[f"L{layer}.H{h}"] = (float(h), y)
+            pos[head_name(layer, h)] = (float(h), y)
         if g.mlp:
             pos[f"L{layer}.MLP"] = ((g.n_head - 1) / 2, y + 1)
         y += 2 if g.mlp else 1

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from minigpt.core.circuits import KINDS, Composition
+from minigpt.display import head_name
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.heatmap import _png_bytes
 from minigpt.heads.inspection import PATCH_READING, Inspection
@@ -38,9 +39,9 @@ def composition_png(comp: Composition, title: str = "") -> bytes:
         im = ax.imshow(np.ma.masked_where(mask, grid), cmap="magma", vmin=0, vmax=top,
                        interpolation="nearest", aspect="auto")
         if len(cols) <= 24:
-            ax.set_xticks(range(len(cols)), [f"L{a}H{b}" for a, b in cols], rotation=90,
+            ax.set_xticks(range(len(cols)), [head_name(a, b) for a, b in cols], rotation=90,
                           fontsize=7)
-            ax.set_yticks(range(len(rows)), [f"L{a}H{b}" for a, b in rows], fontsize=7)
+            ax.set_yticks(range(len(rows)), [head_name(a, b) for a, b in rows], fontsize=7)
         ax.set_xlabel("earlier head (writes)")
         ax.set_ylabel("later head (reads)")
         ax.set_title(f"{KIND_TITLE[kind]} (random weights: {comp.baseline[kind]:.3f})",

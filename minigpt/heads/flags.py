@@ -1,13 +1,16 @@
-"""inspect-heads' own flags, checked before anything heavy loads (standard library only, no
-torch): a typo in `--format` or `--ablate` is refused at once, not after torch and the model
-have loaded (seconds on a busy laptop)."""
+"""inspect-heads' and circuit's own flags, checked before anything heavy loads (standard
+library only, no torch): a typo in `--format` or `--ablate` is refused at once, not after
+torch and the model have loaded (seconds on a busy laptop)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minigpt.core.circuit_args import check_direction
 from minigpt.core.modes import check_mode
+from minigpt.core.sampling import check_seed
 from minigpt.errors import ArgumentError
+from minigpt.threads import check_threads
 
 FORMATS = ("table", "png", "html", "safetensors", "json")
 CIRCUIT_FORMATS = ("table", "png", "html", "json")  # what `minigpt circuit --format` writes
@@ -35,8 +38,21 @@ def check_ablate(mode: str | None) -> None:
 
 def check_patch_direction(patch_from: str | None, direction: str | None) -> str:
     """`--patch-direction` (None: noising) applies to `--patch-from` only: given without it,
-    it would change nothing, so it is refused (ArgumentError) instead of ignored."""
+    it would change nothing, so it is refused (ArgumentError) instead of ignored; a direction
+    must be one of core.circuit_args.DIRECTIONS (`check_direction`, the one rule)."""
     if direction is not None and patch_from is None:
         raise ArgumentError("patch_direction", "applies to --patch-from only; give --patch-from "
                             "too, or leave it out")
-    return "noising" if direction is None else direction
+    return check_direction("noising" if direction is None else direction)
+
+
+def check_early(formats: Sequence[str] | None, seed: int, threads: int, *,
+                valid: Sequence[str] = FORMATS, ablate: str | None = None) -> list[str]:
+    """The flags inspect-heads and circuit share, checked before torch loads: the formats
+    asked for (returned), the seed (as sample's: torch generators take [0, 2**64)), the
+    threads and inspect-heads' ablation mode."""
+    fmts = parse_formats(formats or [], valid)
+    check_seed(seed)
+    check_ablate(ablate)
+    check_threads(threads)
+    return fmts

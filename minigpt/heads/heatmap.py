@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minigpt.display import visible_token
+from minigpt.display import head_name, visible_token
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.inspection import Inspection
 
@@ -71,7 +71,7 @@ def grid_figure(insp: Inspection):
             ax = axes[layer][head]
             im = ax.imshow(_masked(insp.attention[layer, head]), cmap=cmap, vmin=0.0, vmax=1.0,
                            interpolation="nearest")
-            ax.set_title(f"L{layer} H{head}: {insp.dominant(layer, head)}", fontsize=9)
+            ax.set_title(f"{head_name(layer, head)}: {insp.dominant(layer, head)}", fontsize=9)
             ax.set_xticks(ticks)
             ax.set_yticks(ticks)
             ax.tick_params(labelsize=7)

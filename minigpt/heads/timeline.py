@@ -43,6 +43,7 @@ from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.graph import attribute_edges, graph_of
 from minigpt.core.heads import score_heads
 from minigpt.core.patching import run_value
+from minigpt.display import head_name
 from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent, circuit_check
 from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
 
@@ -280,7 +281,7 @@ PAIR_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", 
 
 def _pair_of(c: dict) -> str:
     (lp, hp), (li, hi) = c["previous_head"], c["induction_head"]
-    return f"L{lp}H{hp} -> L{li}H{hi}"
+    return f"{head_name(lp, hp)} -> {head_name(li, hi)}"
 
 
 def _both_formed(c: dict, scores: dict) -> bool:
@@ -317,8 +318,8 @@ def _pair_points(ax, pts) -> None:
 def _pair_title(c: dict, scores: dict) -> str:
     """The last pair, each head called what it is only when it has formed."""
     (lp, hp), (li, hi) = c["previous_head"], c["induction_head"]
-    return (f"L{lp}H{hp} {_formed_label('previous', scores['previous'][lp][hp])} -> "
-            f"L{li}H{hi} {_formed_label('induction', scores['induction'][li][hi])}")
+    return (f"{head_name(lp, hp)} {_formed_label('previous', scores['previous'][lp][hp])} -> "
+            f"{head_name(li, hi)} {_formed_label('induction', scores['induction'][li][hi])}")
 
 
 def _formed_label(kind: str, score: float | None) -> str:
@@ -331,11 +332,11 @@ def _formed_label(kind: str, score: float | None) -> str:
 
 
 def _name_changes(ax, pts: Sequence[tuple[int, list, float]]) -> None:
-    """Name the head ("L1H1") of the first point and of every point where it changes."""
+    """Name the head ("L1.H1") of the first point and of every point where it changes."""
     last = None
     for step, head, value in pts:
         if head != last:
-            ax.annotate(f"L{head[0]}H{head[1]}", (step, value), textcoords="offset points",
+            ax.annotate(head_name(head[0], head[1]), (step, value), textcoords="offset points",
                         xytext=(0, 5), fontsize=6,
                         color="tab:orange", ha="center")
             last = head

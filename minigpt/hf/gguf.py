@@ -23,7 +23,7 @@ Tensors, in numpy's shapes (ggml lists dimensions the other way round, so nn.Lin
                                          reuses token_embd otherwise); gptneox always needs it
 
 llama.cpp requires every bias: those a `model.bias: false` model lacks are zeros (the same
-function). `--dtype f16` stores the matrices as float16; vectors stay float32.
+function). `--dtype float16` stores the matrices as float16; vectors stay float32.
 
 Tokenizer: llama.cpp's `gpt2` model (byte-level BPE): the tokens in id order in GPT-2's byte
 alphabet and the merges recovered from the ranks (`hf.tokenizer.bpe_vocab`, as the
@@ -61,7 +61,8 @@ from minigpt.run.load import LoadedRun
 ARCHITECTURES = {GPT2: "gpt2", "gpt_neox": "gptneox"}  # hf.arch kind -> llama.cpp name
 # minigpt's split patterns -> the llama.cpp pre-tokenizer whose regex splits text the same way
 PRE_TOKENIZERS = {PATTERNS["gpt4"]: "llama-bpe", PATTERNS["gpt2"]: "gpt-2"}
-DTYPES = {"f32": (np.float32, 0), "f16": (np.float16, 1)}  # -> numpy dtype, general.file_type
+DTYPES = {"float32": (np.float32, 0), "float16": (np.float16, 1)}  # numpy dtype, general.file_type
+DTYPE_ALIASES = {"f32": "float32", "f16": "float16"}  # the spellings before bench's were adopted
 # llama.cpp's token types (gguf-py's TokenType)
 NORMAL, CONTROL, UNUSED = 1, 3, 5
 # llama.cpp needs a merge list and the gguf writer refuses an empty one: a bytes tokenizer (no
@@ -74,7 +75,7 @@ class GGUFExport:
     out: Path
     architecture: str  # gpt2 | gptneox
     pre_tokenizer: str  # llama-bpe | gpt-2
-    dtype: str  # f32 | f16
+    dtype: str  # float32 | float16
     n_params: int
     n_bytes: int
 
@@ -113,14 +114,24 @@ def pre_tokenizer(tok: Tokenizer) -> str:
 # What the file holds: metadata and tensors as plain data.
 
 
-def gguf_metadata(loaded: LoadedRun, dtype: str = "f32") -> tuple[str, dict[str, object]]:
+def gguf_dtype(dtype: str) -> str:
+    """The matrices' dtype by its one spelling (float32 | float16, as `minigpt bench --dtype`
+    spells them; f32 and f16 still read), else an ArgumentError naming `--dtype`."""
+    name = DTYPE_ALIASES.get(dtype, dtype)
+    if name not in DTYPES:
+        raise ArgumentError("dtype", f"'{dtype}' is not a GGUF dtype here; valid: "
+                            f"{', '.join(DTYPES)}")
+    return name
+
+
+def gguf_metadata(loaded: LoadedRun, dtype: str = "float32") -> tuple[str, dict[str, object]]:
     """(llama.cpp architecture, {key: value}) of the GGUF file. Value types: bool, int (written
     as uint32), float (float32), str, list[str], list[int] (int32)."""
     m, tok = loaded.cfg.model, loaded.tokenizer
     arch = ARCHITECTURES[export_kind(m)]
     meta: dict[str, object] = {
         "general.name": Path(loaded.source).name or loaded.source,
-        "general.file_type": DTYPES[dtype][1],
+        "general.file_type": DTYPES[gguf_dtype(dtype)][1],
         f"{arch}.context_length": m.block_size,
         f"{arch}.embedding_length": m.n_embd,
         f"{arch}.block_count": m.n_layer,
@@ -155,7 +166,7 @@ def tokenizer_metadata(tok: Tokenizer, vocab_size: int) -> dict[str, object]:
             "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": False}
 
 
-def gguf_tensors(loaded: LoadedRun, dtype: str = "f32") -> dict[str, np.ndarray]:
+def gguf_tensors(loaded: LoadedRun, dtype: str = "float32") -> dict[str, np.ndarray]:
     """{GGUF name: array} in llama.cpp's order and shapes (the table in the module docstring);
     matrices in `dtype`, vectors float32."""
     m = loaded.cfg.model
@@ -187,7 +198,7 @@ def gguf_tensors(loaded: LoadedRun, dtype: str = "f32") -> dict[str, np.ndarray]
         out["output.weight"] = state["lm_head.weight"]
     elif kind != GPT2:  # llama.cpp's gptneox has no tied head: the embedding again
         out["output.weight"] = state["wte.weight"]
-    matrix = DTYPES[dtype][0]
+    matrix = DTYPES[gguf_dtype(dtype)][0]
     return {name: np.ascontiguousarray(t.numpy(), dtype=matrix if t.ndim == 2 else np.float32)
             for name, t in out.items()}
 
@@ -205,11 +216,9 @@ def _qkv_rows(m: ModelConfig) -> torch.Tensor:
 # Writing.
 
 
-def export_gguf(loaded: LoadedRun, out: str | Path, dtype: str = "f32") -> GGUFExport:
+def export_gguf(loaded: LoadedRun, out: str | Path, dtype: str = "float32") -> GGUFExport:
     """Write `loaded` (a run, or any LoadedRun) as one GGUF file at `out` (a new file)."""
-    if dtype not in DTYPES:
-        raise ArgumentError("dtype", f"'{dtype}' is not a GGUF dtype here; valid: "
-                            f"{', '.join(DTYPES)}")
+    dtype = gguf_dtype(dtype)
     gguf = require_gguf()
     out = check_gguf_out(out)
     arch, meta = gguf_metadata(loaded, dtype)
