@@ -1,4 +1,4 @@
-"""What `inspect-heads --dla / --composition / --patch-from` cost (minigpt.core.circuits), on
+"""What `inspect-heads --dla / --composition / --patch-from` cost (minigpt.core.head_circuits), on
 the default model's shape and on GPT-2 small's (random weights: the cost does not depend on
 them), on the induction probe and its corrupted copy:
 
@@ -24,7 +24,7 @@ import time
 import torch
 
 from minigpt.config import ModelConfig
-from minigpt.core import circuits as c
+from minigpt.core import head_circuits as c
 from minigpt.core.gpt import GPT
 from minigpt.core.heads import ablate_heads
 

@@ -1,4 +1,4 @@
-"""How heads work together (minigpt.core.circuits) on hand-built models: a previous-token head
+"""How heads work together (minigpt.core.head_circuits) on hand-built models: a previous-token head
 feeding an induction head gives each number its meaning (direct logit attribution lands on the
 induction head, K-composition links the two heads, patching the induction head moves the whole
 metric); random models check the algebra (the attribution adds up to the logit, the factored
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minigpt.config import ModelConfig
-from minigpt.core import circuits as c
+from minigpt.core import head_circuits as c
 from minigpt.core import patching
 from minigpt.core.gpt import GPT, AttnSpec
 from minigpt.errors import ArgumentError, MinigptError

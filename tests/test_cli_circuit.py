@@ -1,4 +1,4 @@
-"""`minigpt circuit`: its JSON is the library's (minigpt.core.graph.find_circuit) in the
+"""`minigpt circuit`: its JSON is the library's (minigpt.core.edge_graph.find_circuit) in the
 issue's shape, its table fits 80 columns, its files are pictures, a page and JSON, and bad
 input is one line, exit 2, before any work (in-process through typer's CliRunner, and through
 the installed `minigpt` command)."""
@@ -18,8 +18,8 @@ from test_cli_circuits import error_line, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
-from minigpt.core import graph as G
-from minigpt.heads.graph import circuit_pairs
+from minigpt.core import edge_graph as G
+from minigpt.heads.edge_circuit import circuit_pairs
 from minigpt.run import load_run
 
 
@@ -177,7 +177,7 @@ def test_a_model_with_no_head_is_refused_before_any_work(run_dir, monkeypatch):
         loaded.cfg, model=dataclasses.replace(loaded.cfg.model, n_layer=0)))
     monkeypatch.setattr(minigpt.infer.inputs, "load_run_or_model", lambda *a, **k: headless)
     made = []
-    monkeypatch.setattr("minigpt.heads.graph.circuit_pairs", lambda *a, **k: made.append(1))
+    monkeypatch.setattr("minigpt.heads.edge_circuit.circuit_pairs", lambda *a, **k: made.append(1))
     assert "no head for a circuit" in error_line(invoke(run_dir, *PROBE))
     assert not made
 

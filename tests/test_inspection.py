@@ -320,7 +320,7 @@ def test_json_file_round_trips(insp, tmp_path):
 def test_pngs_are_produced_and_not_blank(insp, tmp_path):
     import matplotlib.image
 
-    from minigpt.heads.heatmap import write_pngs
+    from minigpt.heads.attention_png import write_pngs
 
     paths = write_pngs(insp, tmp_path, [(0, 1)])
     assert [p.name for p in paths] == ["attention_grid.png", "attention_L0_H1.png"]
@@ -341,7 +341,7 @@ def test_head_png_text_lies_inside_the_image(tokens):
     right edge. Every drawn text (title, axis and tick labels, colour bar) now lies inside."""
     from matplotlib.text import Text
 
-    from minigpt.heads.heatmap import head_figure
+    from minigpt.heads.attention_png import head_figure
 
     insp = ins.inspect(tiny_model(), prb.ProbeInput(tokens, [chr(t) for t in tokens], "text"),
                        run="r", step=1)

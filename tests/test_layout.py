@@ -177,7 +177,7 @@ def test_importing_the_core_loads_no_file_code():
     """The maths takes a ModelConfig without the config loader: importing every core module
     loads neither the file door, the YAML parser nor the config loader."""
     code = ("import sys\n"
-            "import minigpt.core.gpt, minigpt.core.heads, minigpt.core.circuits\n"
+            "import minigpt.core.gpt, minigpt.core.heads, minigpt.core.head_circuits\n"
             "import minigpt.core.generate, minigpt.core.step\n"
             "bad = {'minigpt.files', 'minigpt.config.load', 'minigpt.config.fields', "
             "'minigpt.paths', 'yaml'}\n"

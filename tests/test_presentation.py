@@ -169,7 +169,7 @@ def test_the_viewer_opens_on_the_most_distinctive_head():
 
 
 def test_the_grid_has_a_colour_bar_tick_labels_and_the_copy_boundary():
-    from minigpt.heads.heatmap import grid_figure
+    from minigpt.heads.attention_png import grid_figure
 
     fig = grid_figure(induction_probe(8))
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
@@ -457,7 +457,7 @@ def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
 
 def circuit_inspection(dla_heads, patch_effect, logit: float = 5.0) -> Inspection:
     """The hand-built induction inspection with DLA and patching numbers of our choosing."""
-    from minigpt.core.circuits import Attribution, Patching
+    from minigpt.core.head_circuits import Attribution, Patching
 
     insp = induction_inspection(8)
     insp.dla = Attribution(torch.tensor(dla_heads, dtype=torch.float64), {}, logit,
@@ -473,7 +473,7 @@ def test_circuits_png_has_one_scale_per_quantity_and_says_how_to_read_it():
     """DLA on +-the model's logit, patching on +-1 (the whole change), whatever the largest
     cell: a 0.14 next to a 2.2 is pale; a fraction above 1 takes the end colour, the colour
     bar's arrow says so, and the picture says why a fraction can pass 1."""
-    from minigpt.heads.circuits_png import circuits_figure
+    from minigpt.heads.head_circuits_png import circuits_figure
 
     insp = circuit_inspection([[0.14, 0.0], [0.0, 2.2]], [[0.14, 0.0], [-0.3, 2.2]], logit=3.0)
     fig = circuits_figure(insp)

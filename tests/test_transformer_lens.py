@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from minigpt.config import from_dict, load_config, to_dict
-from minigpt.core import circuits as c
+from minigpt.core import head_circuits as c
 from minigpt.core.gpt import GPT
 from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.errors import MinigptError

@@ -1,5 +1,5 @@
 """`minigpt circuit`: the edges of a model's graph that carry the difference between a clean
-input and a corrupted one (EAP or EAP-IG scores, `minigpt.core.graph`), the circuit of the
+input and a corrupted one (EAP or EAP-IG scores, `minigpt.core.edge_graph`), the circuit of the
 strongest of them checked by running it (the fraction recovered), the faithfulness curve; a
 table of the top edges and one line on stderr, the files asked for, or JSON."""
 
@@ -78,16 +78,16 @@ def circuit_command(
     threads: ThreadsOpt = 0, lens: LensOpt = False,
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
-    from minigpt.core.circuit_args import check_search
+    from minigpt.core.edge_args import check_search
     from minigpt.heads.flags import CIRCUIT_FORMATS, check_early
 
     fmts = check_early(formats, seed, threads, valid=CIRCUIT_FORMATS)  # before torch loads
     patch_direction = patch_direction or "noising"
     check_search(edges, recover, ig_steps, patch_direction)
-    from minigpt.core.graph import graph_of
+    from minigpt.core.edge_graph import graph_of
     from minigpt.device import cpu_threads
     from minigpt.heads import output
-    from minigpt.heads.graph import circuit_file_names, circuit_pairs, write_circuit_files
+    from minigpt.heads.edge_circuit import circuit_file_names, circuit_pairs, write_circuit_files
 
     loaded = load_inspected(run, model, device, checkpoint)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
@@ -133,7 +133,7 @@ def _measure(model, p, direction, ig_steps, edges, recover, curve, lens):
     """The circuit of the pairs `p` and, with `lens`, the logit lens (core.lens.Lens) of the
     first clean input at the metric's positions, of the metric's token (with --answer: the
     answer's, at the last position); None without."""
-    from minigpt.core.graph import find_circuit
+    from minigpt.core.edge_graph import find_circuit
     from minigpt.core.lens import logit_lens
 
     result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets,

@@ -123,7 +123,7 @@ def inspect_heads_command(
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
                      direction, target, answer, wrong, lens=False):
     """What of heads.circuits to measure (None: nothing), every token checked first."""
-    from minigpt.core.circuits import check_composition, check_same_length
+    from minigpt.core.head_circuits import check_composition, check_same_length
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
 

@@ -6,11 +6,17 @@
   intervention point for every head experiment.
 - `generate.py`: sampling numerics (temperature, top-k, top-p) and `generate` on token ids
   (`sampling.py`: the sampling settings and their checks, without torch, for the CLI).
-- `heads.py`: every number about a head: attention maps, pattern scores (and the same at every
-  offset and lag), ablation effects (`modes.py`: the ablation modes and their check, without
-  torch, for the CLI).
-- `circuits.py`: how heads work together: direct logit attribution, Q/K/V composition scores
-  (weights only), activation patching from a corrupted input.
+- `heads.py`: every number about a head alone: attention maps, pattern scores (and the same at
+  every offset and lag), ablation effects (`modes.py`: the ablation modes and their check,
+  without torch, for the CLI).
+- `head_circuits.py`: how heads work together, head by head: direct logit attribution, Q/K/V
+  composition scores (weights only), activation patching of each head from a corrupted input.
+- `edge_graph.py`: the circuit as a graph of edges (embedding, heads through their q, k and v
+  inputs apart, MLPs, logits): EAP and EAP-IG scores, the circuit kept and checked by running
+  it, the faithfulness curve (`edge_args.py`: what a search is asked for and the patching
+  direction, checked without torch, for the CLI).
+- `patching.py`: the one metric type (`Metric`) and the one sweep driver every ablation and
+  patching experiment runs its rows through.
 - `lens.py`: the logit lens: the residual stream after the embedding and after each layer read
   through the final norm and the unembedding.
 - `step.py`: one optimizer step (`train_step`) and one evaluation (`evaluate`).

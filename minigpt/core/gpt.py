@@ -65,7 +65,7 @@ IMPLS = ("sdpa", "explicit")
 class Intervention:
     """The forward pass's one intervention point, carried by `AttnSpec.intervention`: every
     layer calls it where the residual stream is read and where it is written, and goes on with
-    what it returns. Here each method is the identity; core/patching.py and core/graph.py
+    what it returns. Here each method is the identity; core/patching.py and core/edge_graph.py
     subclass it (ablation, head patching, edge patching, edge attribution, recording).
 
     Writers (what adds to the residual stream): `embed` (the token embedding plus the position

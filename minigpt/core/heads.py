@@ -8,7 +8,7 @@ text rendering: heads/ writes and draws them, cli/ prints them). Read in this or
    pass's one intervention point (`AttnSpec.intervention` in core/gpt.py), run by
    core/patching.py's one sweep driver.
 
-Circuit maths (how heads work together) is in core/circuits.py and core/graph.py, on the
+Circuit maths (how heads work together) is in core/head_circuits.py and core/edge_graph.py, on the
 same intervention point.
 
 Head scores

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minigpt.core.circuit_args import check_direction
+from minigpt.core.edge_args import check_direction
 from minigpt.core.modes import check_mode
 from minigpt.core.sampling import check_seed
 from minigpt.errors import ArgumentError
@@ -39,7 +39,7 @@ def check_ablate(mode: str | None) -> None:
 def check_patch_direction(patch_from: str | None, direction: str | None) -> str:
     """`--patch-direction` (None: noising) applies to `--patch-from` only: given without it,
     it would change nothing, so it is refused (ArgumentError) instead of ignored; a direction
-    must be one of core.circuit_args.DIRECTIONS (`check_direction`, the one rule)."""
+    must be one of core.edge_args.DIRECTIONS (`check_direction`, the one rule)."""
     if direction is not None and patch_from is None:
         raise ArgumentError("patch_direction", "applies to --patch-from only; give --patch-from "
                             "too, or leave it out")

@@ -1,5 +1,5 @@
 """Attention of a model on one input, with every head's scores: `inspect()` returns an
-`Inspection` (data only); `cli` renders tables, `output.py` writes the files (`heatmap.py`
+`Inspection` (data only); `cli` renders tables, `output.py` writes the files (`attention_png.py`
 PNG, `viewer.py` HTML).
 
 The maps come from the explicit attention path; the same input also runs through the SDPA path
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.circuits import (
+from minigpt.core.gpt import device_of
+from minigpt.core.head_circuits import (
     KIND_HELP,
     Attribution,
     Composition,
@@ -27,7 +28,6 @@ from minigpt.core.circuits import (
     make_metric,
     patch_heads,
 )
-from minigpt.core.gpt import device_of
 from minigpt.core.heads import (
     LAG_HELP,
     SCORE_HELP,
@@ -215,7 +215,7 @@ PATCH_READING = (
 
 @dataclass
 class CircuitRequest:
-    """What of core.circuits inspect() also measures: `dla`, `composition`, and patching
+    """What of core.head_circuits inspect() also measures: `dla`, `composition`, and patching
     from `patch_tokens` (described by `patch_source`) in `direction`; the metric's token
     (`target`) or logit difference (`answer` - `wrong`), as token ids. `lens`: the logit lens
     (core.lens) of the same target (with `answer`: the answer's, at the last position)."""
@@ -269,7 +269,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
 
 def measure_circuits(insp: Inspection, model, req: CircuitRequest,
                      positions: Sequence[int] | None) -> None:
-    """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (core.circuits)."""
+    """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (core.head_circuits)."""
     if req.composition:
         insp.composition = composition_scores(model)
     if req.lens:

@@ -10,7 +10,7 @@ import numpy as np
 
 from minigpt.display import visible_token
 from minigpt.files import atomic_write_bytes
-from minigpt.heads.heatmap import _png_bytes
+from minigpt.heads.attention_png import _png_bytes
 from minigpt.heads.inspection import Inspection
 
 MAX_CELL_TEXT = 48 * 16  # cells (positions x points) up to which each names its top token

@@ -2,7 +2,7 @@
 terminal, the rest are files), where (`out_dir`: `--out`, else <run>/heads/, created and
 proven writable before any work, every destination checked then too: `check_destinations`),
 and writing them (`write_files`: PNG heatmaps from
-`heatmap.py`, the HTML viewer from `viewer.py`, the raw tensor and the scores JSON from here).
+`attention_png.py`, the HTML viewer from `viewer.py`, the raw tensor and the scores JSON from here).
 Every file is written durably (`minigpt.files`: temp file, fsync, rename)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 
 from minigpt.errors import ArgumentError
 from minigpt.files import atomic_write_bytes, not_replaceable
-from minigpt.heads.circuits_png import write_circuit_pngs
+from minigpt.heads.attention_png import write_pngs
 from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
-from minigpt.heads.heatmap import write_pngs
+from minigpt.heads.head_circuits_png import write_circuit_pngs
 from minigpt.heads.inspection import Inspection
 from minigpt.heads.lens_png import write_lens_png
 from minigpt.heads.viewer import write_html

@@ -13,7 +13,7 @@ K-composition of the two (how much the induction head's keys read what the previ
 writes: heads.circuits) beside the score of random weights, and the head with the largest
 direct logit attribution on the induction probe's second copy: the circuit forming, not only
 the patterns.
-`circuit["edges"]` (`edge_record`): the EAP score (core/graph.py, one step, noising; the metric
+`circuit["edges"]` (`edge_record`): the EAP score (core/edge_graph.py, one step, noising; the metric
 is the logit of the next token inside the second copy, which unlike the loss does not flatten
 once the model copies) of the strongest edges of the model's graph on the induction probe
 against the same probe with its FIRST copy's tokens replaced (nothing to copy, and the
@@ -33,14 +33,14 @@ from collections.abc import Sequence
 
 import torch
 
-from minigpt.core.circuits import (
+from minigpt.core.edge_graph import attribute_edges, graph_of
+from minigpt.core.gpt import device_of, eval_mode
+from minigpt.core.head_circuits import (
     composition_baseline,
     direct_logit_attribution,
     k_composition,
     make_metric,
 )
-from minigpt.core.gpt import device_of, eval_mode
-from minigpt.core.graph import attribute_edges, graph_of
 from minigpt.core.heads import score_heads
 from minigpt.core.patching import run_value
 from minigpt.display import head_name

@@ -547,7 +547,7 @@ _CIRCUIT_JS = r"""
 
 
 def render_circuit_html(doc: dict, pictures: dict[str, bytes]) -> str:
-    """The circuit page: `doc` (core.graph.Circuit.to_json plus a "title") and the PNGs
+    """The circuit page: `doc` (core.edge_graph.Circuit.to_json plus a "title") and the PNGs
     `pictures` ({file name: bytes}), one self-contained file."""
     script_hash = base64.b64encode(hashlib.sha256(_CIRCUIT_JS.encode("utf-8")).digest()).decode()
     csp = (f"default-src 'none'; script-src 'sha256-{script_hash}'; "

@@ -7,9 +7,9 @@ ranking, with each curve's area)."""
 
 from __future__ import annotations
 
-from minigpt.core.graph import FRACTIONS, Circuit
+from minigpt.core.edge_graph import FRACTIONS, Circuit
 from minigpt.display import head_name
-from minigpt.heads.heatmap import _png_bytes
+from minigpt.heads.attention_png import _png_bytes
 
 BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
 RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching"}

@@ -1,7 +1,7 @@
 """A circuit of a model on its inputs (`minigpt circuit`): the (clean, corrupted) pairs from a
 probe or a text (`circuit_pairs`, through the same input layer as inspect-heads: probes.py),
-the search (`core.graph.find_circuit`) and the files (`write_circuit_files`: circuit.png and
-faithfulness.png from circuit_png.py, circuit.html from viewer.py, circuit.json)."""
+the search (`core.edge_graph.find_circuit`) and the files (`write_circuit_files`: circuit.png and
+faithfulness.png from edge_png.py, circuit.html from viewer.py, circuit.json)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from minigpt.core.graph import Circuit
+from minigpt.core.edge_graph import Circuit
 from minigpt.core.patching import Metric, check_same_length, make_metric
 from minigpt.errors import ArgumentError
 from minigpt.files import atomic_write_bytes
@@ -89,7 +89,7 @@ def write_circuit_files(result: Circuit, out: Path, formats: Sequence[str], titl
                         lens: list | None = None) -> list[Path]:
     """circuit.png and faithfulness.png (png), circuit.html (html), circuit.json (json) in
     `out`; the paths written."""
-    from minigpt.heads.circuit_png import circuit_png, faithfulness_png
+    from minigpt.heads.edge_png import circuit_png, faithfulness_png
     from minigpt.heads.viewer import render_circuit_html
 
     written: list[Path] = []

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.circuit_args import DEFAULT_RECOVER, DIRECTIONS, check_ig_steps, check_search  # noqa: F401
+from minigpt.core.edge_args import DEFAULT_RECOVER, DIRECTIONS, check_ig_steps, check_search  # noqa: F401
 from minigpt.core.gpt import AttnSpec, Intervention, eval_mode
 from minigpt.core.patching import SMALL_GAP, Metric, record, run_value, sweep
 from minigpt.errors import ArgumentError, MinigptError
