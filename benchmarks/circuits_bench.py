@@ -27,6 +27,7 @@ from minigpt.config import ModelConfig
 from minigpt.core import head_circuits as c
 from minigpt.core.gpt import GPT
 from minigpt.core.heads import ablate_heads
+from minigpt.core.patching import make_metric
 
 SHAPES = {
     "default (4 x 128, V 1024)": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=128,
@@ -51,7 +52,7 @@ def measure(cfg: ModelConfig, T: int, repeats: int) -> dict[str, float]:
     half = torch.randperm(cfg.vocab_size, generator=gen)[:T // 2].tolist()
     clean = half + half
     corrupted = half + torch.randperm(cfg.vocab_size, generator=gen)[:T // 2].tolist()
-    metric = c.make_metric(T, range(T // 2, T - 1))
+    metric = make_metric(T, range(T // 2, T - 1))
     out: dict[str, list[float]] = {k: [] for k in ("forward", "dla", "composition",
                                                    "baseline", "patch", "ablate")}
     for _ in range(repeats):

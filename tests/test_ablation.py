@@ -16,7 +16,8 @@ import torch
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT
-from minigpt.core.heads import MODES, ablate_heads
+from minigpt.core.heads import ablate_heads
+from minigpt.core.modes import MODES
 from minigpt.errors import ArgumentError
 
 V, T, C = 8, 16, 64  # vocabulary, positions, width; two heads of 32

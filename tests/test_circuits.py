@@ -13,6 +13,7 @@ from minigpt.config import ModelConfig
 from minigpt.core import head_circuits as c
 from minigpt.core import patching
 from minigpt.core.gpt import GPT, AttnSpec
+from minigpt.core.patching import make_metric
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import corrupt_copy, corrupt_second_copy
 
@@ -75,7 +76,7 @@ def random_ids(n: int = 24, seed: int = 1) -> list[int]:
 
 def test_the_induction_head_writes_the_prediction():
     model = induction_circuit_model()
-    dla = c.direct_logit_attribution(model, PROBE, c.make_metric(len(PROBE), SECOND))
+    dla = c.direct_logit_attribution(model, PROBE, make_metric(len(PROBE), SECOND))
     assert dla.heads[1, 0] > 5.0  # the copied token's logit comes from the induction head
     assert dla.heads[1, 0] > 0.9 * dla.logit
     assert dla.heads[0, 1] == 0.0 and dla.heads[1, 1] == 0.0  # W_V = 0: exactly nothing
@@ -94,8 +95,8 @@ def test_the_components_add_up_to_the_logit(over):
     logit (before the soft-cap), for the next token, a fixed target and a logit difference."""
     model = random_model(**over)
     ids = random_ids()
-    for metric in (c.make_metric(len(ids)), c.make_metric(len(ids), [3, 9], target=7),
-                   c.make_metric(len(ids), answer=3, wrong=5)):
+    for metric in (make_metric(len(ids)), make_metric(len(ids), [3, 9], target=7),
+                   make_metric(len(ids), answer=3, wrong=5)):
         dla = c.direct_logit_attribution(model, ids, metric)
         assert dla.total == pytest.approx(dla.logit, abs=1e-5)
         assert dla.heads.shape == (3, 4) and dla.heads.abs().sum() > 0
@@ -118,7 +119,7 @@ def test_one_head_share_is_its_output_read_by_the_unembedding():
     model = random_model(bias=True)
     ids = random_ids()
     pos = [5, 11, 20]
-    dla = c.direct_logit_attribution(model, ids, c.make_metric(len(ids), pos))
+    dla = c.direct_logit_attribution(model, ids, make_metric(len(ids), pos))
     zs = []
     model(torch.tensor([ids]), attn=AttnSpec(head_hook=lambda la, z: zs.append(z) or z))
     la, h, D = 1, 2, model.cfg.head_dim
@@ -204,7 +205,7 @@ def test_patching_the_induction_head_moves_the_whole_metric():
     model = induction_circuit_model()
     bad = corrupt_second_copy(PROBE, 0, range(V))
     assert bad[:8] == PROBE[:8] and not set(bad[8:]) & set(PROBE)
-    metric = c.make_metric(len(PROBE), SECOND)
+    metric = make_metric(len(PROBE), SECOND)
     noising = c.patch_heads(model, PROBE, bad, metric)
     assert noising.clean < 0.3 and noising.corrupted > 3.0  # copying works, then cannot
     assert noising.effect[1, 0] == pytest.approx(1.0, abs=1e-3)
@@ -226,7 +227,7 @@ def test_corrupting_the_first_copy_shows_the_previous_token_head():
     model = induction_circuit_model()
     bad = corrupt_copy(PROBE, 0, range(V), copy=1)
     assert bad[8:] == PROBE[8:] and not set(bad[:8]) & set(PROBE)
-    p = c.patch_heads(model, PROBE, bad, c.make_metric(len(PROBE), SECOND))
+    p = c.patch_heads(model, PROBE, bad, make_metric(len(PROBE), SECOND))
     assert p.clean < 0.3 and p.corrupted > 3.0
     assert p.effect[0, 0] > 0.5 and p.effect[1, 0] > 0.5  # both heads carry the difference
     assert p.effect[0, 1] == 0.0 and p.effect[1, 1] == 0.0
@@ -236,7 +237,7 @@ def test_corrupting_the_first_copy_shows_the_previous_token_head():
 def test_logit_difference_metric():
     """At the last position (token 4, seen before followed by 3) the model says 3, not 1."""
     model = induction_circuit_model()
-    metric = c.make_metric(len(PROBE), answer=3, wrong=1)
+    metric = make_metric(len(PROBE), answer=3, wrong=1)
     dla = c.direct_logit_attribution(model, PROBE, metric)
     assert dla.logit > 5 and dla.heads[1, 0] > 0.9 * dla.logit
     bad = corrupt_second_copy(PROBE, 0, range(V))
@@ -248,7 +249,7 @@ def test_logit_difference_metric():
 def test_batched_patching_equals_patching_one_head_at_a_time(monkeypatch):
     model = random_model(bias=True)
     clean, corrupted = random_ids(seed=1), random_ids(seed=2)
-    metric = c.make_metric(len(clean))
+    metric = make_metric(len(clean))
     p = c.patch_heads(model, clean, corrupted, metric)
     src = []
     model(torch.tensor([corrupted]), attn=AttnSpec(head_hook=lambda la, z: src.append(z) or z))
@@ -278,15 +279,15 @@ def test_batched_patching_equals_patching_one_head_at_a_time(monkeypatch):
 def test_bad_patching_input():
     model = random_model()
     ids = random_ids()
-    metric = c.make_metric(len(ids))
+    metric = make_metric(len(ids))
     with pytest.raises(ArgumentError, match="has 20 tokens but the input has 24"):
         c.patch_heads(model, ids, ids[:20], metric)
     with pytest.raises(ArgumentError, match="leaves the metric where it was"):
         c.patch_heads(model, ids, ids, metric)
     with pytest.raises(ArgumentError, match="both"):
-        c.make_metric(len(ids), answer=3)
+        make_metric(len(ids), answer=3)
     with pytest.raises(ArgumentError, match="same token"):
-        c.make_metric(len(ids), answer=3, wrong=3)
+        make_metric(len(ids), answer=3, wrong=3)
     with pytest.raises(ArgumentError, match="'sideways' is not a direction"):
         c.patch_heads(model, ids, random_ids(seed=5), metric, direction="sideways")
     assert model.training is False

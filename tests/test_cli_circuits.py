@@ -22,6 +22,7 @@ from minigpt.cli import app
 from minigpt.config import from_dict
 from minigpt.core import head_circuits as c
 from minigpt.core.gpt import GPT
+from minigpt.core.patching import make_metric
 from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
@@ -72,7 +73,7 @@ def test_json_carries_the_librarys_numbers(run_dir):
 
     inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
     bad, _ = corrupted_input(loaded.cfg, loaded.tokenizer, inp, "corrupted")
-    metric = c.make_metric(len(inp.tokens), inp.positions)
+    metric = make_metric(len(inp.tokens), inp.positions)
     dla = c.direct_logit_attribution(loaded.model, inp.tokens, metric)
     patch = c.patch_heads(loaded.model, inp.tokens, bad, metric)
     for row in doc["heads"]:
@@ -238,7 +239,7 @@ def test_corrupted_first_and_the_corrupted_ids_reproduce_the_numbers(run_dir):
     assert bad[half:] == clean[half:] and not set(bad[:half]) & set(clean)
     assert "do not add up" in first["reading"]
     loaded = load_run(run_dir, "cpu")
-    metric = c.make_metric(len(clean), range(half, len(clean) - 1))
+    metric = make_metric(len(clean), range(half, len(clean) - 1))
     patch = c.patch_heads(loaded.model, clean, bad, metric)
     for row in docs["corrupted-first"]["heads"]:
         assert row["patch"] == pytest.approx(float(patch.effect[row["layer"], row["head"]]),

@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 
 from minigpt.config import MinigptError, ModelConfig
 from minigpt.core.generate import (
-    MAX_NEW_TOKENS,
-    Sampling,
     context_keep,
     filter_logits,
     generate,
@@ -21,6 +19,7 @@ from minigpt.core.generate import (
     truncate_prompt,
 )
 from minigpt.core.gpt import GPT
+from minigpt.core.sampling import MAX_NEW_TOKENS, Sampling
 from minigpt.errors import ArgumentError
 from minigpt.infer.sample import TextStream, sample
 

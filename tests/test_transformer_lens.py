@@ -23,7 +23,9 @@ import torch
 
 from minigpt.config import from_dict, load_config, to_dict
 from minigpt.core import head_circuits as c
+from minigpt.core.edge_args import DIRECTIONS
 from minigpt.core.gpt import GPT
+from minigpt.core.patching import make_metric
 from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.errors import MinigptError
 from minigpt.hf import export_hf
@@ -121,11 +123,11 @@ def test_direct_logit_attribution(pair, kind):
     model, bridge = pair
     L, H = model.cfg.n_layer, model.cfg.n_head
     if kind == "next":
-        metric = c.make_metric(len(CLEAN), SECOND)
+        metric = make_metric(len(CLEAN), SECOND)
         pos, targets = SECOND, torch.tensor([CLEAN[p + 1] for p in SECOND])
         direction = bridge.W_U[:, targets]  # (C, P)
     else:
-        metric = c.make_metric(len(CLEAN), answer=1, wrong=7)
+        metric = make_metric(len(CLEAN), answer=1, wrong=7)
         pos = [len(CLEAN) - 1]
         direction = (bridge.W_U[:, 1] - bridge.W_U[:, 7])[:, None]
     ours = c.direct_logit_attribution(model, CLEAN, metric)
@@ -148,12 +150,12 @@ def test_composition_scores(pair):
         assert (theirs - ours.scores[kind.lower()]).abs().max() < TOL
 
 
-@pytest.mark.parametrize("direction", c.DIRECTIONS)
+@pytest.mark.parametrize("direction", DIRECTIONS)
 def test_activation_patching(pair, direction):
     from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
 
     model, bridge = pair
-    metric = c.make_metric(len(CLEAN), SECOND)
+    metric = make_metric(len(CLEAN), SECOND)
     ours = c.patch_heads(model, CLEAN, CORRUPTED, metric, direction=direction)
     targets = torch.tensor([CLEAN[p + 1] for p in SECOND])
 
@@ -240,7 +242,7 @@ def test_value_bias_folding_moves_ablation_and_dla_but_not_patching(exported):
     folded = boot(path)  # TransformerLens's defaults: fold_value_biases=True
     L, H = model.cfg.n_layer, model.cfg.n_head
     targets = torch.tensor([CLEAN[p + 1] for p in SECOND])
-    ours = c.patch_heads(model, CLEAN, CORRUPTED, c.make_metric(len(CLEAN), SECOND))
+    ours = c.patch_heads(model, CLEAN, CORRUPTED, make_metric(len(CLEAN), SECOND))
     with torch.no_grad():
         _, cache = folded.run_with_cache(torch.tensor([CORRUPTED]))
         theirs = get_act_patch_attn_head_out_all_pos(
@@ -271,7 +273,7 @@ def test_value_bias_folding_moves_ablation_and_dla_but_not_patching(exported):
         return
     assert moved["folded"] > 0.1  # 0.166 (GPT-2 export) and 0.193 (GPT-NeoX) measured
 
-    dla = c.direct_logit_attribution(model, CLEAN, c.make_metric(len(CLEAN), answer=1, wrong=7))
+    dla = c.direct_logit_attribution(model, CLEAN, make_metric(len(CLEAN), answer=1, wrong=7))
     with torch.no_grad():
         _, cache = folded.run_with_cache(torch.tensor([CLEAN]))
         stack = cache.stack_head_results(layer=-1, apply_ln=True)[:, 0, -1]  # (L*H, C)

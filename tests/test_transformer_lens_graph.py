@@ -29,6 +29,7 @@ from test_transformer_lens import (  # noqa: F401 (transformer_lens: the autouse
 )
 
 from minigpt.core import edge_graph as G
+from minigpt.core.edge_args import DIRECTIONS
 from minigpt.core.patching import make_metric
 
 pytestmark = pytest.mark.slow
@@ -102,7 +103,7 @@ def metric_fns(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["loss", "logit_diff"])
-@pytest.mark.parametrize("direction", G.DIRECTIONS)
+@pytest.mark.parametrize("direction", DIRECTIONS)
 def test_every_edge_and_node_score_is_transformer_lens(pair, kind, direction):
     from transformer_lens.tools.analysis.attribution_patching import (
         EdgeAttributionConfig,

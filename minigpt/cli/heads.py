@@ -122,8 +122,9 @@ def inspect_heads_command(
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
                      direction, target, answer, wrong, lens=False):
-    """What of heads.circuits to measure (None: nothing), every token checked first."""
-    from minigpt.core.head_circuits import check_composition, check_same_length
+    """What of core/head_circuits.py to measure (None: nothing), every token checked first."""
+    from minigpt.core.head_circuits import check_composition
+    from minigpt.core.patching import check_same_length
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
 

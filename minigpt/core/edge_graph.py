@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.edge_args import DEFAULT_RECOVER, DIRECTIONS, check_ig_steps, check_search  # noqa: F401
+from minigpt.core.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
 from minigpt.core.gpt import AttnSpec, Intervention, eval_mode
 from minigpt.core.patching import SMALL_GAP, Metric, record, run_value, sweep
 from minigpt.errors import ArgumentError, MinigptError
@@ -130,9 +130,6 @@ class Graph:
     @property
     def logits_reader(self) -> int:
         return self.n_readers - 1
-
-    def reader_layer(self, v: int) -> int:
-        return v // self.per_layer  # n_layer for the logits
 
     def available(self, v: int) -> int:
         """How many writers (the first ones) are upstream of reader v."""
@@ -437,8 +434,9 @@ def edge_effects(model, base: Tensor, source: Tensor, metric: Metric, targets: T
 def top_edges(scores: Tensor, n: int) -> Tensor:
     """(U, R) bool: the n edges of largest |score| (NaN: no edge; ties: graph order)."""
     flat = scores.flatten()
-    order = sorted((i for i in range(len(flat)) if not math.isnan(flat[i])),
-                   key=lambda i: -abs(float(flat[i])))
+    edge = ~torch.isnan(flat)
+    key = torch.where(edge, -flat.abs(), torch.full_like(flat, math.inf))  # no edge: last
+    order = torch.argsort(key, stable=True)[:int(edge.sum())]  # one sort, ties in graph order
     keep = torch.zeros(len(flat), dtype=torch.bool)
     keep[order[:n]] = True
     return keep.view(scores.shape)

@@ -40,11 +40,11 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from minigpt.core.gpt import device_of, eval_mode
-from minigpt.core.sampling import MAX_NEW_TOKENS, Sampling, check_seed  # noqa: F401 - re-exported
+from minigpt.core.sampling import Sampling
 from minigpt.errors import ArgumentError, MinigptError
 
 # `Sampling`, `check_seed` and MAX_NEW_TOKENS live in sampling.py (no torch: the command
-# line checks its flags before torch loads); imported here for this module and its users.
+# line checks its flags before torch loads); import them from there.
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,16 +47,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.edge_args import DIRECTIONS, check_direction  # noqa: F401 - DIRECTIONS re-exported
+from minigpt.core.edge_args import check_direction
 from minigpt.core.gpt import device_of, eval_mode, norm
-from minigpt.core.patching import (  # noqa: F401 - Metric, make_metric, check_same_length re-exported
-    CHUNK_FLOATS,
+from minigpt.core.patching import (
     SMALL_GAP,
     HeadRows,
     Metric,
     Record,
     check_same_length,
-    make_metric,
     record,
     sweep,
 )

@@ -106,7 +106,7 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import AttnSpec, device_of, eval_mode
-from minigpt.core.modes import MODE_HELP, MODES, check_mode  # noqa: F401 - re-exported
+from minigpt.core.modes import MODE_HELP, check_mode
 from minigpt.core.patching import HeadRows, make_metric, record, sweep
 
 # --------------------------------------------------------------------------------------------

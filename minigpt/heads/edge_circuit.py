@@ -31,9 +31,6 @@ class Pairs:
     metric: Metric
     source: str
     corrupted_source: str
-    scored: str
-    tokens: list[int]
-    token_strs: list[str]
 
 
 def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = None,
@@ -71,8 +68,7 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
     targets = None if m.logit_diff else torch.tensor([m.targets(c) for c in clean],
                                                      device=device)
     return Pairs(torch.tensor(clean, device=device), torch.tensor(bad, device=device),
-                 targets, m, first.source + (f" x {pairs} seeds" if pairs > 1 else ""), desc,
-                 first.scored, list(first.tokens), list(first.token_strs))
+                 targets, m, first.source + (f" x {pairs} seeds" if pairs > 1 else ""), desc)
 
 
 def circuit_file_names(formats: Sequence[str], curves: bool) -> list[str]:

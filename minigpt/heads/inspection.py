@@ -25,7 +25,6 @@ from minigpt.core.head_circuits import (
     Patching,
     composition_scores,
     direct_logit_attribution,
-    make_metric,
     patch_heads,
 )
 from minigpt.core.heads import (
@@ -42,6 +41,7 @@ from minigpt.core.heads import (
     score_heads,
 )
 from minigpt.core.lens import Lens, logit_lens
+from minigpt.core.patching import make_metric
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 

@@ -39,10 +39,9 @@ from minigpt.core.head_circuits import (
     composition_baseline,
     direct_logit_attribution,
     k_composition,
-    make_metric,
 )
 from minigpt.core.heads import score_heads
-from minigpt.core.patching import run_value
+from minigpt.core.patching import make_metric, run_value
 from minigpt.display import head_name
 from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent, circuit_check
 from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigpt.core.generate import Sampling, sampling_loop
+from minigpt.core.generate import sampling_loop
 from minigpt.core.gpt import device_of
+from minigpt.core.sampling import Sampling
 
 # --------------------------------------------------------------------------------------------
 # Token ids -> printable text.
