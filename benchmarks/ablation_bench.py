@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from minigpt.config import ModelConfig
-from minigpt.core.gpt import GPT, AttnSpec
+from minigpt.core.gpt import GPT, ForwardSpec
 from minigpt.core.heads import ablate_heads
 from minigpt.core.patching import CHUNK_FLOATS
 
@@ -57,7 +57,7 @@ def whole_pass_ablation(model: GPT, tokens: list[int], positions: list[int]) -> 
         for r, (layer, head) in enumerate(chunk, start=1):
             hit[r, layer, head] = True
         hook = lambda i, z, hit=hit: torch.where(hit[:, i, :, None, None], torch.zeros_like(z), z)
-        logits = model(idx.expand(len(chunk) + 1, -1), attn=AttnSpec(head_hook=hook))[0]
+        logits = model(idx.expand(len(chunk) + 1, -1), attn=ForwardSpec(head_hook=hook))[0]
         picked = logits[:, positions]
         loss = F.cross_entropy(picked.reshape(-1, picked.shape[-1]).double(),
                                targets.repeat(len(chunk) + 1), reduction="none")

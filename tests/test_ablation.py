@@ -91,7 +91,7 @@ def test_batched_ablation_equals_editing_the_weights_head_by_head():
 
 def test_mean_ablation_is_what_the_hook_gives_row_by_row():
     """The batched pass (16 heads in one call) equals mean-ablating each head in its own pass."""
-    from minigpt.core.gpt import AttnSpec
+    from minigpt.core.gpt import ForwardSpec
 
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=40)
     model = GPT.from_config(cfg, seed=4).eval()
@@ -111,7 +111,7 @@ def test_mean_ablation_is_what_the_hook_gives_row_by_row():
                     z = z.clone()
                     z[:, head] = z[:, head].mean(dim=1, keepdim=True)
                 return z
-            got = loss(AttnSpec(head_hook=hook)) - base
+            got = loss(ForwardSpec(head_hook=hook)) - base
             assert ab.effect[layer, head].item() == pytest.approx(got, abs=1e-5)
 
 
@@ -258,7 +258,7 @@ def test_from_the_residual_stream_equals_the_whole_pass_per_head(shape):
     """Every head, every mode, scored on a subset of positions: `ablate_heads` (rows started
     from the clean residual stream at their layer, LM head at the scored positions only)
     equals ablating that head alone in a whole forward pass (1e-5)."""
-    from minigpt.core.gpt import AttnSpec
+    from minigpt.core.gpt import ForwardSpec
     from minigpt.core.heads import _resampled_outputs
 
     cfg = ModelConfig(n_layer=4, n_head=4, n_embd=32, block_size=24, vocab_size=50, **shape)
@@ -278,7 +278,7 @@ def test_from_the_residual_stream_equals_the_whole_pass_per_head(shape):
         reference = _resampled_outputs(model, x, 2)
         for mode in MODES:
             ab = ablate_heads(model, ids, mode, positions=pos, seed=2)
-            base = loss(AttnSpec())
+            base = loss(ForwardSpec())
             assert ab.base_loss == pytest.approx(base, abs=1e-5)
             for layer in range(4):
                 for head in range(4):
@@ -289,7 +289,7 @@ def test_from_the_residual_stream_equals_the_whole_pass_per_head(shape):
                         z[:, head] = {"zero": 0.0, "mean": z[:, head].mean(dim=1, keepdim=True),
                                       "resample": reference[i][:, head]}[mode]
                         return z
-                    want = loss(AttnSpec(head_hook=hook)) - base
+                    want = loss(ForwardSpec(head_hook=hook)) - base
                     assert ab.effect[layer, head].item() == pytest.approx(want, abs=1e-5)
             assert ab.effect.abs().max() > 1e-3
 

@@ -12,7 +12,7 @@ import torch
 from minigpt.config import ModelConfig
 from minigpt.core import head_circuits as c
 from minigpt.core import patching
-from minigpt.core.gpt import GPT, AttnSpec
+from minigpt.core.gpt import GPT, ForwardSpec
 from minigpt.core.patching import make_metric
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import corrupt_copy, corrupt_second_copy
@@ -121,7 +121,7 @@ def test_one_head_share_is_its_output_read_by_the_unembedding():
     pos = [5, 11, 20]
     dla = c.direct_logit_attribution(model, ids, make_metric(len(ids), pos))
     zs = []
-    model(torch.tensor([ids]), attn=AttnSpec(head_hook=lambda la, z: zs.append(z) or z))
+    model(torch.tensor([ids]), attn=ForwardSpec(head_hook=lambda la, z: zs.append(z) or z))
     la, h, D = 1, 2, model.cfg.head_dim
     w_o = model.blocks[la].attn.c_proj.weight[:, h * D:(h + 1) * D]  # (C, D)
     out = zs[la][0, h] @ w_o.T  # (T, C)
@@ -252,7 +252,7 @@ def test_batched_patching_equals_patching_one_head_at_a_time(monkeypatch):
     metric = make_metric(len(clean))
     p = c.patch_heads(model, clean, corrupted, metric)
     src = []
-    model(torch.tensor([corrupted]), attn=AttnSpec(head_hook=lambda la, z: src.append(z) or z))
+    model(torch.tensor([corrupted]), attn=ForwardSpec(head_hook=lambda la, z: src.append(z) or z))
     y = torch.tensor(clean[1:])
 
     def loss(spec=None) -> float:
@@ -267,7 +267,7 @@ def test_batched_patching_equals_patching_one_head_at_a_time(monkeypatch):
                     z = z.clone()
                     z[:, h] = src[la][:, h]
                 return z
-            assert float(p.delta[la, h]) == pytest.approx(loss(AttnSpec(head_hook=hook)) - base,
+            assert float(p.delta[la, h]) == pytest.approx(loss(ForwardSpec(head_hook=hook)) - base,
                                                           abs=1e-5)
     assert p.clean == pytest.approx(base, abs=1e-5)
     assert torch.allclose(p.effect, p.delta / (p.corrupted - p.clean))

@@ -14,7 +14,7 @@ import torch
 
 from minigpt.config import ModelConfig
 from minigpt.core import edge_graph as G
-from minigpt.core.gpt import GPT, AttnSpec, Intervention
+from minigpt.core.gpt import GPT, ForwardSpec, Intervention
 from minigpt.core.patching import make_metric, record, run_value
 from minigpt.errors import ArgumentError, MinigptError
 
@@ -102,7 +102,7 @@ def test_one_edge_patched_is_that_readers_input_changed_by_hand():
         w_o = model.blocks[0].attn.c_proj.weight[:, 8:16]  # (C, D)
         return z @ w_o.T
 
-    spec = AttnSpec(intervention=OneEdge(model, head_out(corrupted) - head_out(clean)))
+    spec = ForwardSpec(intervention=OneEdge(model, head_out(corrupted) - head_out(clean)))
     want = run_value(model, clean, METRIC, targets, spec) - run_value(model, clean, METRIC,
                                                                       targets)
     effects = G.edge_effects(model, clean, corrupted, METRIC, targets)
@@ -142,7 +142,7 @@ def test_eap_is_the_source_minus_base_writer_dotted_with_the_readers_gradient(ov
     g = G.graph_of(model.cfg)
     eap, _ = G.attribute_edges(model, clean, corrupted, METRIC, targets)
     split = SplitAll()
-    logits, _ = model(clean, attn=AttnSpec(intervention=split))
+    logits, _ = model(clean, attn=ForwardSpec(intervention=split))
     metric = METRIC.values(logits[:, POS], targets).sum()
     grads = torch.autograd.grad(metric, split.inputs)
     flat = torch.cat([gr.reshape(-1, 2, T, 16) for gr in grads])  # (R, B, T, C)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from minigpt.config import ModelConfig
-from minigpt.core.gpt import GPT, AttnSpec, Intervention
+from minigpt.core.gpt import GPT, ForwardSpec, Intervention
 
 
 def model_of(**over) -> GPT:
@@ -109,10 +109,10 @@ def test_split_reader_inputs_give_the_plain_logits(over):
     model = model_of(**over)
     with torch.no_grad():
         plain = model(IDX)[0]
-        split = model(IDX, attn=AttnSpec(intervention=SplitEveryReader()))[0]
+        split = model(IDX, attn=ForwardSpec(intervention=SplitEveryReader()))[0]
         seen = []
         h = model.blocks[0].attn.c_attn.register_forward_hook(lambda m, a, o: seen.append(o))
-        hooked = model(IDX, attn=AttnSpec(intervention=SplitEveryReader()))[0]
+        hooked = model(IDX, attn=ForwardSpec(intervention=SplitEveryReader()))[0]
         h.remove()
     assert (split - plain).abs().max() < 1e-5
     assert (hooked - plain).abs().max() < 1e-5  # the module called on every reader's input
@@ -123,13 +123,13 @@ def test_head_hook_is_the_intervention_at_the_heads():
     model = model_of()
     hook = lambda layer, z: torch.zeros_like(z) if layer == 1 else z
     with torch.no_grad():
-        a = model(IDX, attn=AttnSpec(head_hook=hook))[0]
+        a = model(IDX, attn=ForwardSpec(head_hook=hook))[0]
 
         class Zero(Intervention):
             def heads(self, layer, z):
                 return hook(layer, z)
 
-        b = model(IDX, attn=AttnSpec(intervention=Zero()))[0]
+        b = model(IDX, attn=ForwardSpec(intervention=Zero()))[0]
     assert torch.equal(a, b) and not torch.allclose(a, model(IDX)[0])
     with pytest.raises(ValueError, match="not both"):
-        AttnSpec(head_hook=hook, intervention=Zero())
+        ForwardSpec(head_hook=hook, intervention=Zero())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minigpt.config import Config, ModelConfig
-from minigpt.core.gpt import GPT, AttnSpec, KVCache, flops_per_token
+from minigpt.core.gpt import GPT, ForwardSpec, KVCache, flops_per_token
 
 ENCODINGS = ["rope", "learned", "sinusoidal", "none"]
 
@@ -182,7 +182,7 @@ def test_head_hook_sees_every_layer_and_an_identity_hook_changes_nothing(impl):
     hook = lambda i, z: seen.append((i, tuple(z.shape))) or z
     with torch.no_grad():
         plain, _ = model(idx)
-        hooked, _ = model(idx, attn=AttnSpec(impl, head_hook=hook))
+        hooked, _ = model(idx, attn=ForwardSpec(impl, head_hook=hook))
     assert seen == [(0, (2, 4, 11, 8)), (1, (2, 4, 11, 8))]  # [batch, head, query, d_head]
     assert torch.equal(plain, hooked)
 
@@ -197,7 +197,7 @@ def test_zeroing_a_head_equals_zeroing_its_columns_of_w_o(impl):
     with torch.no_grad():
         edited.blocks[1].attn.c_proj.weight[:, 2 * 8:3 * 8] = 0.0  # layer 1, head 2, D = 8
         want, _ = edited(idx)
-        got, _ = model(idx, attn=AttnSpec(impl, head_hook=zero_head(1, 2)))
+        got, _ = model(idx, attn=ForwardSpec(impl, head_hook=zero_head(1, 2)))
         unchanged, _ = model(idx)
     assert torch.allclose(got, want, atol=1e-6)
     assert (got - unchanged).abs().max() > 1e-4  # the head mattered
@@ -206,7 +206,7 @@ def test_zeroing_a_head_equals_zeroing_its_columns_of_w_o(impl):
 def test_head_hook_applies_through_the_kv_cache():
     model = build().eval()
     seq = tokens(1, 20)
-    spec = AttnSpec(head_hook=zero_head(0, 1))
+    spec = ForwardSpec(head_hook=zero_head(0, 1))
     with torch.no_grad():
         full, _ = model(seq, attn=spec)
         cache = model.new_kv_cache(1)
@@ -293,7 +293,7 @@ def test_head_i_uses_columns_i_dk_to_i_plus_1_dk():
         attn.c_attn.weight.copy_(torch.cat([torch.eye(4)] * 3))  # Q = K = V = X
         attn.c_proj.weight.copy_(torch.eye(4))  # W_O = I: the output is the concatenation
         out, probs = attn(x, rope=None, cache=None, layer=0,
-                          spec=AttnSpec("explicit", return_probs=True, causal=False))
+                          spec=ForwardSpec("explicit", return_probs=True, causal=False))
     assert probs.shape == (1, 2, 4, 4)
     for i in range(2):
         cols = x[0, :, 2 * i:2 * i + 2]  # (T, d_k)
@@ -565,9 +565,9 @@ def test_a_bad_attention_spec_fails_in_attention_the_one_place_it_is_checked():
     model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
     idx = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="impl must be one of"):
-        model(idx, attn=AttnSpec("flash"))
+        model(idx, attn=ForwardSpec("flash"))
     with pytest.raises(ValueError, match="need impl='explicit'"):
-        model(idx, attn=AttnSpec("sdpa", return_probs=True))
+        model(idx, attn=ForwardSpec("sdpa", return_probs=True))
 
 
 def test_a_leaf_layer_replaced_by_another_module_is_still_called():

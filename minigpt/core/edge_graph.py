@@ -77,7 +77,7 @@ import torch
 from torch import Tensor
 
 from minigpt.core.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
-from minigpt.core.gpt import AttnSpec, Intervention, eval_mode
+from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
 from minigpt.core.patching import SMALL_GAP, Metric, record, run_value, sweep
 from minigpt.errors import ArgumentError, MinigptError
 
@@ -285,7 +285,7 @@ def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
                              [eap, ig] if k == ig_steps else [ig], fill=k == ig_steps)
             with torch.enable_grad():
                 final = model.residual_stream(
-                    base, attn=AttnSpec(model.cfg.attn_impl, intervention=att))[-1]
+                    base, attn=ForwardSpec(model.cfg.attn_impl, intervention=att))[-1]
                 m = metric.values(model.unembed(final[:, pos]), targets).sum()
                 torch.autograd.grad(m, [att.leaf])
     valid = graph.valid()

@@ -53,7 +53,7 @@ from torch.nn.modules import module as _torch_module
 
 from minigpt.config.settings import Config, ModelConfig
 
-__all__ = ["GPT", "AttnSpec", "Intervention", "KVCache", "attention", "device_of",
+__all__ = ["GPT", "ForwardSpec", "Intervention", "KVCache", "attention", "device_of",
            "eval_mode", "flops_per_token"]
 
 # --------------------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ IMPLS = ("sdpa", "explicit")
 
 
 class Intervention:
-    """The forward pass's one intervention point, carried by `AttnSpec.intervention`: every
+    """The forward pass's one intervention point, carried by `ForwardSpec.intervention`: every
     layer calls it where the residual stream is read and where it is written, and goes on with
     what it returns. Here each method is the identity; core/patching.py and core/edge_graph.py
     subclass it (ablation, head patching, edge patching, edge attribution, recording).
@@ -98,7 +98,8 @@ class Intervention:
 
 
 class HeadHook(Intervention):
-    """`AttnSpec.head_hook` as an Intervention: `hook(layer, z)` on every layer's head outputs."""
+    """`ForwardSpec.head_hook` as an Intervention: `hook(layer, z)` on every layer's head
+    outputs."""
 
     def __init__(self, hook: Callable[[int, Tensor], Tensor]) -> None:
         self.hook = hook
@@ -108,9 +109,10 @@ class HeadHook(Intervention):
 
 
 @dataclass(frozen=True)
-class AttnSpec:
-    """How a forward pass computes attention, passed as one value from the model to every layer
-    (never by changing the config): `impl` sdpa (fused kernel) or explicit (softmax written out);
+class ForwardSpec:
+    """How one forward pass runs, passed as one value (`attn=`) from the model to every layer
+    (never by changing the config): how it computes attention, and the one intervention it
+    carries through every layer. `impl` sdpa (fused kernel) or explicit (softmax written out);
     `scale` None = 1/sqrt(head_dim); `return_probs` returns the (B, H, Tq, Tk) probabilities
     (explicit only); `causal` False lifts the mask (the permutation demonstration only: models
     are trained causal).
@@ -133,11 +135,11 @@ class AttnSpec:
     def __post_init__(self) -> None:
         if self.head_hook is not None:
             if self.intervention is not None:
-                raise ValueError("give AttnSpec a head_hook or an intervention, not both")
+                raise ValueError("give ForwardSpec a head_hook or an intervention, not both")
             object.__setattr__(self, "intervention", HeadHook(self.head_hook))
 
 
-INSPECT = AttnSpec("explicit", return_probs=True)  # what inspect-heads runs
+INSPECT = ForwardSpec("explicit", return_probs=True)  # what inspect-heads runs
 
 
 def causal_mask(t_q: int, t_k: int, past_length: int, device=None) -> Tensor:
@@ -155,7 +157,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, ca
     keys after each query's absolute position `past_length + i`. `dropout_p` drops attention
     probabilities (pass 0 outside training). Probabilities come only from `impl="explicit"`.
     """
-    if impl not in IMPLS:  # the one check of `impl` and `return_probs` (AttnSpec has none)
+    if impl not in IMPLS:  # the one check of `impl` and `return_probs` (ForwardSpec has none)
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if return_probs and impl != "explicit":
         raise ValueError("attention probabilities need impl='explicit'")
@@ -414,7 +416,8 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
-                cache: KVCache | None, layer: int, spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
+                cache: KVCache | None, layer: int, spec: ForwardSpec
+                ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C), or (3, H, B, T, C): each head's query, key and value input apart (an
         Intervention's `attn_in`). Returns the layer's output (B, T, C) and, when asked, the
         attention probabilities."""
@@ -516,7 +519,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg) if cfg.mlp else None
 
     def forward(self, x: Tensor, *, rope, cache: KVCache | None, layer: int,
-                spec: AttnSpec) -> tuple[Tensor, Tensor | None]:
+                spec: ForwardSpec) -> tuple[Tensor, Tensor | None]:
         g = spec.intervention  # what each reader reads and each writer writes, when set
         xa = x if g is None else g.attn_in(layer, x)  # (B, T, C) or (B, T, 3, H, C)
         a, probs = self.attn(norm(self.ln_1, xa), rope=rope, cache=cache, layer=layer, spec=spec)
@@ -549,7 +552,7 @@ class GPT(nn.Module):
             raise ValueError(f"n_head={cfg.n_head} must divide n_embd={cfg.n_embd} into an "
                              "(even, for RoPE) head dimension")
         self.cfg = cfg
-        self._spec = AttnSpec(cfg.attn_impl)  # how forward() attends unless told otherwise
+        self._spec = ForwardSpec(cfg.attn_impl)  # how forward() attends unless told otherwise
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # E[y_i]: (V, C)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos_encoding == "learned" \
             else None
@@ -621,13 +624,13 @@ class GPT(nn.Module):
         return F.dropout(x, self.cfg.dropout) if self.training and self.cfg.dropout else x
 
     def forward(self, idx: Tensor, targets: Tensor | None = None,
-                kv_cache: KVCache | None = None, *, attn: AttnSpec | None = None,
+                kv_cache: KVCache | None = None, *, attn: ForwardSpec | None = None,
                 ) -> tuple[Tensor, Tensor | None]:
         """THE forward pass. idx (B, T) long -> logits (B, T, vocab_size) float32 and, with
         targets (B, T), the mean cross-entropy (targets of -1 are ignored).
 
         `attn` says how attention is computed (default: `cfg.attn_impl`) and is where a
-        writer's output or a reader's input can be read or changed (`AttnSpec.intervention`).
+        writer's output or a reader's input can be read or changed (`ForwardSpec.intervention`).
         With `kv_cache`, idx continues the cached sequence (see KVCache for the contract); one
         token at a time this is the decode step of generation, where the one query sees every
         cached key and no mask is built. Training, sampling, inspection and imported models
@@ -644,12 +647,12 @@ class GPT(nn.Module):
         """The explicit path: logits (B, T, V) and n_layer attention-probability tensors
         (B, n_head, T, T) (`[batch, head, query, key]`, rows sum to 1). `scale` defaults to
         1/sqrt(head_dim); `causal=False` lifts the mask (the permutation demonstration only:
-        the model is trained causal); `head_hook` as in AttnSpec."""
-        spec = INSPECT if scale is None and causal and head_hook is None else AttnSpec(
+        the model is trained causal); `head_hook` as in ForwardSpec."""
+        spec = INSPECT if scale is None and causal and head_hook is None else ForwardSpec(
             "explicit", scale=scale, return_probs=True, causal=causal, head_hook=head_hook)
         return self._run(idx, None, spec)
 
-    def _run(self, idx: Tensor, kv_cache: KVCache | None, spec: AttnSpec
+    def _run(self, idx: Tensor, kv_cache: KVCache | None, spec: ForwardSpec
              ) -> tuple[Tensor, list[Tensor]]:
         """Embed -> blocks -> final norm -> LM head: logits (B, T, V) float32 and, when
         `spec.return_probs`, each layer's attention probabilities."""
@@ -670,7 +673,7 @@ class GPT(nn.Module):
         return self.unembed(x), all_probs
 
     def _blocks(self, x: Tensor, first: int, start: int, kv_cache: KVCache | None,
-                spec: AttnSpec, stream: list[Tensor] | None = None
+                spec: ForwardSpec, stream: list[Tensor] | None = None
                 ) -> tuple[Tensor, list[Tensor]]:
         """Blocks `first`.. on the residual stream x (B, T, C) entering block `first`, at
         positions [start, start + T). Appends to `stream` the residual entering each block.
@@ -696,7 +699,7 @@ class GPT(nn.Module):
         logits = linear(self.lm_head, norm(self.ln_f, x))  # (..., C) -> (..., V)
         return self._softcap(logits.float())
 
-    def residual_stream(self, idx: Tensor, *, attn: AttnSpec | None = None) -> list[Tensor]:
+    def residual_stream(self, idx: Tensor, *, attn: ForwardSpec | None = None) -> list[Tensor]:
         """The residual stream of the forward pass on idx (B, T) (no cache): n_layer + 1
         tensors (B, T, C), the one entering each block and, last, the one leaving the last
         block (`unembed` of it = the logits)."""
@@ -708,7 +711,7 @@ class GPT(nn.Module):
         x, _ = self._blocks(x, 0, 0, None, spec, stream)
         return [*stream, x]
 
-    def from_layer(self, layer: int, x: Tensor, *, attn: AttnSpec | None = None) -> Tensor:
+    def from_layer(self, layer: int, x: Tensor, *, attn: ForwardSpec | None = None) -> Tensor:
         """The forward pass from block `layer` on: x (B, T, C) is the residual stream entering
         it at positions 0..T-1 (e.g. `residual_stream(idx)[layer]`); returns the stream leaving
         the last block (B, T, C), the same numbers as the whole pass gives when x is. What an

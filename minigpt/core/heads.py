@@ -5,7 +5,7 @@ text rendering: heads/ writes and draws them, cli/ prints them). Read in this or
    probabilities `[layer, head, query, key]`, with the SDPA path's logits as a check.
 2. What pattern that is: `score_heads` and `dominant_type` (definitions below).
 3. What the head carries: `ablate_heads`, one head knocked out at a time through the forward
-   pass's one intervention point (`AttnSpec.intervention` in core/gpt.py), run by
+   pass's one intervention point (`ForwardSpec.intervention` in core/gpt.py), run by
    core/patching.py's one sweep driver.
 
 Circuit maths (how heads work together) is in core/head_circuits.py and core/edge_graph.py, on the
@@ -65,7 +65,7 @@ loses. `ablate_heads` returns, for every head alone, the loss with that head abl
 unablated loss, in nats per token: 0 = the prediction never needed it, > 0 = it carried part
 of the prediction (< 0: the model does better without it on this input).
 
-The intervention is the forward pass's one intervention point (`AttnSpec.intervention`, at
+The intervention is the forward pass's one intervention point (`ForwardSpec.intervention`, at
 the heads' outputs): the head's output z `[batch, head, query, d_head]` (its attention-weighted
 values, before W_O mixes the heads into the residual stream) is replaced, in one layer, for one
 head:
@@ -105,7 +105,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from minigpt.core.gpt import AttnSpec, device_of, eval_mode
+from minigpt.core.gpt import ForwardSpec, device_of, eval_mode
 from minigpt.core.modes import MODE_HELP, check_mode
 from minigpt.core.patching import HeadRows, make_metric, record, sweep
 
@@ -121,7 +121,7 @@ def attention_maps(model, tokens: Sequence[int], device: torch.device | str = "c
     with eval_mode(model):
         idx = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # (1, T)
         logits_explicit, maps = model.forward_with_attention(idx)
-        logits_sdpa, _ = model(idx, attn=AttnSpec("sdpa"))  # whatever attn_impl it trained with
+        logits_sdpa, _ = model(idx, attn=ForwardSpec("sdpa"))  # whatever attn_impl it trained with
     attn = torch.stack([m[0] for m in maps]).float().cpu()  # n_layer x (H, T, T)
     diff = (logits_explicit.float() - logits_sdpa.float()).abs().max().item()
     return attn, diff

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minigpt.core.gpt import AttnSpec, Intervention
+from minigpt.core.gpt import ForwardSpec, Intervention
 from minigpt.errors import ArgumentError
 
 METRIC_KINDS = ("loss", "logit", "logit_diff")
@@ -176,7 +176,7 @@ def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
     B, T = idx.shape
     pos = list(metric.positions)
     with torch.no_grad():
-        stream = model.residual_stream(idx, attn=AttnSpec(cfg.attn_impl))  # L + 1 x (B, T, C)
+        stream = model.residual_stream(idx, attn=ForwardSpec(cfg.attn_impl))  # L + 1 x (B, T, C)
         width = max(T * 4 * cfg.n_embd, len(pos) * cfg.vocab_size, plan.row_floats(T))
         per = max(1, CHUNK_FLOATS // (B * width) - plan.base_row)
         values = torch.zeros(plan.n, dtype=torch.float64)
@@ -190,7 +190,7 @@ def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
                 chunk = rows[first:first + per]
                 n = len(chunk) + plan.base_row
                 x = stream[layer].repeat(n, 1, 1)  # (n * B, T, C): row r is r*B .. r*B+B-1
-                spec = AttnSpec(cfg.attn_impl, intervention=plan.intervention(chunk, B))
+                spec = ForwardSpec(cfg.attn_impl, intervention=plan.intervention(chunk, B))
                 out = model.from_layer(layer, x, attn=spec)
                 logits = model.unembed(out[:, pos])  # (n * B, P, V): the scored positions only
                 tgt = None if targets is None else targets.repeat(n, 1)
@@ -203,7 +203,7 @@ def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
 
 
 def run_value(model, idx: Tensor, metric: Metric, targets: Tensor | None,
-              spec: AttnSpec | None = None) -> float:
+              spec: ForwardSpec | None = None) -> float:
     """The metric of one plain run on idx (B, T) (mean over the B sequences), no gradients;
     the LM head at the scored positions only."""
     with torch.no_grad():
@@ -285,7 +285,7 @@ def record(model, idx: Tensor, logits: bool = True) -> tuple[Tensor | None, Reco
     """One plain run of idx (B, T), no gradients: its logits (B, T, V) (None when `logits` is
     false: the LM head is not run) and its Record."""
     rec = Record()
-    spec = AttnSpec(model.cfg.attn_impl, intervention=rec)
+    spec = ForwardSpec(model.cfg.attn_impl, intervention=rec)
     with torch.no_grad():
         if not logits:
             model.residual_stream(idx, attn=spec)
