@@ -1498,7 +1498,7 @@ class Door:
 def _tfrecord(payload: bytes) -> bytes:
     """One TFRecord framing `payload`, with both masked CRC-32Cs right (checked against the
     tensorboard package's own in tests/test_tensorboard.py): only the payload is wrong."""
-    from minigpt.train.tensorboard import masked_crc32c
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     head = len(payload).to_bytes(8, "little")
     return (head + masked_crc32c(head).to_bytes(4, "little") + payload

@@ -290,20 +290,22 @@ def test_kill_9_during_a_save_then_resume(tmp_path):
 # an event file is refused in one line and left as it was, never cut or removed.
 
 
-def test_crc32c_gives_the_known_check_values_and_tensorboards_masked_crc():
-    from minigpt.train.tensorboard import crc32c, masked_crc32c
-
+def test_the_crc_the_scan_checks_gives_the_known_check_values():
+    """The scan checks records with the tensorboard package's own masked CRC-32C (its writer's):
+    its CRC-32C gives the known check values, and the mask is TFRecord's."""
+    pywrap = pytest.importorskip("tensorboard.compat.tensorflow_stub.pywrap_tensorflow")
+    crc32c = pywrap.crc32c
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
     assert crc32c(b"") == 0
     assert crc32c(bytes(32)) == 0x8A9136AA  # RFC 3720 (iSCSI), appendix B.4
     assert crc32c(b"\xff" * 32) == 0x62A8AB43
     assert crc32c(bytes(range(32))) == 0x46DD794E
     assert crc32c(bytes(range(31, -1, -1))) == 0x113FDB5C
-    pywrap = pytest.importorskip("tensorboard.compat.tensorflow_stub.pywrap_tensorflow")
     rng = random.Random(0)
     for n in (0, 1, 7, 8, 12, 100, 4099):
         data = rng.randbytes(n)
-        assert masked_crc32c(data) == pywrap.masked_crc32c(data)
+        c = crc32c(data)
+        assert pywrap.masked_crc32c(data) == (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def tensorboard_written(logdir: Path, steps: range) -> Path:
@@ -353,7 +355,7 @@ def test_files_the_tensorboard_package_writes_are_read_and_cut_record_by_record(
 def _record(data: bytes, *, crc_ok: bool = True) -> bytes:
     """One TFRecord framing `data`, with its two masked CRC-32Cs (the data's wrong if not
     `crc_ok`)."""
-    from minigpt.train.tensorboard import masked_crc32c
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     head = len(data).to_bytes(8, "little")
     tail = masked_crc32c(data) ^ (0 if crc_ok else 1)
@@ -362,8 +364,7 @@ def _record(data: bytes, *, crc_ok: bool = True) -> bytes:
 
 def _not_event_files() -> dict[str, bytes]:
     from tensorboard.compat.proto.event_pb2 import Event
-
-    from minigpt.train.tensorboard import masked_crc32c
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     good = _record(Event(wall_time=1.0e9, file_version="brain.Event:2").SerializeToString())
     huge = (1 << 40).to_bytes(8, "little")
@@ -407,7 +408,7 @@ def test_zeros_and_a_huge_claimed_length_are_refused_after_12_bytes(tmp_path, mo
     import minigpt.train.tensorboard as tbmod
     from minigpt.errors import MinigptError
 
-    pytest.importorskip("tensorboard")
+    pywrap = pytest.importorskip("tensorboard.compat.tensorflow_stub.pywrap_tensorflow")
     where = tmp_path / "tensorboard"
     where.mkdir()
     zeros = where / "events.out.tfevents.zeros"
@@ -440,7 +441,7 @@ def test_zeros_and_a_huge_claimed_length_are_refused_after_12_bytes(tmp_path, mo
     zeros.unlink()
     huge = (1 << 40).to_bytes(8, "little")
     (where / "events.out.tfevents.huge").write_bytes(
-        huge + tbmod.masked_crc32c(huge).to_bytes(4, "little") + bytes(1 << 16))
+        huge + pywrap.masked_crc32c(huge).to_bytes(4, "little") + bytes(1 << 16))
     read.clear()
     with pytest.raises(MinigptError, match="claims 1,099,511,627,776 bytes"):
         session_log(tmp_path)._plan_cut(1)

@@ -253,39 +253,16 @@ class TensorBoardLog:
 # CRC-32C of those 8 bytes (uint32), `length` bytes of data (one serialized Event), the masked
 # CRC-32C of the data. Both CRCs are checked, and a length is bounded before anything of that
 # length is read: a file of zeros fails the first header's CRC after 12 bytes.
+#
+# The framing is the `tensorboard` package's: its RecordWriter writes every record and its
+# `masked_crc32c` checks them here. The scan itself stays minigpt's, because a resume needs
+# what the package's reader (PyRecordReader_New) does not give: each record's byte offset (a
+# cut copies byte ranges), a torn last record told apart from a damaged file, and a length
+# refused before it is read (the package reads whatever a header claims, up to the file's end).
 
 MAX_RECORD = 64 << 20  # bytes one record may claim (minigpt's are ~100; an image a few MB)
 MAX_PIECES = 1 << 16  # runs of kept records a cut may hold (a writer's steps rise: one run)
 _COPY_CHUNK = 1 << 20
-
-
-def _crc32c_table() -> tuple[int, ...]:
-    """The byte table of CRC-32C (Castagnoli; reflected polynomial 0x82F63B78)."""
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return tuple(table)
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    """CRC-32C of `data` (the check value of b"123456789" is 0xE3069283); pure Python, about
-    10 MB/s: event files are a few MB."""
-    crc, table = 0xFFFFFFFF, _CRC32C_TABLE
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-    """The CRC TFRecord files store: CRC-32C rotated right by 15 bits plus 0xA282EAD8."""
-    c = crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _scan(fh, path: Path, size: int):
@@ -294,6 +271,8 @@ def _scan(fh, path: Path, size: int):
     (a killed writer: a partial header, or a header whose record runs past the end) ends the
     scan; a file with no whole record, a CRC that does not match, or a length past
     MAX_RECORD is a MinigptError naming the file and the byte."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
     at = 0
     while at < size:
         header = fh.read(12)
