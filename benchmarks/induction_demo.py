@@ -50,6 +50,7 @@ from pathlib import Path
 import yaml
 
 from minigpt.core.heads import ablate_heads
+from minigpt.display import head_name
 from minigpt.run import load_run
 from minigpt.run.metrics import read_metrics
 
@@ -132,7 +133,7 @@ def copy_loss_check(run: Path, tokens: list[int], ind_head: int, prev_head: int)
     top = max(others, default=(float("nan"), -1, -1))
     return {"base_loss": ab.base_loss, "induction_head": effect[1][ind_head],
             "previous_head": effect[0][prev_head], "other_max": top[0],
-            "other_head": f"L{top[1]}H{top[2]}", "n_scored": len(ab.positions)}
+            "other_head": head_name(top[1], top[2]), "n_scored": len(ab.positions)}
 
 
 def done_reason(run: Path) -> str | None:
@@ -189,7 +190,7 @@ def demo(run: Path | None, config: str, sets: list[str], budget: float,
                              "score_other_period": ind_other["induction"]},
         "layer0_previous": {"head": prev["head"], "score": prev["previous"]},
         "parity_max_abs_diff": doc["parity_max_abs_diff"],
-        "types": [f"L{h['layer']}H{h['head']}:{h['dominant']}" for h in doc["heads"]],
+        "types": [f"{head_name(h['layer'], h['head'])}:{h['dominant']}" for h in doc["heads"]],
         "formed_at": dict(zip(("induction", "previous"), formed_at(run, threshold))),
         "ended": done_reason(run),
         "ablation": copy_loss_check(run, doc["tokens"], ind["head"], prev["head"]),

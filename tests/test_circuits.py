@@ -27,10 +27,10 @@ SECOND = list(range(8, 15))  # the predictions inside the second copy
 def induction_circuit_model() -> GPT:
     """Two attention-only layers, learned positions, untied head; the residual stream has a
     block for the token, the position, the previous token and the output.
-    - L0H0 is a previous-token head: query position t meets key position t - 1, its value is
+    - L0.H0 is a previous-token head: query position t meets key position t - 1, its value is
       the token, W_O writes it into the previous-token block.
-    - L1H0 is an induction head: its query is the current token, its KEY READS THE
-      PREVIOUS-TOKEN BLOCK (K-composition with L0H0), so query t attends to the position s
+    - L1.H0 is an induction head: its query is the current token, its KEY READS THE
+      PREVIOUS-TOKEN BLOCK (K-composition with L0.H0), so query t attends to the position s
       after an earlier occurrence of its token; its value is the token at s, written into the
       output block, which is all the LM head reads.
     - Head 1 of each layer attends somewhere but writes nothing (W_V = 0)."""
@@ -46,11 +46,11 @@ def induction_circuit_model() -> GPT:
         model.wte.weight[:, TOK] = 10 * torch.eye(V)
         model.wpe.weight[:, POS] = 10 * torch.eye(T)
         w0, w1 = model.blocks[0].attn.c_attn.weight, model.blocks[1].attn.c_attn.weight
-        w0[0:T, POS] = 8 * torch.eye(T)  # L0H0 query: position t
+        w0[0:T, POS] = 8 * torch.eye(T)  # L0.H0 query: position t
         w0[C + 1:C + T, POS][:, :T - 1] = 8 * torch.eye(T - 1)  # key: position s -> s + 1
         w0[2 * C:2 * C + V, TOK] = torch.eye(V)  # value: the token
         model.blocks[0].attn.c_proj.weight[PREV, 0:V] = 10 * torch.eye(V)
-        w1[0:V, TOK] = 8 * torch.eye(V)  # L1H0 query: the current token
+        w1[0:V, TOK] = 8 * torch.eye(V)  # L1.H0 query: the current token
         w1[C:C + V, PREV] = 8 * torch.eye(V)  # key: the token before the key
         w1[2 * C:2 * C + V, TOK] = torch.eye(V)  # value: the key's own token
         model.blocks[1].attn.c_proj.weight[OUT, 0:V] = 10 * torch.eye(V)
@@ -146,7 +146,7 @@ def test_k_composition_certifies_the_induction_circuit_from_the_weights():
     assert comp.strongest("k")[:4] == (0, 0, 1, 0)  # previous-token head -> induction keys
     k = comp.scores["k"][0, 0, 1, 0]
     assert k > 2 * comp.baseline["k"]
-    assert comp.scores["q"][0, 0, 1, 0] < 0.1 * k  # the query reads the token, not L0H0
+    assert comp.scores["q"][0, 0, 1, 0] < 0.1 * k  # the query reads the token, not L0.H0
     assert comp.scores["v"][0, 0, 1, 0] < 0.1 * k
     assert comp.scores["k"][0, 1, 1, 0] == 0.0  # a head that writes nothing composes with none
     assert comp.scores["k"][1, 0, 0, 0] == 0.0  # only earlier -> later layers

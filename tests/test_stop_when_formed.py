@@ -204,8 +204,8 @@ def test_a_run_whose_heads_did_not_form_says_so_through_the_command(tmp_path, mi
     said = dict(x.split(": ", 1) for x in r.stderr.splitlines() if x.startswith(("heads: ",
                                                                                     "next: ")))
     # 4 steps from a random init: every head is far from 0.9
-    assert re.fullmatch(r"NOT formed by step 4: no induction head \(the best, L1H\d, scores "
-                        r"0\.\d{3}; 0\.9 needed\); no previous-token head \(the best, L0H\d, "
+    assert re.fullmatch(r"NOT formed by step 4: no induction head \(the best, L1\.H\d, scores "
+                        r"0\.\d{3}; 0\.9 needed\); no previous-token head \(the best, L0\.H\d, "
                         r"scores 0\.\d{3}; 0\.9 needed\)\. The model predicts \d+\.\d% of the "
                         r"copies \(val, step 4\) some other way\.", said["heads"]), said["heads"]
     inspect = f"minigpt inspect-heads --run {run} --probe induction"

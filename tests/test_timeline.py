@@ -110,8 +110,8 @@ def test_draw_timeline_is_a_png_with_a_panel_per_layer():
 
 
 def test_the_circuit_record_finds_the_hand_built_induction_circuit():
-    """On the model of tests/test_circuits.py: L0H0 is the previous-token head, L1H0 the
-    induction head, their K-composition is above random weights', L1H0 writes the logit."""
+    """On the model of tests/test_circuits.py: L0.H0 is the previous-token head, L1.H0 the
+    induction head, their K-composition is above random weights', L1.H0 writes the logit."""
     from test_circuits import induction_circuit_model
 
     model = induction_circuit_model()
