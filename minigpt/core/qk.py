@@ -242,25 +242,26 @@ def _layer_split(model, idx: Tensor, rec: _QKRecord, x: Tensor, layer: int, hs: 
     q_parts, k_parts = _project(model, layer, x.double(), parts, hs)  # (R, B, h, T, D) each
     scale = 1.0 / math.sqrt(cfg.head_dim)
     T = idx.shape[1]
-    counts = torch.arange(1, T + 1, dtype=torch.float64)[:, None]
+    dev = x.device
+    counts = torch.arange(1, T + 1, dtype=torch.float64, device=dev)[:, None]
+    allowed = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
     out = {}
     for j, h in enumerate(hs):
         q, k = rec.q[layer][:, h].double(), rec.k[layer][:, h].double()  # (B, T, D)
         real = (q @ k.transpose(-1, -2)) * scale  # (B, T, T), the model's own scores
-        allowed = torch.ones(T, T, dtype=torch.bool).tril()
         mean = (real * allowed).sum(-1) / allowed.sum(-1)  # (B, T) over the keys s <= t
         chosen = list(pairs) if pairs is not None else [
             (b, t, int(real[b, t, :t + 1].argmax())) for b in range(real.shape[0])
             for t in range(1, T)]
-        b_, t_, s_ = (torch.tensor([p[i] for p in chosen]) for i in range(3))
+        b_, t_, s_ = (torch.tensor([p[i] for p in chosen], device=dev) for i in range(3))
         Q, K = q_parts[:, :, j], k_parts[:, :, j]  # (R, B, T, D)
         k_mean = K.cumsum(2) / counts  # mean over keys 0..t, at t
         qp, kp, km = Q[:, b_, t_], K[:, b_, s_], k_mean[:, b_, t_]  # (R, P, D)
         grid = torch.einsum("ipd,jpd->pij", qp, kp) * scale
         margin_grid = torch.einsum("ipd,jpd->pij", qp, kp - km) * scale
         out[(layer, h)] = QKHead(layer, h, names, [tuple(p) for p in chosen],
-                                 real[b_, t_, s_], real[b_, t_, s_] - mean[b_, t_], grid,
-                                 margin_grid)
+                                 real[b_, t_, s_].cpu(), (real[b_, t_, s_] - mean[b_, t_]).cpu(),
+                                 grid.cpu(), margin_grid.cpu())
     return out
 
 
