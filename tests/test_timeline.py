@@ -153,7 +153,7 @@ def test_a_two_layer_run_records_the_circuit(tmp_path, no_pictures):
                                                    "train.head_scores_interval": 2})), run)
     circuit = heads_records(run)[-1]["circuit"]
     assert set(circuit) == {"previous_head", "induction_head", "k_composition", "k_baseline",
-                            "dla_head", "dla", "edges"}
+                            "dla_head", "dla", "edges", "qk"}
     assert circuit["induction_head"][0] == 1 and circuit["previous_head"][0] == 0
     assert 0 < circuit["k_composition"] < 1 and 0 < circuit["k_baseline"] < 1
     edges = circuit["edges"]
