@@ -421,8 +421,8 @@ def _qk_table(h, top: int = QK_TOP):
 
     terms = h.terms()
     largest = max(max(abs(m) for *_, m in terms), 1e-12)
-    table = Table(title=f"{h.name}: why it attends where it does ({len(h.pairs)} pair(s))",
-                  caption=f"score {float(h.scores.mean()):+.3f} and margin "
+    table = Table(title=f"{h.name}: why it attends where it does",
+                  caption=f"{len(h.pairs)} pair(s); score {float(h.scores.mean()):+.3f} and margin "
                   f"{float(h.margins.mean()):+.3f} (means over the pairs; margin = the score "
                   "minus its mean over the keys the query may attend to); the "
                   f"{min(top, len(terms))} largest of {len(terms)} terms (query writer x key "
