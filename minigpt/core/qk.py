@@ -225,106 +225,117 @@ def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
     layers = sorted({la for la, _ in heads})
     with eval_mode(model):
         rec = _QKRecord(set(layers))
-        stream = model.residual_stream(idx.to(device_of(model)),
-                                       attn=AttnSpec(model.cfg.attn_impl, intervention=rec))
+        idx = idx.to(device_of(model))
+        stream = model.residual_stream(idx, attn=AttnSpec(model.cfg.attn_impl,
+                                                          intervention=rec))
+        writers = _Writers(model, idx, rec)
         out = {}
         for la in layers:
             hs = [h for layer, h in heads if layer == la]
-            out.update(_layer_split(model, idx, rec, stream[la], la, hs, pairs))
+            names, rows, const = writers.upto(la)
+            q_parts, k_parts = _project(model, la, stream[la].double(), rows, const, hs)
+            for j, h in enumerate(hs):
+                out[(la, h)] = _head_split(model, rec, la, h, names, q_parts[:, :, j],
+                                           k_parts[:, :, j], pairs)
     return [out[h] for h in heads]
 
 
-def _layer_split(model, idx: Tensor, rec: _QKRecord, x: Tensor, layer: int, hs: list[int],
-                 pairs) -> dict[tuple[int, int], QKHead]:
-    """The heads `hs` of `layer`, x (B, T, C) the stream entering it."""
-    cfg = model.cfg
-    names, parts = _writers(model, idx, rec, layer)
-    q_parts, k_parts = _project(model, layer, x.double(), parts, hs)  # (R, B, h, T, D) each
-    scale = 1.0 / math.sqrt(cfg.head_dim)
-    T = idx.shape[1]
-    dev = x.device
-    counts = torch.arange(1, T + 1, dtype=torch.float64, device=dev)[:, None]
+def _head_split(model, rec: _QKRecord, layer: int, h: int, names: list[str], Q: Tensor,
+                K: Tensor, pairs) -> QKHead:
+    """Head h of `layer` from its writers' query and key parts Q, K (R, B, T, D)."""
+    scale = 1.0 / math.sqrt(model.cfg.head_dim)
+    q, k = rec.q[layer][:, h].double(), rec.k[layer][:, h].double()  # (B, T, D)
+    T, dev = q.shape[1], q.device
+    real = (q @ k.transpose(-1, -2)) * scale  # (B, T, T), the model's own scores
     allowed = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-    out = {}
-    for j, h in enumerate(hs):
-        q, k = rec.q[layer][:, h].double(), rec.k[layer][:, h].double()  # (B, T, D)
-        real = (q @ k.transpose(-1, -2)) * scale  # (B, T, T), the model's own scores
-        mean = (real * allowed).sum(-1) / allowed.sum(-1)  # (B, T) over the keys s <= t
-        chosen = list(pairs) if pairs is not None else [
-            (b, t, int(real[b, t, :t + 1].argmax())) for b in range(real.shape[0])
-            for t in range(1, T)]
-        b_, t_, s_ = (torch.tensor([p[i] for p in chosen], device=dev) for i in range(3))
-        Q, K = q_parts[:, :, j], k_parts[:, :, j]  # (R, B, T, D)
-        k_mean = K.cumsum(2) / counts  # mean over keys 0..t, at t
-        qp, kp, km = Q[:, b_, t_], K[:, b_, s_], k_mean[:, b_, t_]  # (R, P, D)
-        grid = torch.einsum("ipd,jpd->pij", qp, kp) * scale
-        margin_grid = torch.einsum("ipd,jpd->pij", qp, kp - km) * scale
-        out[(layer, h)] = QKHead(layer, h, names, [tuple(p) for p in chosen],
-                                 real[b_, t_, s_].cpu(), (real[b_, t_, s_] - mean[b_, t_]).cpu(),
-                                 grid.cpu(), margin_grid.cpu())
-    return out
+    mean = (real * allowed).sum(-1) / allowed.sum(-1)  # (B, T), over the keys s <= t
+    if pairs is None:  # each query's most attended key (the largest score), queries 1..T-1
+        best = real.masked_fill(~allowed, -math.inf).argmax(-1)  # (B, T)
+        pairs = [(b, t, int(best[b, t])) for b in range(real.shape[0]) for t in range(1, T)]
+    b_, t_, s_ = (torch.tensor([p[i] for p in pairs], device=dev) for i in range(3))
+    counts = torch.arange(1, T + 1, dtype=K.dtype, device=dev)[:, None]
+    qp, kp = Q[:, b_, t_], K[:, b_, s_]  # (R, P, D)
+    km = (K.cumsum(2) / counts)[:, b_, t_]  # each key writer's mean over the keys 0..t
+    grid = torch.einsum("ipd,jpd->pij", qp, kp) * scale
+    margin_grid = torch.einsum("ipd,jpd->pij", qp, kp - km) * scale
+    chosen = real[b_, t_, s_]
+    return QKHead(layer, h, names, [tuple(p) for p in pairs], chosen.cpu(),
+                  (chosen - mean[b_, t_]).cpu(), grid.cpu(), margin_grid.cpu())
 
 
-def _writers(model, idx: Tensor, rec: Record, layer: int) -> tuple[list[str], list[Tensor]]:
-    """The writers of the stream entering `layer`: names (the last one `bias`) and outputs,
-    each (B, T, C) float64 (`bias`: the constant W_O biases of the earlier layers)."""
-    cfg = model.cfg
-    T = idx.shape[1]
-    names: list[str] = []
-    parts: list[Tensor] = []
-    if model.wpe is not None or cfg.pos_encoding == "sinusoidal":
-        tok = model.wte.weight[idx].double()
-        table = model.wpe.weight if model.wpe is not None else model.pe
-        names += ["embed.tok", "embed.pos"]
-        parts += [tok, table[:T].double().expand_as(tok)]
-    else:
-        names.append("embed")
-        parts.append(rec.embedded.double())
-    const = torch.zeros(cfg.n_embd, dtype=torch.float64, device=idx.device)
-    for la in range(layer):
-        c_proj = model.blocks[la].attn.c_proj
-        w_o = c_proj.weight.double().view(cfg.n_embd, cfg.n_head, cfg.head_dim)
-        z = rec.z[la].double()  # (B, H, T, D)
-        for h in range(cfg.n_head):
-            names.append(f"L{la}.H{h}")
-            parts.append(z[:, h] @ w_o[:, h].T)  # (B, T, D) @ (D, C)
-        if c_proj.bias is not None:
-            const = const + c_proj.bias.double()
-        if la in rec.mlp:
-            names.append(f"L{la}.MLP")
-            parts.append(rec.mlp[la].double())
-    names.append(BIAS)
-    parts.append(const.expand_as(parts[0]))
-    return names, parts
+class _Writers:
+    """The writers' outputs, centred (LayerNorm's P; RMSNorm: as they are), float64, in one
+    (writers, B, T, C) buffer filled layer by layer, so each is computed once: `upto(l)` gives
+    the names, the rows of the writers of the stream entering layer l (a view) and the
+    constant in it (C,): the W_O biases of the layers before l."""
+
+    def __init__(self, model, idx: Tensor, rec: Record) -> None:
+        cfg = model.cfg
+        self.model, self.rec, self.centred = model, rec, cfg.norm != "rmsnorm"
+        B, T = idx.shape
+        n = 2 + cfg.n_layer * (cfg.n_head + bool(cfg.mlp))
+        self.buf = torch.empty(n, B, T, cfg.n_embd, dtype=torch.float64, device=idx.device)
+        self.names: list[str] = []
+        if model.wpe is not None or cfg.pos_encoding == "sinusoidal":
+            table = model.wpe.weight if model.wpe is not None else model.pe
+            self._add("embed.tok", model.wte.weight[idx])
+            self._add("embed.pos", table[:T].expand(B, T, -1))
+        else:
+            self._add("embed", rec.embedded)
+        self.layers = 0  # the layers whose writers are in
+        self.const = torch.zeros(cfg.n_embd, dtype=torch.float64, device=idx.device)
+
+    def _add(self, name: str, x: Tensor) -> None:
+        x = x.double()
+        self.buf[len(self.names)] = x - x.mean(-1, keepdim=True) if self.centred else x
+        self.names.append(name)
+
+    def upto(self, layer: int) -> tuple[list[str], Tensor, Tensor]:
+        cfg = self.model.cfg
+        while self.layers < layer:
+            la = self.layers
+            c_proj = self.model.blocks[la].attn.c_proj
+            w_o = c_proj.weight.double().view(cfg.n_embd, cfg.n_head, cfg.head_dim)
+            z = self.rec.z[la].double()  # (B, H, T, D)
+            for h in range(cfg.n_head):
+                self._add(f"L{la}.H{h}", z[:, h] @ w_o[:, h].T)  # (B, T, D) @ (D, C)
+            if c_proj.bias is not None:
+                self.const = self.const + c_proj.bias.double()
+            if la in self.rec.mlp:
+                self._add(f"L{la}.MLP", self.rec.mlp[la])
+            self.layers += 1
+        n = len(self.names)
+        return [*self.names, BIAS], self.buf[:n], self.const
 
 
-def _project(model, layer: int, x: Tensor, parts: list[Tensor], hs: list[int]
+def _project(model, layer: int, x: Tensor, rows: Tensor, const: Tensor, hs: list[int]
              ) -> tuple[Tensor, Tensor]:
-    """Every writer's query and key parts for the heads `hs`: two (R, B, len(hs), T, D)
-    float64 tensors (R writers, the last the bias), through the frozen norm, W_Q and W_K (one
-    product), the frozen QK-norm and RoPE."""
+    """Every writer's query and key parts for the heads `hs` of `layer`: two
+    (R, B, len(hs), T, D) float64 tensors (R = the writers `rows` (W, B, T, C), centred, and
+    last the bias), through the frozen norm scale of x (B, T, C), the stream entering the
+    layer, W_Q and W_K (one product), the frozen QK-norm and RoPE."""
     cfg = model.cfg
     block, C, D = model.blocks[layer], cfg.n_embd, cfg.head_dim
-    ln = block.ln_1
+    ln, attn = block.ln_1, block.attn
     eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
     rms = cfg.norm == "rmsnorm"
     sigma = ((x.square().mean(-1, keepdim=True) if rms else x.var(-1, unbiased=False,
                                                                  keepdim=True)) + eps).sqrt()
-    rows = torch.stack(parts)  # (R, B, T, C)
-    if not rms:
-        rows = rows - rows.mean(-1, keepdim=True)
-    gamma = ln.weight.double() if ln.weight is not None else 1.0
-    rows = rows / sigma * gamma
-    if getattr(ln, "bias", None) is not None:
-        rows[-1] = rows[-1] + ln.bias.double()
     sel = torch.tensor([s * C + h * D + d for s in (0, 1) for h in hs for d in range(D)],
                        device=x.device)
-    attn = block.attn
-    proj = rows @ attn.c_attn.weight.double()[sel].T  # (R, B, T, 2 * h * D): one product
+    w = attn.c_attn.weight.double()[sel]  # (2 h D, C): the heads' rows of W_Q, W_K
+    if ln.weight is not None:
+        w = w * ln.weight.double()  # the norm's gain, folded: (P x / sigma * g) W^T
+    W, B, T = rows.shape[:3]
+    proj = (rows.reshape(W * B * T, C) @ w.T).view(W, B, T, -1) / sigma  # one product
+    centred = const if rms else const - const.mean()
+    bias = (centred.expand(B, T, C) / sigma) @ w.T  # the constant W_O biases, (B, T, 2hD)
+    if getattr(ln, "bias", None) is not None:
+        bias = bias + attn.c_attn.weight.double()[sel] @ ln.bias.double()
     if attn.c_attn.bias is not None:
-        proj[-1] = proj[-1] + attn.c_attn.bias.double()[sel]
-    R, B, T = proj.shape[:3]
-    qk = proj.view(R, B, T, 2, len(hs), D).permute(3, 0, 1, 4, 2, 5)  # (2, R, B, h, T, D)
+        bias = bias + attn.c_attn.bias.double()[sel]
+    proj = torch.cat([proj, bias[None]])  # (R, B, T, 2hD)
+    qk = proj.view(W + 1, B, T, 2, len(hs), D).permute(3, 0, 1, 4, 2, 5)  # (2, R, B, h, T, D)
     if attn.qk_norm is not None:  # frozen at the real query's (key's) rms
         total = qk.sum(1, keepdim=True)
         rho = (total.square().mean(-1, keepdim=True) + attn.qk_norm.eps).sqrt()
