@@ -211,10 +211,12 @@ def test_the_files(run_dir, tmp_path):
     from safetensors.torch import load_file
 
     r = invoke(run_dir, "--probe", "induction", "--qk", "L0.H1,L1.H2", "--format",
-               "safetensors,png", "--out", str(tmp_path))
+               "safetensors", "--out", str(tmp_path))
     assert r.exit_code == 0, r.stderr
-    for name in ("qk_L0_H1.png", "qk_L1_H2.png"):
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--format", "png", "--out",
+               str(tmp_path / "png"))
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "png" / "qk_L1_H2.png").read_bytes()[:4] == b"\x89PNG"
     grids = load_file(tmp_path / "qk.safetensors")
     (h,) = library(run_dir, [(1, 2)])
     assert torch.equal(grids["L1.H2.margin"], h.margin_grid)
