@@ -106,6 +106,13 @@ def test_draw_timeline_is_a_png_with_a_panel_per_layer():
         r["circuit"]["edges"] = {"edges": {"L0.H0->L1.H1:k": r["step"] / 100,
                                            "L1.H1->logits:logits": 1.0}, "clean": 0.1,
                                  "corrupted": 4.0}
+    taller = timeline.draw_timeline(recs)
+    assert height(taller) > height(timeline.draw_timeline(recs[:0] + [
+        {**r, "circuit": {k: v for k, v in r["circuit"].items() if k != "edges"}}
+        for r in recs]))
+    for r in recs:  # with the QK margin: one more panel again
+        r["circuit"]["qk"] = {"term": ["embed", "L0.H0"], "margin": r["step"] / 50,
+                              "top": ["embed", "L0.H0", r["step"] / 50]}
     assert height(timeline.draw_timeline(recs)) > height(taller)
 
 
@@ -122,6 +129,9 @@ def test_the_circuit_record_finds_the_hand_built_induction_circuit():
     assert rec["previous_head"] == [0, 0] and rec["induction_head"] == [1, 0]
     assert rec["k_composition"] > 2 * rec["k_baseline"] > 0
     assert rec["dla_head"] == [1, 0] and rec["dla"] > 5
+    # why L1H0 attends to the key after the earlier copy: the query's token x L0H0 at the key
+    assert rec["qk"]["term"] == ["embed.tok", "L0.H0"] == rec["qk"]["top"][:2]
+    assert rec["qk"]["margin"] == rec["qk"]["top"][2] > 10
     one_layer = {k: v[:1] for k, v in scores.items()}
     assert timeline.circuit_record(model, cfg, bytes_tokenizer(), one_layer) is None
 
@@ -153,7 +163,7 @@ def test_a_two_layer_run_records_the_circuit(tmp_path, no_pictures):
                                                    "train.head_scores_interval": 2})), run)
     circuit = heads_records(run)[-1]["circuit"]
     assert set(circuit) == {"previous_head", "induction_head", "k_composition", "k_baseline",
-                            "dla_head", "dla", "edges"}
+                            "dla_head", "dla", "edges", "qk"}
     assert circuit["induction_head"][0] == 1 and circuit["previous_head"][0] == 0
     assert 0 < circuit["k_composition"] < 1 and 0 < circuit["k_baseline"] < 1
     edges = circuit["edges"]

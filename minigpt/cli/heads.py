@@ -58,6 +58,16 @@ CompositionOpt = Annotated[bool, typer.Option(
     "--composition", help="Also score how much every head's output is read by the queries, "
     "keys and values of each later head (Q/K/V composition, from the weights), beside the "
     "score of random weights of the same shapes.")]
+QkOpt = Annotated[list[str] | None, typer.Option(
+    "--qk", metavar="HEAD", help="Also split the head's attention scores into (query writer x "
+    "key writer) terms, exactly: why it attends where it does. A head as `minigpt circuit` "
+    "names it (L1.H2); repeatable or comma-separated; `all` for every head. Terms are ranked by "
+    "margin (the score minus its mean over the keys the query may attend to).")]
+QkPairsOpt = Annotated[list[str] | None, typer.Option(
+    "--qk-pairs", metavar="QUERY:KEY", help="With --qk: split at these (query, key) positions, "
+    "e.g. 7:3,9:5 (repeatable or comma-separated). Default: on --probe induction the induction "
+    "targets (each query of the second copy and the key after the earlier occurrence of its "
+    "token); otherwise each query's most attended key.")]
 
 
 @app.command("inspect-heads")
@@ -70,7 +80,7 @@ def inspect_heads_command(
     dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
     patch_direction: PatchDirectionOpt = None, target: TargetOpt = None,
     answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
-    lens: LensOpt = False,
+    lens: LensOpt = False, qk: QkOpt = None, qk_pairs: QkPairsOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.heads.flags import check_early, check_patch_direction
@@ -86,13 +96,15 @@ def inspect_heads_command(
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
     out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
-        fmts, layers, heads, ablate, composition, dla or patch_from, lens))  # file's place checked
+        fmts, layers, heads, ablate, composition, dla or patch_from, lens,
+        _qk_names(mcfg, qk)))  # file's place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
     circuits = _circuit_request(loaded, inp, max_tokens, seed, dla=dla, composition=composition,
                                 patch_from=patch_from, direction=patch_direction,
-                                target=target, answer=answer, wrong=wrong, lens=lens)
+                                target=target, answer=answer, wrong=wrong, lens=lens,
+                                qk=qk, qk_pairs=qk_pairs)
     if inp.truncated:
         has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
@@ -120,11 +132,20 @@ def inspect_heads_command(
         _print_tables(insp, layers, heads)
 
 
+def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
+    """The `--qk` heads' names (checked: core.qk), before any work."""
+    from minigpt.core.qk import resolve_heads
+
+    return [f"L{la}.H{h}" for la, h in resolve_heads(mcfg, qk)] if qk else []
+
+
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
-                     direction, target, answer, wrong, lens=False):
-    """What of core/head_circuits.py to measure (None: nothing), every token checked first."""
+                     direction, target, answer, wrong, lens=False, qk=None, qk_pairs=None):
+    """What of core/head_circuits.py and core/qk.py to measure (None: nothing), every token
+    checked first."""
     from minigpt.core.head_circuits import check_composition
     from minigpt.core.patching import check_same_length
+    from minigpt.core.qk import check_tokens, parse_pairs, resolve_heads
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
 
@@ -133,7 +154,11 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
         if value is not None and not uses_metric:
             raise ArgumentError(param, "sets the metric of --dla, --patch-from and --lens; "
                                 "give one of them too")
-    if not (uses_metric or composition):
+    if qk_pairs and not qk:
+        raise ArgumentError("qk_pairs", "chooses the pairs of --qk; give --qk HEAD too")
+    if qk:
+        check_tokens(len(inp.tokens))
+    if not (uses_metric or composition or qk):
         return None
     if composition:
         check_composition(loaded.cfg.model)
@@ -141,7 +166,9 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
     req = CircuitRequest(dla=dla, composition=composition, direction=direction, lens=lens,
                          target=None if target is None else token_id(tok, target, "target"),
                          answer=None if answer is None else token_id(tok, answer, "answer"),
-                         wrong=None if wrong is None else token_id(tok, wrong, "wrong"))
+                         wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
+                         qk=resolve_heads(loaded.cfg.model, qk) if qk else None,
+                         qk_pairs=parse_pairs(qk_pairs, len(inp.tokens)) if qk_pairs else None)
     if patch_from is not None:
         req.patch_tokens, req.patch_source = corrupted_input(
             loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,
@@ -168,6 +195,11 @@ def _say_circuits(insp) -> None:
             "head alone can move the metric further than the whole corruption does")
         for note in p.notes:
             say(f"note: {note}")
+    if insp.qk is not None:
+        worst = max(h.closure for h in insp.qk)
+        say(f"qk: {len(insp.qk)} head(s) split at {insp.qk_pairs}; the terms add up to the "
+            f"model's scores and margins within {worst:.1e} (norm and QK-norm scales frozen "
+            "at this input)")
 
 
 def _print_tables(insp, layers: list[int], heads: list[int]) -> None:
@@ -177,6 +209,9 @@ def _print_tables(insp, layers: list[int], heads: list[int]) -> None:
         out_console.print(table)
     if insp.composition is not None:
         out_console.print(_composition_table(insp.composition))
+    if insp.qk is not None:
+        for h in insp.qk:
+            out_console.print(_qk_table(h))
     if insp.lens is not None:
         from minigpt.cli.lens_tables import lens_tables
 
@@ -327,6 +362,32 @@ def _composition_table(comp, top: int = 5):
             table.add_row(kind, head_name(r['from_layer'], r['from_head']),
                           head_name(r['to_layer'], r['to_head']), f"{r['score']:.3f}",
                           f"{r['baseline']:.3f}")
+    return table
+
+
+QK_TOP = 8  # terms per head in the table (every one is in --json)
+
+
+def _qk_table(h, top: int = QK_TOP):
+    """One head's largest terms by margin (means over its pairs)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    terms = h.terms()
+    largest = max(max(abs(m) for *_, m in terms), 1e-12)
+    table = Table(title=f"{h.name}: why it attends where it does",
+                  caption=f"{len(h.pairs)} pair(s); score {float(h.scores.mean()):+.3f} and margin "
+                  f"{float(h.margins.mean()):+.3f} (means over the pairs; margin = the score "
+                  "minus its mean over the keys the query may attend to); the "
+                  f"{min(top, len(terms))} largest of {len(terms)} terms (query writer x key "
+                  f"writer) by margin; closure {h.closure:.1e}", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for name in ("query writer", "key writer", "margin", "score"):
+        table.add_column(name, justify="left" if "writer" in name else "right", no_wrap=True)
+    for q, k, score, margin in terms[:top]:
+        table.add_row(q, k, Text(f"{margin:+.3f}", style=_heat(margin / largest)),
+                      f"{score:+.3f}")
     return table
 
 

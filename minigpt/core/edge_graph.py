@@ -599,7 +599,7 @@ class Circuit:
         out = []
         for u in range(g.n_writers):
             name = g.writer_name(u)
-            layer, head = _layer_head(name)
+            layer, head = layer_head(name)
             out.append({"name": name, "layer": layer, "head": head, "score": float(s[u].sum()),
                         "in_circuit": bool(used[u])})
         out.append({"name": "logits", "layer": None, "head": None,
@@ -608,7 +608,10 @@ class Circuit:
         return out
 
 
-def _layer_head(name: str) -> tuple[int | None, int | None]:
+def layer_head(name: str) -> tuple[int | None, int | None]:
+    """(layer, head) of a node name of the graph (`Graph.writer_name`): `L1.H2` -> (1, 2),
+    `L1.MLP` -> (1, None), `embed` -> (None, None). The one reader of these names: whoever
+    takes a name from a user checks it is one of the graph's first (core/qk.py)."""
     if name == "embed":
         return None, None
     layer, rest = name[1:].split(".")

@@ -76,7 +76,9 @@ class Intervention:
     (B, T, C); it may return (3, H, B, T, C): each head's query, key and value input apart,
     which the layer then projects head by head), `mlp_in` (an MLP's input, (B, T, C)) and
     `final_in` (what the final norm and the LM head read, (B, T, C)). A reader's change
-    reaches that reader only: the residual stream itself goes on unchanged."""
+    reaches that reader only: the residual stream itself goes on unchanged.
+    Inside a layer: `qk` (every head's queries and keys `[batch, head, position, d_head]` as
+    the scores read them, after QK-norm and RoPE; core/qk.py records them)."""
 
     def embed(self, x: Tensor) -> Tensor:
         return x
@@ -86,6 +88,9 @@ class Intervention:
 
     def heads(self, layer: int, z: Tensor) -> Tensor:
         return z
+
+    def qk(self, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
 
     def mlp_in(self, layer: int, x: Tensor) -> Tensor:
         return x
@@ -443,6 +448,8 @@ class CausalSelfAttention(nn.Module):
                 qk = apply_rope(qk, *rope)  # tables (T, D/2) broadcast over (2, B, H)
             q, k = qk.unbind(0)  # 2 x (B, H, T, D)
             v = v.squeeze(0)  # (B, H, T, D)
+        if spec.intervention is not None:  # the queries and keys the scores read
+            q, k = spec.intervention.qk(layer, q, k)
         past = 0
         if cache is not None:
             past = cache.length

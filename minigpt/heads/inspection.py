@@ -42,6 +42,7 @@ from minigpt.core.heads import (
 )
 from minigpt.core.lens import Lens, logit_lens
 from minigpt.core.patching import make_metric
+from minigpt.core.qk import QKHead, induction_pairs, qk_attribution
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 
@@ -83,6 +84,8 @@ class Inspection:
     # offsets (n_layer, n_head, K + 1); lags {"previous"|"induction": (n_layer, n_head, K)}
     offsets: Tensor | None = None
     lags: dict[str, Tensor] | None = None
+    qk: list[QKHead] | None = None  # scores split by writer (core.qk), if asked for
+    qk_pairs: str = ""  # which pairs they were split at, in words
 
     def __post_init__(self) -> None:
         if self.offsets is None:
@@ -194,6 +197,8 @@ class Inspection:
                 **({"composition_definitions": KIND_HELP,
                     "composition": self.composition.records()}
                    if self.composition is not None else {}),
+                **({"qk_pairs": self.qk_pairs, "qk": [h.to_json() for h in self.qk]}
+                   if self.qk is not None else {}),
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
     def patch_json(self) -> dict:
@@ -229,6 +234,24 @@ class CircuitRequest:
     target: int | None = None
     answer: int | None = None
     wrong: int | None = None
+    qk: list[tuple[int, int]] | None = None  # the heads whose scores to split (core.qk)
+    qk_pairs: list[tuple[int, int, int]] | None = None  # at these pairs (None: qk_pairs_for)
+
+
+def qk_pairs_for(req: CircuitRequest, tokens: Sequence[int], source: str,
+                 positions: Sequence[int] | None) -> tuple[list | None, str]:
+    """The pairs of `--qk` and what they are, in words: `req.qk_pairs` when given, the
+    induction targets on the induction probe, else each query's most attended key (None)."""
+    if req.qk_pairs is not None:
+        return req.qk_pairs, "the pairs asked for (query:key " + ", ".join(
+            f"{t}:{s}" for _, t, s in req.qk_pairs) + ")"
+    if source == "probe:induction" and positions:
+        pairs = induction_pairs(tokens, positions[0])
+        return pairs, (f"the {len(pairs)} induction targets: each query of the second copy "
+                       "(positions " f"{positions[0]}..{len(tokens) - 1}) and the key one after "
+                       "the earlier occurrence of its token")
+    return None, (f"each query's most attended key (queries 1..{len(tokens) - 1}, one pair "
+                  "each)")
 
 
 def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
@@ -269,11 +292,16 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
 
 def measure_circuits(insp: Inspection, model, req: CircuitRequest,
                      positions: Sequence[int] | None) -> None:
-    """Fill `insp.dla`, `.patch` and `.composition` as `req` asks (core.head_circuits)."""
+    """Fill `insp.dla`, `.patch`, `.composition`, `.lens` and `.qk` as `req` asks
+    (core.head_circuits, core.lens, core.qk)."""
     if req.composition:
         insp.composition = composition_scores(model)
     if req.lens:
         insp.lens = lens_of(model, insp.tokens, req, positions)
+    if req.qk:
+        pairs, insp.qk_pairs = qk_pairs_for(req, insp.tokens, insp.source, positions)
+        idx = torch.tensor([insp.tokens], dtype=torch.long, device=device_of(model))
+        insp.qk = qk_attribution(model, idx, req.qk, pairs)
     if not req.dla and req.patch_tokens is None:
         return
     metric = make_metric(len(insp.tokens), positions, target=req.target, answer=req.answer,

@@ -21,6 +21,7 @@ from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-export
 from minigpt.heads.head_circuits_png import write_circuit_pngs
 from minigpt.heads.inspection import Inspection
 from minigpt.heads.lens_png import write_lens_png
+from minigpt.heads.qk_png import write_qk_pngs
 from minigpt.heads.viewer import write_html
 
 
@@ -55,10 +56,12 @@ def make_out_dir(path: Path) -> Path:
 
 def file_names(formats: Sequence[str], layers: Sequence[int], heads: Sequence[int],
                ablation: object = None, composition: object = None,
-               circuits: object = None, lens: object = None) -> list[str]:
+               circuits: object = None, lens: object = None,
+               qk: Sequence[str] = ()) -> list[str]:
     """The names of the files `write_files` writes for `formats`, the selected `layers` and
     `heads`, and what is measured (each true when it is: `ablation` the mode, `composition`,
-    `circuits` dla or the text patched from, `lens` the logit lens)."""
+    `circuits` dla or the text patched from, `lens` the logit lens; `qk` the names of the
+    heads whose scores are split, L1.H2)."""
     pairs = [(layer, head) for layer in layers for head in heads]
     names = []
     if "png" in formats:
@@ -66,7 +69,10 @@ def file_names(formats: Sequence[str], layers: Sequence[int], heads: Sequence[in
                   *(f"attention_L{la}_H{h}.png" for la, h in pairs),
                   *(["composition.png"] if composition else []),
                   *(["circuits.png"] if circuits else []),
-                  *(["lens.png"] if lens else [])]
+                  *(["lens.png"] if lens else []),
+                  *(f"qk_{name.replace('.', '_')}.png" for name in qk)]
+    if "safetensors" in formats and qk:
+        names.append("qk.safetensors")
     for fmt, name in (("html", "attention.html"), ("safetensors", "attention.safetensors"),
                       ("json", "scores.json")):
         if fmt in formats:
@@ -93,10 +99,13 @@ def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Seq
         written += write_pngs(insp, out, pairs)
         written += write_circuit_pngs(insp, out)
         written += write_lens_png(insp, out)
+        written += write_qk_pngs(insp.qk, out, insp.qk_pairs)
     if "html" in formats:
         written.append(write_html(insp, out / "attention.html", pairs))
     if "safetensors" in formats:
         written.append(write_safetensors(insp, out / "attention.safetensors"))
+        if insp.qk is not None:
+            written.append(write_qk_safetensors(insp, out / "qk.safetensors"))
     if "json" in formats:
         written.append(write_json(insp, out / "scores.json", layers, heads))
     return written
@@ -121,3 +130,24 @@ def write_safetensors(insp: Inspection, path: Path) -> Path:
     blob = save({"attention": insp.attention.contiguous(),
                  "tokens": torch.tensor(insp.tokens, dtype=torch.int64)}, metadata=meta)
     return atomic_write_bytes(path, blob)
+
+
+def write_qk_safetensors(insp: Inspection, path: Path) -> Path:
+    """Each split head's per-pair grids (core.qk), float64: `L1.H2.score` and `L1.H2.margin`
+    [pair, query writer, key writer], `L1.H2.pairs` [pair, (batch, query, key)] int64,
+    `L1.H2.scores` and `L1.H2.margins` [pair] (the model's own); metadata (strings): each
+    head's writers as JSON (`L1.H2.writers`), tokens, run, step, source, layout."""
+    from safetensors.torch import save
+
+    tensors, meta = {}, {"tokens": json.dumps(insp.tokens), "run": insp.run,
+                         "step": str(insp.step), "source": insp.source, "pairs": insp.qk_pairs,
+                         "layout": "score/margin[pair, query writer, key writer]",
+                         "format": "minigpt-qk/1"}
+    for h in insp.qk:
+        tensors[f"{h.name}.score"] = h.grid.contiguous()
+        tensors[f"{h.name}.margin"] = h.margin_grid.contiguous()
+        tensors[f"{h.name}.scores"] = h.scores.contiguous()
+        tensors[f"{h.name}.margins"] = h.margins.contiguous()
+        tensors[f"{h.name}.pairs"] = torch.tensor(h.pairs, dtype=torch.int64)
+        meta[f"{h.name}.writers"] = json.dumps(h.writers)
+    return atomic_write_bytes(path, save(tensors, metadata=meta))

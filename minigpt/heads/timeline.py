@@ -18,7 +18,12 @@ is the logit of the next token inside the second copy, which unlike the loss doe
 once the model copies) of the strongest edges of the model's graph on the induction probe
 against the same probe with its FIRST copy's tokens replaced (nothing to copy, and the
 previous-token head's output at the keys changed): the edges of the induction circuit seen
-appearing at the phase change (`heads.png`'s last panel).
+appearing at the phase change (`heads.png`'s edge panel).
+`circuit["qk"]` (`qk_record`): why the induction head attends where it does (core/qk.py), at
+the probe's induction targets: the margin of the term (the query's embedding x the key's
+previous-token head: `embed`, or `embed.tok` where positions are added to the stream, x that
+head), the key composition forming, and the head's largest-margin term (`heads.png`'s last
+panel).
 Measuring reads the model only: eval mode, no gradients into the weights, no random numbers
 drawn from the global generators, so a run with head scores trains exactly like one without.
 """
@@ -42,6 +47,7 @@ from minigpt.core.head_circuits import (
 )
 from minigpt.core.heads import score_heads
 from minigpt.core.patching import make_metric, run_value
+from minigpt.core.qk import induction_pairs, qk_attribution
 from minigpt.display import head_name
 from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent, circuit_check
 from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
@@ -125,7 +131,22 @@ def circuit_record(model: torch.nn.Module, cfg, tokenizer, scores: dict[str, lis
     return {"previous_head": [lp, hp], "induction_head": [li, hi],
             "k_composition": round(k_composition(model, (lp, hp), (li, hi)), 6),
             "k_baseline": round(baseline, 6), "dla_head": [ld, hd],
-            "dla": round(float(dla.heads[ld, hd]), 6)}
+            "dla": round(float(dla.heads[ld, hd]), 6),
+            "qk": qk_record(model, ids, (li, hi), (lp, hp))}
+
+
+def qk_record(model: torch.nn.Module, ids: Sequence[int], induction: tuple[int, int],
+              previous: tuple[int, int]) -> dict:
+    """The induction head's score split at the induction targets of the probe `ids` (two
+    copies): {"term": [query writer, key writer] of the textbook term, "margin": its mean
+    margin, "top": [query writer, key writer, mean margin] of the largest-margin term}."""
+    idx = torch.tensor([list(ids)], dtype=torch.long, device=device_of(model))
+    h = qk_attribution(model, idx, [induction], induction_pairs(ids, len(ids) // 2))[0]
+    query = "embed" if "embed" in h.writers else "embed.tok"
+    key = f"L{previous[0]}.H{previous[1]}"
+    q, k, _, margin = h.terms()[0]
+    return {"term": [query, key], "margin": round(h.term_margin(query, key), 6),
+            "top": [q, k, round(margin, 6)]}
 
 
 EDGE_RECORD_TOP = 12  # edges kept per measurement: the strongest by |EAP score|
@@ -209,7 +230,8 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     steps = [r["step"] for r in recs]
     circuit = any(r.get("circuit") for r in recs)
     edges = any((r.get("circuit") or {}).get("edges") for r in recs)
-    panels = n_layer + circuit + edges
+    qk = any((r.get("circuit") or {}).get("qk") for r in recs)
+    panels = n_layer + circuit + edges + qk
     fig = Figure(figsize=(7.5, 1.9 * panels + 1.0), layout="constrained")
     axes = fig.subplots(panels, 1, squeeze=False, sharex=True)
     styles = (("induction", "-", "tab:red"), ("previous", "-", "tab:blue"),
@@ -229,7 +251,9 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     if circuit:
         _draw_circuit(axes[n_layer][0], recs)
     if edges:
-        _draw_edges(axes[-1][0], recs)
+        _draw_edges(axes[n_layer + circuit][0], recs)
+    if qk:
+        _draw_qk(axes[-1][0], recs)
     fig.suptitle(title or "head scores on the built-in probes", fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, [*labels], loc="outside lower center", ncol=3, fontsize=8,
@@ -364,3 +388,29 @@ def _draw_edges(ax, recs: Sequence[dict], n: int = EDGES_DRAWN) -> None:
     ax.set_title(f"edges (EAP: what the edge alone, taking its value from the probe with its "
                  f"first copy replaced, changes the next token's logit by; gaps: not among the "
                  f"{EDGE_RECORD_TOP} strongest then)", fontsize=7, wrap=True)
+
+
+def _draw_qk(ax, recs: Sequence[dict]) -> None:
+    """The margin of the induction head's (query embedding x key previous-token head) term at
+    each measurement, against step, and that of its largest-margin term (dashed; the term
+    named where it changes)."""
+    pts = [(r["step"], r["circuit"]["qk"]) for r in recs if (r.get("circuit") or {}).get("qk")]
+    steps = [s for s, _ in pts]
+    ax.plot(steps, [q["margin"] for _, q in pts], "-o", markersize=2.5, linewidth=1.4,
+            color="tab:red", label="query embedding x key previous-token head")
+    ax.plot(steps, [q["top"][2] for _, q in pts], "--", linewidth=1.0, color="0.4",
+            label="the largest-margin term")
+    last = None
+    for step, q in pts:
+        if q["top"][:2] != last:
+            ax.annotate(f"{q['top'][0]} x {q['top'][1]}", (step, q["top"][2]), fontsize=6,
+                        textcoords="offset points", xytext=(0, 5), ha="center", color="0.3")
+            last = q["top"][:2]
+    ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_ylabel("QK margin")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, loc="upper left")
+    ax.set_title("why the induction head attends to the key after the earlier copy: the margin "
+                 "(score minus its mean over the query's keys) of the term query embedding x "
+                 "key previous-token head, mean over the induction targets (minigpt "
+                 "inspect-heads --qk)", fontsize=7, wrap=True)

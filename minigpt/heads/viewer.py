@@ -51,7 +51,25 @@ def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
             "source": insp.source, "parity": insp.parity_max_diff, "first": first,
             "copy_start": insp.copy_start, "glossary": glossary(),
             "ablation": insp.ablation.to_json() if insp.ablation is not None else None,
-            **table_data(insp, scores), **circuit_data(insp), "lens": lens_data(insp)}
+            **table_data(insp, scores), **circuit_data(insp), "lens": lens_data(insp),
+            "qk": qk_data(insp)}
+
+
+def qk_data(insp: Inspection) -> dict | None:
+    """Each split head's grid (core.qk) as the page draws it, by head name: the writers, the
+    terms' mean margins and scores [query writer][key writer] (3 decimals), the pairs (None:
+    nothing split)."""
+    if insp.qk is None:
+        return None
+    out = {}
+    for h in insp.qk:
+        grid = lambda t: [[round(v, 3) for v in row] for row in t.mean(0).tolist()]
+        out[h.name] = {"writers": h.writers, "margin": grid(h.margin_grid),
+                       "score": grid(h.grid), "pairs": [[t, k] for _, t, k in h.pairs],
+                       "mean_score": round(float(h.scores.mean()), 4),
+                       "mean_margin": round(float(h.margins.mean()), 4),
+                       "closure": h.closure}
+    return {"heads": out, "pairs": insp.qk_pairs}
 
 
 def table_data(insp: Inspection, rows: list[dict]) -> dict:
@@ -460,9 +478,71 @@ _SECTIONS_HTML = (
     "own prediction.</p><table id=\"lens\"></table></div>\n")
 
 
+_JS_QK = r"""
+(function () {
+  "use strict";
+  const D = JSON.parse(document.getElementById("viewer-data").textContent);
+  if (!D.qk) return;
+  document.getElementById("qk-section").hidden = false;
+  function add(parent, tag, s) {
+    const el = document.createElement(tag);
+    if (s !== undefined) el.textContent = s;
+    parent.appendChild(el);
+    return el;
+  }
+  function shade(v) {  // blue (< 0) .. white (0) .. red (> 0)
+    const end = v >= 0 ? [180, 30, 30] : [40, 70, 170], a = Math.min(1, Math.abs(v));
+    return "rgb(" + end.map((x) => Math.round(255 * (1 - a) + x * a)).join(",") + ")";
+  }
+  function draw(cur) {
+    const name = "L" + cur.layer + ".H" + cur.head, Q = D.qk.heads[name];
+    const table = document.getElementById("qk"), info = document.getElementById("qk-info");
+    table.replaceChildren();
+    table.dataset.head = name;
+    if (!Q) {
+      info.textContent = name + " was not split (split it with --qk " + name + "; split: " +
+        Object.keys(D.qk.heads).join(", ") + ")";
+      return;
+    }
+    info.textContent = name + ": score " + Q.mean_score.toFixed(3) + ", margin " +
+      Q.mean_margin.toFixed(3) + " (means over " + Q.pairs.length + " pair(s) query:key " +
+      Q.pairs.slice(0, 12).map((p) => p[0] + ":" + p[1]).join(", ") +
+      (Q.pairs.length > 12 ? ", ..." : "") + "; " + D.qk.pairs + "); the terms add up " +
+      "within " + Q.closure.toExponential(1) + ". Rows: query writers; columns: key writers.";
+    let lim = 1e-12;
+    Q.margin.forEach((row) => row.forEach((v) => { lim = Math.max(lim, Math.abs(v)); }));
+    const hr = add(add(table, "thead"), "tr");
+    add(hr, "th", "query \\ key");
+    Q.writers.forEach((w) => add(hr, "th", w));
+    const body = add(table, "tbody");
+    Q.margin.forEach((row, i) => {
+      const tr = add(body, "tr");
+      add(tr, "th", Q.writers[i]);
+      row.forEach((v, j) => {
+        const td = add(tr, "td", (v >= 0 ? "+" : "") + v.toFixed(2));
+        td.style.background = shade(v / lim);
+        td.style.color = Math.abs(v / lim) > 0.45 ? "#fff" : "#000";
+        td.title = "query " + Q.writers[i] + " x key " + Q.writers[j] + ": margin " +
+          v.toFixed(3) + ", score " + Q.score[i][j].toFixed(3);
+      });
+    });
+  }
+  document.addEventListener("minigpt:head", (ev) => draw(ev.detail));
+})();
+"""
+
+_QK_HTML = (
+    "<div id=\"qk-section\" hidden><h2>Why it attends there</h2><p class=\"explain\">The "
+    "head's attention score split exactly into (query writer x key writer) terms (--qk): each "
+    "cell is a term's margin, its share of the score minus its mean over the keys the query "
+    "may attend to (red: it draws the query to the chosen key rather than the others; blue: "
+    "away), mean over the pairs. The norm scales are frozen at this input. Hover a cell for "
+    "its score.</p><div id=\"qk-info\"></div><table id=\"qk\"></table></div>\n")
+
+
 def _script() -> str:
     """The page's one inline script: the sections' listeners, then the main viewer."""
-    return '"use strict";\n' + _JS_OFFSETS + _JS_LENS + _JS
+    return '"use strict";\n' + _JS_OFFSETS + _JS_LENS + _JS_QK + _JS
 
 
 def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None) -> str:
@@ -486,7 +566,7 @@ def render_html(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
         "</div><div id=\"hover\"></div>\n"
         "<h2>Tokens</h2><ol id=\"tokens\"></ol>\n"
         "<h2>Head scores</h2><table id=\"scores\"></table>\n"
-        f"{_SECTIONS_HTML}"
+        f"{_SECTIONS_HTML}{_QK_HTML}"
         "<h2>What the names and signs mean</h2><dl id=\"glossary\"></dl>\n"
         "<script type=\"application/json\" id=\"viewer-data\">"
         f"{safe_json(viewer_data(insp, heads))}</script>\n"
