@@ -25,7 +25,7 @@ FLOORS = [
     ("data", {"minigpt.records", "minigpt.corpus", "minigpt.tokenizer", "minigpt.data"}),
     ("sample, run", {"minigpt.sample", "minigpt.run"}),
     ("hf, inputs", {"minigpt.hf", "minigpt.llamacpp", "minigpt.inputs"}),
-    ("train, heads", {"minigpt.train", "minigpt.heads"}),
+    ("train, heads", {"minigpt.train", "minigpt.heads", "minigpt.features"}),
     ("bench", {"minigpt.bench"}),
     ("cli", {"minigpt.cli", "minigpt.__main__"}),
 ]

@@ -191,7 +191,9 @@ def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | N
 
 
 def _finite(v: float) -> float | None:
-    return v if v == v and abs(v) != float("inf") else None
+    import math
+
+    return v if math.isfinite(v) else None
 
 
 def _cfg(src: Source, state: TrainState) -> dict:
