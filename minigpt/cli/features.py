@@ -274,3 +274,19 @@ def features_table(view):
                       printable(" ".join(repr(t)[1:-1] for t, _ in f.promoted[:3])),
                       printable(" ".join(repr(t)[1:-1] for t, _ in f.suppressed[:3])))
     return table
+
+
+def active_table(active: dict, token_strs: list[str]):
+    """inspect-heads --features: the features active at each position."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"SAE features active on layer {active['layer']}'s heads (largest "
+                  "three per position; see minigpt features show --feature N)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("pos", "token", "features (activation)"):
+        table.add_column(name, justify="right" if name == "pos" else "left")
+    for i, (tok, row) in enumerate(zip(token_strs, active["positions"])):
+        table.add_row(str(i), printable(repr(tok)[1:-1]),
+                      "  ".join(f"{x['feature']} ({x['act']:.2f})" for x in row) or "-")
+    return table

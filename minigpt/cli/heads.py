@@ -85,6 +85,10 @@ AnswerOpt = Annotated[str | None, typer.Option(
     "' John').")]
 WrongOpt = Annotated[str | None, typer.Option(
     "--wrong", metavar="TOKEN", help="The token --answer is compared with (one token).")]
+FeaturesOpt = Annotated[Path | None, typer.Option(
+    "--features", metavar="DIR", help="Also the features of this SAE (`minigpt features "
+    "train`, on one of the model's layers) active at each position: the three largest, "
+    "beside the heads.")]
 CheckpointOpt = Annotated[int | None, typer.Option(
     "--checkpoint", metavar="STEP", help="Inspect the run's kept checkpoint of this step "
     "(train.keep_checkpoints sets how many are kept). Default: the latest.")]
@@ -100,7 +104,7 @@ def inspect_heads_command(
     dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
     patch_direction: DirectionOpt = None, target: TargetOpt = None,
     answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
-    lens: LensOpt = False,
+    lens: LensOpt = False, features: FeaturesOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.heads.flags import check_patch_direction
@@ -128,9 +132,11 @@ def inspect_heads_command(
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
+    sae = _load_features(features, loaded)
     with cpu_threads(threads):
         insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
                        seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str)
+        active = _active_features(sae, loaded, inp.tokens)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -144,10 +150,38 @@ def inspect_heads_command(
         for path in output.write_files(insp, out_dir, fmts, layers, heads):
             say(f"wrote {path}")
     if json_out:
-        sys.stdout.write(json.dumps(insp.to_json(layers, heads), ensure_ascii=False) + "\n")
+        doc = insp.to_json(layers, heads)
+        if active is not None:
+            doc["features"] = active
+        sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
         sys.stdout.flush()
     else:  # the table is printed whatever files were asked for (--json: the JSON instead)
         _print_tables(insp, layers, heads)
+        if active is not None:
+            from minigpt.cli.features import active_table
+
+            out_console.print(active_table(active, insp.token_strs))
+
+
+def _load_features(features: Path | None, loaded):
+    """The SAE of --features and its layer, checked against the model (None without)."""
+    if features is None:
+        return None
+    from minigpt.features.show import load_for
+
+    return load_for(features, loaded)
+
+
+def _active_features(sae, loaded, tokens: list[int]) -> dict | None:
+    """The features active at each position, for the table and the JSON (None without)."""
+    if sae is None:
+        return None
+    from minigpt.features.show import active_features
+
+    model, layer = sae
+    per = active_features(loaded.model, model, layer, list(tokens))
+    return {"layer": layer, "positions": [[{"feature": f, "act": a} for f, a in row]
+                                          for row in per]}
 
 
 def _check_flags(formats: list[str] | None, seed: int, ablate: str | None,
