@@ -7,7 +7,7 @@ data.induction_distinct every such token is part of a copy), against the share o
 positions overall. Prints a markdown table of the features the named head writes most.
 
     python benchmarks/features_induction.py --run /tmp/ind4 --head 2 [--layer 1] [--k 8]
-        [--width 0] [--steps 600] [--tokens 65536] [--seed 0] [--out DIR]
+        [--width N] [--steps 600] [--tokens 65536] [--seed 0] [--out DIR]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--run", type=Path, required=True)
     ap.add_argument("--head", type=int, required=True, help="the induction head of --layer")
     ap.add_argument("--layer", type=int, default=1)
-    ap.add_argument("--width", type=int, default=0)
+    ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--tokens", type=int, default=65536)

@@ -38,8 +38,9 @@ LayerOpt = Annotated[int | None, typer.Option(
 ActivationsOpt = Annotated[Path | None, typer.Option(
     "--activations", help="Train on the one [n, d] tensor of this safetensors file instead "
     "of a model's layer (a tenth is held out).")]
-WidthOpt = Annotated[int, typer.Option(
-    "--width", help="Features (latents) of the SAE. 0 = 8 x the input's width.")]
+WidthOpt = Annotated[int | None, typer.Option(
+    "--width", help="Features (latents) of the SAE. Default: 8 x the input's width "
+    "(n_head x d_head).")]
 KOpt = Annotated[int, typer.Option("--k", help="Features active per token (TopK).")]
 StepsOpt = Annotated[int, typer.Option("--steps", help="Optimizer steps.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Tokens per step.")]
@@ -73,7 +74,7 @@ ShowOutOpt = Annotated[Path | None, typer.Option(
 def train_command(
     run: RunOpt = None, model: ModelOpt = None, checkpoint: CheckpointOpt = None,
     layer: LayerOpt = None, text_file: TextFileOpt = None, activations: ActivationsOpt = None,
-    width: WidthOpt = 0, k: KOpt = 16, steps: StepsOpt = 2000, batch_size: BatchOpt = 1024,
+    width: WidthOpt = None, k: KOpt = 16, steps: StepsOpt = 2000, batch_size: BatchOpt = 1024,
     lr: LrOpt = 0.0, tokens: TokensOpt = 262_144, held_out: HeldOutOpt = 32_768,
     seed: SeedOpt = 0, out: OutOpt = None, resume: ResumeOpt = False,
     json_out: JsonOpt = False, device: DeviceOpt = "auto", threads: ThreadsOpt = 0,
@@ -97,7 +98,7 @@ def train_command(
     from minigpt.features.build import train_features
 
     src = _source(run, model, checkpoint, device, layer, text_file, activations, tokens,
-                  held_out)
+                  held_out, settings)
     if out is None:
         if src.loaded.run_dir is None:
             raise ArgumentError("out", "is needed with --model: give {name} DIR")
@@ -115,7 +116,8 @@ def train_command(
         sys.stdout.flush()
 
 
-def _source(run, model, checkpoint, device, layer, text_file, activations, tokens, held_out):
+def _source(run, model, checkpoint, device, layer, text_file, activations, tokens, held_out,
+            settings):
     from minigpt.features.build import Source, check_layer
 
     if activations is not None:
@@ -127,6 +129,7 @@ def _source(run, model, checkpoint, device, layer, text_file, activations, token
 
     loaded = load_inspected(run, model, device, checkpoint)
     check_layer(layer, loaded)
+    settings.resolved(loaded.cfg.model.n_head * loaded.cfg.model.head_dim)  # --k vs the width
     return Source(loaded, layer, text_file, tokens=tokens, held_out=held_out)
 
 
@@ -275,18 +278,3 @@ def features_table(view):
                       printable(" ".join(repr(t)[1:-1] for t, _ in f.suppressed[:3])))
     return table
 
-
-def active_table(active: dict, token_strs: list[str]):
-    """inspect-heads --features: the features active at each position."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=f"SAE features active on layer {active['layer']}'s heads (largest "
-                  "three per position; see minigpt features show --feature N)",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("pos", "token", "features (activation)"):
-        table.add_column(name, justify="right" if name == "pos" else "left")
-    for i, (tok, row) in enumerate(zip(token_strs, active["positions"])):
-        table.add_row(str(i), printable(repr(tok)[1:-1]),
-                      "  ".join(f"{x['feature']} ({x['act']:.2f})" for x in row) or "-")
-    return table

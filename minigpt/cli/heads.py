@@ -117,6 +117,7 @@ def inspect_heads_command(
     from minigpt.heads.probes import prepare_input
 
     loaded = load_inspected(run, model, device, checkpoint)
+    sae = _load_features(features, loaded)  # an SAE of another model: refused before any work
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
     out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
@@ -132,7 +133,6 @@ def inspect_heads_command(
                f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
-    sae = _load_features(features, loaded)
     with cpu_threads(threads):
         insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
                        seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str)
@@ -149,18 +149,37 @@ def inspect_heads_command(
     if out_dir is not None:
         for path in output.write_files(insp, out_dir, fmts, layers, heads):
             say(f"wrote {path}")
+    _emit(insp, layers, heads, json_out, active)
+
+
+def _emit(insp, layers, heads, json_out: bool, active: dict | None) -> None:
+    """The JSON on stdout, or the tables (printed whatever files were asked for)."""
     if json_out:
         doc = insp.to_json(layers, heads)
         if active is not None:
             doc["features"] = active
         sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
         sys.stdout.flush()
-    else:  # the table is printed whatever files were asked for (--json: the JSON instead)
-        _print_tables(insp, layers, heads)
-        if active is not None:
-            from minigpt.cli.features import active_table
+        return
+    _print_tables(insp, layers, heads)
+    if active is not None:
+        out_console.print(active_table(active, insp.token_strs))
 
-            out_console.print(active_table(active, insp.token_strs))
+
+def active_table(active: dict, token_strs: list[str]):
+    """inspect-heads --features: the features active at each position."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"SAE features active on layer {active['layer']}'s heads (largest "
+                  "three per position; see minigpt features show --feature N)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("pos", "token", "features (activation)"):
+        table.add_column(name, justify="right" if name == "pos" else "left")
+    for i, (tok, row) in enumerate(zip(token_strs, active["positions"])):
+        table.add_row(str(i), printable(repr(tok)[1:-1]),
+                      "  ".join(f"{x['feature']} ({x['act']:.2f})" for x in row) or "-")
+    return table
 
 
 def _load_features(features: Path | None, loaded):

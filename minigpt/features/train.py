@@ -25,7 +25,7 @@ from minigpt.errors import ArgumentError
 class SaeSettings:
     """What an SAE is trained with; `check` words every bad value as the flag's error."""
 
-    width: int            # features (d_sae); 0 = 8 x d_in
+    width: int | None     # features (d_sae); None = 8 x d_in
     k: int                # active features per row
     steps: int            # optimizer steps
     batch_size: int       # rows per step
@@ -37,7 +37,7 @@ class SaeSettings:
     def check(self) -> None:
         for name in ("width", "k", "steps", "batch_size"):
             value = getattr(self, name)
-            if value < (0 if name == "width" else 1):
+            if value is not None and value < 1:
                 raise ArgumentError(name, f"must be a positive number, got {value}")
         if self.width and self.k > self.width:
             raise ArgumentError("k", f"{self.k} exceeds --width {self.width}: at most width "
