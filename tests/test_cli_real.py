@@ -232,6 +232,11 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
             if fmt in argv:
                 written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
                 assert written and (cwd / written[0]).is_file(), r.stderr
+    elif argv[0] == "features":
+        if argv[1] == "train":
+            assert "of the loss recovered" in r.stderr or "costs nothing" in r.stderr, r.stderr
+        else:
+            assert "features of the SAE" in r.stdout, r.stdout
     elif argv[0] == "runs":
         if "--json" in argv:
             names = {x["name"]: x["status"] for x in json.loads(r.stdout)["runs"]}
