@@ -35,6 +35,7 @@ WEIGHTS_FILE = "sae_weights.safetensors"
 INFO_FILE = "features.json"
 STATE_FILE = "train_state.safetensors"
 FORMAT = 1  # features.json's format
+SAELENS_FORMAT = "6.0.0"  # the SAELens config format cfg.json follows
 
 
 def hook_name(layer: int) -> str:
@@ -54,7 +55,9 @@ def sae_cfg(sae: TopKSAE, layer: int | None, model_name: str, context_size: int,
                      "hook_name": hook_name(layer) if layer is not None else "activations",
                      "hook_head_index": None, "context_size": context_size,
                      "prepend_bos": False, "dataset_path": dataset,
-                     "sae_lens_training_version": None},
+                     # the config format written (SAELens reads a config without it as
+                     # pre-6.0 and drops the metadata); no SAELens trained it
+                     "sae_lens_version": SAELENS_FORMAT, "sae_lens_training_version": None},
     }
 
 
