@@ -1,5 +1,5 @@
-"""What an SAE's features are (`minigpt features show`) and which are active on one input
-(`minigpt inspect-heads --features`), as data; minigpt.cli.features renders it.
+"""What an SAE's features are (`minigpt features show --sae DIR`) and which are active on one
+input (`inspect-heads --features DIR`), as data; minigpt.cli.features renders it.
 
 Per feature f:
 - `density`: the fraction of held-out tokens it is active on;
