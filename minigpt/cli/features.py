@@ -1,6 +1,6 @@
-"""`minigpt features train` and `minigpt features show --sae DIR`: sparse autoencoders on one attention
-layer's head outputs (minigpt.features), trained with a progress bar and shown as rich tables,
-JSON, a PNG of features x heads and an HTML page."""
+"""`minigpt features train` and `minigpt features show --sae DIR`: sparse autoencoders on one
+attention layer's head outputs (minigpt.features), trained with a progress bar and shown as rich
+tables, JSON, a PNG of features x heads and an HTML page."""
 
 from __future__ import annotations
 

@@ -40,15 +40,22 @@ def unflat_z(x: Tensor, n_head: int) -> Tensor:
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)
 
 
-class Record(Intervention):
-    """Keeps layer `layer`'s flattened z (B, T, H*D) of the last pass in `self.z`."""
+class Enough(Exception):
+    """Raised by `Record(stop=True)` once it has its layer: the rest of the pass is skipped."""
 
-    def __init__(self, layer: int) -> None:
-        self.layer, self.z = layer, None
+
+class Record(Intervention):
+    """Keeps layer `layer`'s flattened z (B, T, H*D) of the last pass in `self.z`; with
+    `stop`, ends the pass there (Enough): the later layers and the LM head are not run."""
+
+    def __init__(self, layer: int, stop: bool = False) -> None:
+        self.layer, self.z, self.stop = layer, None, stop
 
     def heads(self, layer: int, z: Tensor) -> Tensor:
         if layer == self.layer:
             self.z = flat_z(z).detach()
+            if self.stop:
+                raise Enough
         return z
 
 
@@ -128,15 +135,19 @@ def draw_rows(rows, split: str, n_tokens: int, seed: int) -> Tensor:
 def collect(model, rows: Tensor, layer: int, on_rows: Callable[[int], None] | None = None
             ) -> Tensor:
     """Layer `layer`'s flattened z at every input position of `rows` (n, T + 1):
-    (n * T, n_head * d_head) float32 on the CPU, row by row. `on_rows(done)` after each pass."""
+    (n * T, n_head * d_head) float32 on the CPU, row by row. `on_rows(done)` after each pass.
+    Each pass stops at the layer read (nothing after it changes z)."""
     device = next(model.parameters()).device
-    rec = Record(layer)
+    rec = Record(layer, stop=True)
     spec = AttnSpec(intervention=rec)
     per = max(1, BATCH_TOKENS // (rows.shape[1] - 1))
     out = []
     with eval_mode(model):
         for i in range(0, rows.shape[0], per):
-            model(rows[i:i + per, :-1].to(device), attn=spec)
+            try:
+                model(rows[i:i + per, :-1].to(device), attn=spec)
+            except Enough:
+                pass
             out.append(rec.z.float().cpu().reshape(-1, rec.z.shape[-1]))
             if on_rows is not None:
                 on_rows(min(i + per, rows.shape[0]))
