@@ -87,7 +87,7 @@ def test_the_documented_commands_were_found():
     kinds = {c[0] for c in COMMANDS}
     assert COMMANDS[:2] == [["train"], ["sample", "-p", "ROMEO:", "-n", "200"]]  # README first
     assert kinds == {"train", "sample", "inspect-heads", "circuit", "bench", "runs", "curves",
-                     "export"}
+                     "export", "features"}
     assert ["sample", "--num-samples", "3", "--stop", "\\n\\n", "--json"] in COMMANDS
     assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
     reasons = {why for _, why in SKIPPED}
