@@ -27,7 +27,7 @@ import torch
 
 from minigpt.core.sae import TopKSAE
 from minigpt.errors import MinigptError
-from minigpt.files import atomic_write_bytes, atomic_write_text, load_json
+from minigpt.files import atomic_write_bytes, atomic_write_text, load_json, parse_json
 from minigpt.run.safetensors_io import load_tensors, read_header, tensors_to_bytes
 
 CFG_FILE = "cfg.json"
@@ -87,8 +87,8 @@ def load_state(out: Path) -> tuple[dict[str, torch.Tensor], dict]:
     path = out / STATE_FILE
     _, meta = read_header(path, "an SAE training state")
     try:
-        info = json.loads(meta["minigpt_features"])
-    except (KeyError, ValueError):
+        info = parse_json(meta["minigpt_features"].encode())
+    except (KeyError, ValueError, MinigptError):
         raise MinigptError(f"{path}: not a minigpt features training state (no "
                            "minigpt_features metadata); delete it or give another --out") from None
     return load_tensors(path), info
