@@ -87,7 +87,7 @@ def test_the_documented_commands_were_found():
     kinds = {c[0] for c in COMMANDS}
     assert COMMANDS[:2] == [["train"], ["sample", "-p", "ROMEO:", "-n", "200"]]  # README first
     assert kinds == {"train", "sample", "inspect-heads", "circuit", "bench", "runs", "curves",
-                     "export"}
+                     "export", "features"}
     assert ["sample", "--num-samples", "3", "--stop", "\\n\\n", "--json"] in COMMANDS
     assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
     reasons = {why for _, why in SKIPPED}
@@ -191,9 +191,10 @@ def test_every_command_rejects_an_unknown_flag(program, env, tmp_path, installed
     help_text = run(["--help"]).stdout
     names = re.findall(r"^  ([a-z-]+) ", help_text[help_text.index("Commands:"):], re.MULTILINE)
     assert set(names) == {"train", "sample", "inspect-heads", "circuit", "bench", "runs",
-                          "curves", "export"}
-    for name in names:
-        _usage_error(run([name, "--no-such-flag"], ok=False), "No such option: --no-such-flag")
+                          "curves", "export", "features"}
+    for name in [*names, "features train", "features show"]:
+        _usage_error(run([*name.split(), "--no-such-flag"], ok=False),
+                     "No such option: --no-such-flag")
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,6 +233,11 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
             if fmt in argv:
                 written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
                 assert written and (cwd / written[0]).is_file(), r.stderr
+    elif argv[0] == "features":
+        if argv[1] == "train":
+            assert "of the loss recovered" in r.stderr or "costs nothing" in r.stderr, r.stderr
+        else:
+            assert "features of the SAE" in r.stdout, r.stdout
     elif argv[0] == "runs":
         if "--json" in argv:
             names = {x["name"]: x["status"] for x in json.loads(r.stdout)["runs"]}
@@ -283,7 +289,18 @@ def test_documented_command_works_on_a_trained_run(program, env, place, argv):
         _download_failed_offline(minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"},
                                          ok=False))
         return
+    _sae_first(program, env, place, argv)
     check_output(argv, minigpt(program, argv, place, env), place)
+
+
+def _sae_first(program, env, place: Path, argv: list[str]) -> None:
+    """A documented command that reads an SAE (`--sae`, `--features`) finds it made by the
+    documented `features train` (run here when the tier ran it not: the slow tier alone)."""
+    flag = next((f for f in ("--sae", "--features") if f in argv), None)
+    if flag is None or (place / argv[argv.index(flag) + 1] / "features.json").exists():
+        return
+    train = next(c for c in COMMANDS if c[:2] == ["features", "train"])
+    minigpt(program, train, place, env)
 
 
 @pytest.mark.parametrize("argv", [pytest.param(a, id=" ".join(a)) for a in QUICK if downloads(a)])

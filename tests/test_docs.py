@@ -138,7 +138,10 @@ SYNOPSES = [s for s in SHOWN if s.synopsis]
 
 
 def options_of(name: str) -> set[str]:
-    return {o for p in COMMANDS[name].params for o in (*p.opts, *p.secondary_opts)
+    """A command's flags; a command group's (`features`): those of all its subcommands."""
+    cmd = COMMANDS[name]
+    parts = list(getattr(cmd, "commands", {}).values()) or [cmd]
+    return {o for c in parts for p in c.params for o in (*p.opts, *p.secondary_opts)
             if o.startswith("-")} | {"--help"}
 
 
@@ -147,7 +150,11 @@ def parse(argv: list[str]) -> None:
     raises the parser's usage error (exit code 2) for anything it would refuse."""
     ctx = GROUP.make_context("minigpt", list(argv))
     if argv and not argv[0].startswith("-"):
-        COMMANDS[argv[0]].make_context(argv[0], list(argv[1:]), parent=ctx)
+        cmd, rest = COMMANDS[argv[0]], list(argv[1:])
+        sub = cmd.make_context(argv[0], rest, parent=ctx)
+        if hasattr(cmd, "commands") and rest and not rest[0].startswith("-"):  # a group
+            assert rest[0] in cmd.commands, f"no command `{argv[0]} {rest[0]}`"
+            cmd.commands[rest[0]].make_context(rest[0], rest[1:], parent=sub)
 
 
 @pytest.mark.parametrize("shown", RUNNABLE,

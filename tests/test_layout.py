@@ -26,7 +26,7 @@ FLOORS = [
     ("run", {"minigpt.run"}),
     ("hf", {"minigpt.hf"}),
     ("infer", {"minigpt.infer"}),
-    ("train, heads", {"minigpt.train", "minigpt.heads"}),
+    ("train, heads", {"minigpt.train", "minigpt.heads", "minigpt.features"}),
     ("bench", {"minigpt.bench"}),
     ("cli", {"minigpt.cli", "minigpt.__main__"}),
 ]

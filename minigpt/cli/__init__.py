@@ -20,6 +20,7 @@ from minigpt.cli import (  # noqa: F401 - importing registers the commands
     circuit,
     curves,
     export,
+    features,
     heads,
     runs,
     sample,

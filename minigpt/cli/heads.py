@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -68,6 +69,10 @@ QkPairsOpt = Annotated[list[str] | None, typer.Option(
     "e.g. 7:3,9:5 (repeatable or comma-separated). Default: on --probe induction the induction "
     "targets (each query of the second copy and the key after the earlier occurrence of its "
     "token); otherwise each query's most attended key.")]
+FeaturesOpt = Annotated[Path | None, typer.Option(
+    "--features", metavar="DIR", help="Also the features of this SAE (`minigpt features "
+    "train`, on one of the model's layers) active at each position: the three largest, "
+    "beside the heads.")]
 
 
 @app.command("inspect-heads")
@@ -81,6 +86,7 @@ def inspect_heads_command(
     patch_direction: PatchDirectionOpt = None, target: TargetOpt = None,
     answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
     lens: LensOpt = False, qk: QkOpt = None, qk_pairs: QkPairsOpt = None,
+    features: FeaturesOpt = None,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.heads.flags import check_early, check_patch_direction
@@ -93,6 +99,7 @@ def inspect_heads_command(
     from minigpt.heads.probes import prepare_input
 
     loaded = load_inspected(run, model, device, checkpoint)
+    sae = _load_features(features, loaded)  # an SAE of another model: refused before any work
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
     out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
@@ -113,6 +120,7 @@ def inspect_heads_command(
     with cpu_threads(threads):
         insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
                        seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str)
+        active = _active_features(sae, loaded, inp.tokens)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -125,11 +133,58 @@ def inspect_heads_command(
     if out_dir is not None:
         for path in output.write_files(insp, out_dir, fmts, layers, heads):
             say(f"wrote {path}")
+    _emit(insp, layers, heads, json_out, active)
+
+
+def _emit(insp, layers, heads, json_out: bool, active: dict | None) -> None:
+    """The JSON on stdout, or the tables (printed whatever files were asked for)."""
     if json_out:
-        sys.stdout.write(json.dumps(insp.to_json(layers, heads), ensure_ascii=False) + "\n")
+        doc = insp.to_json(layers, heads)
+        if active is not None:
+            doc["features"] = active
+        sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
         sys.stdout.flush()
-    else:  # the table is printed whatever files were asked for (--json: the JSON instead)
-        _print_tables(insp, layers, heads)
+        return
+    _print_tables(insp, layers, heads)
+    if active is not None:
+        out_console.print(active_table(active, insp.token_strs))
+
+
+def active_table(active: dict, token_strs: list[str]):
+    """inspect-heads --features: the features active at each position."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"SAE features active on layer {active['layer']}'s heads (largest "
+                  "three per position; see minigpt features show --feature N)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("pos", "token", "features (activation)"):
+        table.add_column(name, justify="right" if name == "pos" else "left")
+    for i, (tok, row) in enumerate(zip(token_strs, active["positions"])):
+        table.add_row(str(i), printable(repr(tok)[1:-1]),
+                      "  ".join(f"{x['feature']} ({x['act']:.2f})" for x in row) or "-")
+    return table
+
+
+def _load_features(features: Path | None, loaded):
+    """The SAE of --features and its layer, checked against the model (None without)."""
+    if features is None:
+        return None
+    from minigpt.features.show import load_for
+
+    return load_for(features, loaded)
+
+
+def _active_features(sae, loaded, tokens: list[int]) -> dict | None:
+    """The features active at each position, for the table and the JSON (None without)."""
+    if sae is None:
+        return None
+    from minigpt.features.show import active_features
+
+    model, layer = sae
+    per = active_features(loaded.model, model, layer, list(tokens))
+    return {"layer": layer, "positions": [[{"feature": f, "act": a} for f, a in row]
+                                          for row in per]}
 
 
 def _qk_names(mcfg, qk: list[str] | None) -> list[str]:

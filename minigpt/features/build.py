@@ -1,0 +1,208 @@
+"""`minigpt features train`, as a library call: `train_features` collects layer L's z over the
+run's data (or reads `--activations`), trains or resumes a TopK SAE on it, measures it on
+held-out tokens and saves it (features.store). Every user input is checked before anything is
+written: a bad value leaves no directory behind.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from minigpt.core.sae import ce_recovered, quality
+from minigpt.errors import ArgumentError, MinigptError
+from minigpt.features import collect, store
+from minigpt.features.train import SaeSettings, TrainState, new_state, train_sae
+from minigpt.run.safetensors_io import load_tensors
+
+DEFAULT_TOKENS = 262_144     # activations to train on
+DEFAULT_HELD_OUT = 32_768    # held-out tokens the quality is measured on
+
+
+@dataclass
+class Collecting:
+    """Progress: `done` of `total` rows of the `split` run through the model."""
+
+    split: str
+    done: int
+    total: int
+
+
+@dataclass
+class Source:
+    """What the SAE reads: a loaded run or model and its layer, or a file of activations."""
+
+    loaded: object | None = None
+    layer: int | None = None
+    text_file: Path | None = None
+    activations: Path | None = None
+    tokens: int = DEFAULT_TOKENS
+    held_out: int = DEFAULT_HELD_OUT
+
+    def describe(self) -> str:
+        if self.loaded is None:
+            return f"activations {self.activations}"
+        where = f"text {self.text_file}" if self.text_file else "its own data"
+        return f"layer {self.layer}'s z of {self.loaded.label}, {where}"
+
+
+@dataclass
+class FeaturesResult:
+    out: Path
+    settings: SaeSettings
+    info: dict = field(default_factory=dict)
+    resumed_from: int = 0
+
+
+def check_layer(layer: int | None, loaded) -> None:
+    """`layer` names a layer of the loaded model (ArgumentError otherwise)."""
+    if layer is None:
+        raise ArgumentError("layer", "is needed: the layer whose heads' outputs the SAE reads")
+    n = loaded.cfg.model.n_layer
+    if not 0 <= layer < n:
+        raise ArgumentError("layer", f"the model has {n} layer{'s' if n != 1 else ''} "
+                            f"(0..{n - 1}); got {layer}")
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """`out` is new, or (with `resume`) an unfinished training's directory."""
+    if out.exists() and not out.is_dir():
+        raise ArgumentError("out", "exists and is not a directory; give another", subject=out)
+    if store.finished(out):
+        raise ArgumentError("out", "already holds a finished SAE; give another directory "
+                            "(or delete it)", subject=out)
+    if out.is_dir() and any(out.iterdir()) and not resume:
+        raise ArgumentError("out", "exists and is not empty; continue its training with "
+                            "--resume or give another directory", subject=out)
+
+
+def read_activations(path: Path) -> Tensor:
+    """The one [n, d] float tensor of a safetensors file (n >= 20, d >= 1)."""
+    tensors = load_tensors(path)
+    if len(tensors) != 1:
+        names = ", ".join(tensors)
+        raise ArgumentError("activations", f"holds {len(tensors)} tensors ({names}); it must "
+                            "hold one [n, d] tensor", subject=path)
+    (x,) = tensors.values()
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ArgumentError("activations", f"holds a {x.dim()}-D {x.dtype} tensor; it must "
+                            "be one 2-D float tensor [n, d]", subject=path)
+    if x.shape[0] < 20 or x.shape[1] < 1:
+        raise ArgumentError("activations", f"holds {x.shape[0]} rows of {x.shape[1]}; at "
+                            "least 20 are needed (a tenth is held out)", subject=path)
+    x = x.float()
+    if not torch.isfinite(x).all():
+        raise ArgumentError("activations", "holds NaN or infinite values", subject=path)
+    return x
+
+
+def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(training activations, held-out activations, held-out rows of tokens or None)."""
+    if src.loaded is None:
+        x = read_activations(src.activations)
+        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+        cut = x.shape[0] - max(1, x.shape[0] // 10)
+        return x[perm[:cut]], x[perm[cut:]], None
+    rows = collect.run_rows(src.loaded, src.text_file)
+    model = src.loaded.model
+    out = []
+    for split, n, salt in (("train", src.tokens, 0), ("val", src.held_out, 1)):
+        r = collect.draw_rows(rows, split, n, seed + salt)
+
+        def report(done: int, split=split, total=r.shape[0]) -> None:
+            on_event(Collecting(split, done, total))
+
+        out.append((collect.collect(model, r, src.layer, report), r))
+    return out[0][0], out[1][0], out[1][1]
+
+
+def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: bool = False,
+                   on_event=None) -> FeaturesResult:
+    """Train (or, with `resume`, continue) an SAE on `src` into `out` (module docstring)."""
+    on_event = on_event or (lambda e: None)
+    settings.check()
+    if src.loaded is not None:
+        check_layer(src.layer, src.loaded)
+        mcfg = src.loaded.cfg.model
+        settings.resolved(mcfg.n_head * mcfg.head_dim)  # --k against the automatic width
+    check_out(out, resume)
+    for name in ("tokens", "held_out"):
+        if getattr(src, name) < 1:
+            raise ArgumentError(name, f"must be a positive number, got {getattr(src, name)}")
+    t0 = time.monotonic()
+    x, held, held_rows = gather(src, settings.seed, on_event)
+    s = settings.resolved(x.shape[1])
+    state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
+                                    "source": src.describe()}
+    resumed = _resume(out, state, meta) if resume else 0
+    out.mkdir(parents=True, exist_ok=True)
+    train_sae(x, s, state, on_event=on_event,
+              save=lambda st: store.save_state(out, st.tensors(), meta))
+    info = _measure(src, state, held, held_rows)
+    info.update(settings=s.to_json(), seconds=round(time.monotonic() - t0, 1),
+                train_rows=int(x.shape[0]), held_out_rows=int(held.shape[0]))
+    store.save_sae(out, state.sae, _cfg(src, state), info)
+    return FeaturesResult(out, s, info, resumed)
+
+
+def _resume(out: Path, state: TrainState, meta: dict) -> int:
+    """Load the training state saved in `out` into `state` (the step it was at; 0 when none
+    was saved); a MinigptError when it was started with other settings or inputs."""
+    if not (out / store.STATE_FILE).is_file():
+        return 0
+    tensors, saved = store.load_state(out)
+    if saved != meta:
+        raise MinigptError(f"{out / store.STATE_FILE}: was started with other settings or "
+                           f"inputs ({saved}; now {meta}); give the same flags, or another "
+                           "--out")
+    expect = state.tensors()
+    for name, t in expect.items():
+        if name not in tensors or tensors[name].shape != t.shape:
+            raise MinigptError(f"{out / store.STATE_FILE}: tensor {name} missing or of "
+                               "another shape; delete the directory or give another --out")
+    state.load(tensors)
+    return state.step
+
+
+def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | None) -> dict:
+    """Held-out quality and, for a model's layer, the losses clean / zero-ablated / spliced."""
+    sae = state.sae.eval()
+    q = quality(sae, held)
+    info = {"quality": q.to_json(), "density": [round(float(d), 6) for d in q.density]}
+    if src.loaded is not None:
+        with torch.no_grad():
+            clean, zero, spliced = collect.spliced_losses(src.loaded.model, held_rows,
+                                                          src.layer, sae)
+        mcfg = src.loaded.cfg.model
+        info.update(
+            ce={"clean": clean, "zero_ablated": zero, "sae": spliced,
+                "recovered": _finite(ce_recovered(clean, zero, spliced))},
+            layer=src.layer, n_head=mcfg.n_head, d_head=mcfg.head_dim,
+            run=str(src.loaded.run_dir) if src.loaded.run_dir is not None else None,
+            model=None if src.loaded.run_dir is not None else src.loaded.source,
+            step=src.loaded.step, text_file=str(src.text_file) if src.text_file else None)
+    else:
+        info.update(activations=str(src.activations))
+    return info
+
+
+def _finite(v: float) -> float | None:
+    import math
+
+    return v if math.isfinite(v) else None
+
+
+def _cfg(src: Source, state: TrainState) -> dict:
+    if src.loaded is None:
+        return store.sae_cfg(state.sae, None, "", 0, str(src.activations))
+    return store.sae_cfg(state.sae, src.layer, src.loaded.source,
+                         src.loaded.cfg.model.block_size,
+                         str(src.text_file) if src.text_file else _dataset(src.loaded.cfg))
+
+
+def _dataset(cfg) -> str:
+    return ("synthetic induction rows" if cfg.data.source == "induction" else cfg.data.corpus)

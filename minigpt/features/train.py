@@ -1,0 +1,154 @@
+"""Training a TopK SAE (`core.sae`) on a `[n, d_in]` set of activations: Adam, batches drawn
+from a generator seeded by `seed`, decoder rows renormalised after every step, dead features
+(no activation for `dead_after` training rows) fed by AuxK. Progress goes to `on_event`
+(`SaeStep` every `report_every` steps). Every `save_every` steps, and at the end, `save(state)`
+gets the whole training state as tensors (`TrainState`: the SAE, Adam's moments, each
+feature's rows since it last fired, the generator's state), so an interrupted training
+resumes where it was and ends with the same weights as an uninterrupted one (same machine,
+same thread count).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+from minigpt.core.sae import TopKSAE, default_lr, losses
+from minigpt.errors import ArgumentError
+
+
+@dataclass(frozen=True)
+class SaeSettings:
+    """What an SAE is trained with; `check` words every bad value as the flag's error."""
+
+    width: int | None     # features (d_sae); None = 8 x d_in
+    k: int                # active features per row
+    steps: int            # optimizer steps
+    batch_size: int       # rows per step
+    lr: float             # Adam's learning rate; 0 = core.sae.default_lr(width)
+    seed: int
+    aux_k: int = 0        # AuxK's features; 0 = d_in // 2
+    dead_after: int = 0   # rows without firing before a feature counts as dead; 0 = automatic
+
+    def check(self) -> None:
+        for name in ("width", "k", "steps", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ArgumentError(name, f"must be a positive number, got {value}")
+        if self.width and self.k > self.width:
+            raise ArgumentError("k", f"{self.k} exceeds --width {self.width}: at most width "
+                                "features can be active; lower --k or raise --width")
+        if not self.lr >= 0:  # NaN included
+            raise ArgumentError("lr", f"must be >= 0 (0 = automatic), got {self.lr}")
+        if self.seed < 0:
+            raise ArgumentError("seed", f"must be >= 0, got {self.seed}")
+
+    def resolved(self, d_in: int) -> SaeSettings:
+        """The settings with every automatic value filled in for inputs of width d_in."""
+        width = self.width or 8 * d_in
+        if self.k > width:
+            raise ArgumentError("k", f"{self.k} exceeds the width {width} (8 x the input's "
+                                f"{d_in}); lower --k or raise --width")
+        return SaeSettings(width, self.k, self.steps, self.batch_size,
+                           self.lr or default_lr(width), self.seed,
+                           self.aux_k or max(1, d_in // 2),
+                           self.dead_after or max(10_000, 10 * self.batch_size))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SaeStep:
+    """Progress: `step` of `steps` done, the step's losses, seconds so far."""
+
+    step: int
+    steps: int
+    mse: float
+    aux: float
+    dead_fraction: float
+    elapsed: float
+
+
+@dataclass
+class TrainState:
+    """Everything a training needs to go on: the SAE, Adam, `since` (each feature's training
+    rows since it last fired), the batch generator and the step."""
+
+    sae: TopKSAE
+    optimizer: torch.optim.Adam
+    since: Tensor
+    generator: torch.Generator
+    step: int = 0
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The state as named CPU tensors (safetensors: no pickle)."""
+        out = {f"sae.{k}": v for k, v in self.sae.state_dict().items()}
+        for name, p in self.sae.named_parameters():
+            st = self.optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st:
+                    out[f"adam.{name}.{key}"] = st[key]
+            if "step" in st:
+                out[f"adam.{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32
+                                                           ).reshape(1)
+        out["since"] = self.since
+        out["generator"] = self.generator.get_state()
+        out["step"] = torch.tensor([self.step], dtype=torch.int64)
+        return out
+
+    def load(self, tensors: dict[str, Tensor]) -> None:
+        """Restore what `tensors()` gave (shapes checked by the caller's reader)."""
+        self.sae.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("sae.")})
+        for name, p in self.sae.named_parameters():
+            if f"adam.{name}.exp_avg" in tensors:
+                self.optimizer.state[p] = {
+                    "step": tensors[f"adam.{name}.step"].reshape(()).clone(),
+                    "exp_avg": tensors[f"adam.{name}.exp_avg"].clone(),
+                    "exp_avg_sq": tensors[f"adam.{name}.exp_avg_sq"].clone()}
+        self.since = tensors["since"].clone()
+        self.generator.set_state(tensors["generator"].clone())
+        self.step = int(tensors["step"][0])
+
+
+def new_state(x: Tensor, s: SaeSettings) -> TrainState:
+    """A fresh state for activations x (n, d_in) and resolved settings `s`: b_dec at the
+    data's mean, the rest drawn from `s.seed`."""
+    gen = torch.Generator().manual_seed(s.seed)
+    sae = TopKSAE(x.shape[1], s.width, s.k, generator=gen)
+    with torch.no_grad():
+        sae.b_dec.copy_(x.mean(0))
+    opt = torch.optim.Adam(sae.parameters(), lr=s.lr, betas=(0.9, 0.999), eps=6.25e-10)
+    return TrainState(sae, opt, torch.zeros(s.width, dtype=torch.int64), gen)
+
+
+def train_sae(x: Tensor, s: SaeSettings, state: TrainState, *,
+              on_event: Callable[[object], None] | None = None,
+              save: Callable[[TrainState], None] | None = None, save_every: int = 500,
+              report_every: int = 10) -> TrainState:
+    """Train `state` on x (n, d_in) to `s.steps` steps (module docstring)."""
+    t0 = time.monotonic()
+    sae, opt = state.sae, state.optimizer
+    n = x.shape[0]
+    while state.step < s.steps:
+        idx = torch.randint(n, (s.batch_size,), generator=state.generator)
+        dead = state.since >= s.dead_after
+        out = losses(sae, x[idx], dead, s.aux_k)
+        opt.zero_grad(set_to_none=True)
+        out.total.backward()
+        sae.remove_parallel_grad()
+        opt.step()
+        sae.normalize_decoder()
+        state.since += s.batch_size
+        state.since[out.fired] = 0
+        state.step += 1
+        if on_event is not None and (state.step % report_every == 0 or state.step == s.steps):
+            on_event(SaeStep(state.step, s.steps, out.mse, out.aux,
+                             float(dead.float().mean()), time.monotonic() - t0))
+        if save is not None and (state.step % save_every == 0 or state.step == s.steps):
+            save(state)
+    return state

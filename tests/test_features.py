@@ -1,0 +1,283 @@
+"""`minigpt features`: sparse autoencoders on one layer's head outputs.
+
+- Ground truth: on synthetic activations with a known sparse dictionary (more features than
+  dimensions), `features train --activations` recovers the dictionary (mean max cosine >= 0.9).
+- What the SAE reads is layer L's z in hook_z order, and what it splices back goes where z
+  was: an identity splice leaves the loss as it is, a zero splice is the zero-ablation.
+- A run's SAE: saved in SAELens's layout, shown (table, JSON, PNG, HTML, one feature),
+  beside the heads in inspect-heads; a killed training resumes to the same weights.
+- Bad input (shape mismatch, width or k <= 0, k > width, no such layer, an empty text): one
+  line, exit 2, nothing written.
+- Slow: the installed command's error path; SAELens itself (in its own venv, named by
+  MINIGPT_SAELENS_PYTHON) loads the saved SAE and encodes the same activations within 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import in_process, save_tiny_run, shakespeare
+
+from minigpt.core.sae import max_cosines
+from minigpt.run.safetensors_io import tensors_to_bytes
+
+MINIGPT = shutil.which("minigpt")
+SMALL = ["--tokens", "2048", "--held-out", "512", "--steps", "30", "--width", "32", "--k", "4",
+         "--batch-size", "256"]
+
+
+def synthetic(n: int = 20000, d: int = 32, m: int = 64, active: int = 3, seed: int = 0):
+    """x (n, d) = sparse codes (n, m) @ dictionary (m, d), unit rows; each feature on with
+    chance active / m, magnitude U(0.5, 1.5)."""
+    g = torch.Generator().manual_seed(seed)
+    dictionary = torch.randn(m, d, generator=g)
+    dictionary /= dictionary.norm(dim=1, keepdim=True)
+    on = torch.rand(n, m, generator=g) < active / m
+    codes = on * (0.5 + torch.rand(n, m, generator=g))
+    return codes @ dictionary, dictionary
+
+
+def test_a_known_dictionary_is_recovered(tmp_path):
+    x, dictionary = synthetic()
+    acts = tmp_path / "acts.safetensors"
+    acts.write_bytes(tensors_to_bytes({"x": x}, {}))
+    out = tmp_path / "sae"
+    r = in_process(["features", "train", "--activations", acts, "--out", out, "--width", "64",
+                    "--k", "4", "--steps", "300", "--batch-size", "256", "--json"])
+    assert r.returncode == 0, r.stderr
+    w_dec = torch.tensor(json_weights(out)["W_dec"])
+    cos = max_cosines(w_dec, dictionary)
+    assert float(cos.mean()) >= 0.9, cos
+    info = json.loads(r.stdout)
+    assert info["quality"]["variance_explained"] > 0.8 and info["quality"]["l0"] <= 4
+
+
+def json_weights(out: Path) -> dict:
+    from minigpt.run.safetensors_io import load_tensors
+
+    return {k: v.tolist() for k, v in load_tensors(out / "sae_weights.safetensors").items()}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A tiny run, a text, and an SAE of its layer 1 trained through the command."""
+    root = tmp_path_factory.mktemp("features")
+    run = save_tiny_run(root / "run")
+    text = root / "text.txt"
+    text.write_text(shakespeare()[:6000])
+    out = root / "sae"
+    r = in_process(["features", "train", "--run", run, "--layer", "1", "--text-file", text,
+                    "--out", out, "--json", *SMALL])
+    assert r.returncode == 0, r.stderr
+    return {"run": run, "text": text, "sae": out, "info": json.loads(r.stdout),
+            "stderr": r.stderr}
+
+
+def test_the_sae_is_saved_in_saelens_layout(tiny):
+    cfg = json.loads((tiny["sae"] / "cfg.json").read_text())
+    assert cfg["architecture"] == "topk" and cfg["k"] == 4
+    assert (cfg["d_in"], cfg["d_sae"]) == (32, 32)  # 2 heads x 16
+    assert cfg["metadata"]["hook_name"] == "blocks.1.attn.hook_z"
+    assert cfg["reshape_activations"] == "hook_z" and cfg["apply_b_dec_to_input"]
+    w = json_weights(tiny["sae"])
+    assert torch.tensor(w["W_enc"]).shape == (32, 32)
+    assert torch.allclose(torch.tensor(w["W_dec"]).norm(dim=1), torch.ones(32), atol=1e-5)
+    assert not (tiny["sae"] / "train_state.safetensors").exists()
+    info = tiny["info"]
+    assert info["layer"] == 1 and info["n_head"] == 2
+    ce = info["ce"]
+    assert ce["recovered"] == pytest.approx(
+        (ce["zero_ablated"] - ce["sae"]) / (ce["zero_ablated"] - ce["clean"]))
+    assert "loss recovered" in tiny["stderr"]
+
+
+def test_z_is_read_in_hook_z_order_and_spliced_where_it_was(tiny):
+    from minigpt.core.gpt import ForwardSpec, HeadHook
+    from minigpt.features import collect
+    from minigpt.infer.inputs import load_run_or_model
+
+    loaded = load_run_or_model(tiny["run"], None, "cpu", None)
+    rows = torch.randint(256, (3, 17), generator=torch.Generator().manual_seed(1))
+    seen = {}
+
+    def keep(layer, z):
+        seen[layer] = z.clone()
+        return z
+
+    loaded.model(rows[:, :-1], attn=ForwardSpec(intervention=HeadHook(keep)))
+    z = collect.collect(loaded.model, rows, 1).view(3, 16, 2, 16)  # [batch, pos, head, d_head]
+    assert torch.equal(z, seen[1].transpose(1, 2))
+    clean, zero, same = collect.spliced_losses(loaded.model, rows, 1, lambda x: x)
+    assert same == clean and zero != clean
+    with torch.no_grad():
+        zeroed = loaded.model(rows[:, :-1], rows[:, 1:], attn=ForwardSpec(
+            head_hook=lambda la, z: torch.zeros_like(z) if la == 1 else z))[1]
+    assert zero == pytest.approx(float(zeroed), abs=1e-6)
+
+
+def test_show_tables_json_pictures_and_one_feature(tiny, tmp_path):
+    r = in_process(["features", "show", "--sae", tiny["sae"], "--text-file", tiny["text"],
+                    "--tokens", "512", "--top", "3", "--json", "--format", "png,html",
+                    "--out", tmp_path])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["features"]) == 3
+    densities = [f["density"] for f in doc["features"]]
+    assert densities == sorted(densities, reverse=True)
+    for f in doc["features"]:
+        assert sum(f["heads"]) == pytest.approx(1, abs=1e-3) and len(f["heads"]) == 2
+        assert f["contexts"] and len(f["promoted"]) == 5
+    assert (tmp_path / "features.png").read_bytes()[:4] == b"\x89PNG"
+    assert "feature " in (tmp_path / "features.html").read_text()
+    one = in_process(["features", "show", "--sae", tiny["sae"], "--text-file", tiny["text"],
+                      "--tokens", "512", "--feature", "5"])
+    assert one.returncode == 0 and "features of the SAE on layer 1" in one.stdout
+
+
+def test_inspect_heads_shows_the_active_features(tiny):
+    r = in_process(["inspect-heads", "--run", tiny["run"], "--text", "to be or not to be",
+                    "--features", tiny["sae"], "--json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    positions = doc["features"]["positions"]
+    assert len(positions) == len(doc["tokens"])
+    assert all(0 < len(p) <= 3 and all(x["act"] > 0 for x in p) for p in positions)
+
+
+def test_a_killed_training_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
+    from minigpt.features import build
+    from minigpt.features.build import Source, train_features
+    from minigpt.features.train import SaeSettings, SaeStep
+    from minigpt.infer.inputs import load_run_or_model
+
+    loaded = load_run_or_model(tiny["run"], None, "cpu", None)
+    src = Source(loaded, 1, tiny["text"], tokens=2048, held_out=512)
+    s = SaeSettings(32, 4, 40, 128, 0, 3)
+    whole = train_features(src, s, tmp_path / "whole")
+
+    class Killed(Exception):
+        pass
+
+    def kill(e):  # progress comes every 10 steps, before that step's state is saved
+        if isinstance(e, SaeStep) and e.step == 30:
+            raise Killed
+
+    orig = build.train_sae
+    monkeypatch.setattr(build, "train_sae", lambda *a, **k: orig(*a, **{**k, "save_every": 10}))
+    with pytest.raises(Killed):
+        train_features(src, s, tmp_path / "cut", on_event=kill)
+    assert (tmp_path / "cut" / "train_state.safetensors").exists()
+    assert not (tmp_path / "cut" / "features.json").exists()
+    refused = in_process(["features", "train", "--run", tiny["run"], "--layer", "1",
+                          "--out", tmp_path / "cut"])
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    again = train_features(src, s, tmp_path / "cut", resume=True)
+    assert again.resumed_from == 20
+    assert json_weights(tmp_path / "cut") == json_weights(tmp_path / "whole")
+    assert again.info["quality"] == whole.info["quality"]
+
+
+def other_shape_run(path: Path) -> Path:
+    """A run of another shape (4 heads x 16) than save_tiny_run's (2 x 16)."""
+    from minigpt.config import from_dict
+    from minigpt.core.gpt import GPT
+    from minigpt.data.tokenizer import bytes_tokenizer
+    from minigpt.run.checkpoint import save_checkpoint
+
+    tok = bytes_tokenizer()
+    cfg = from_dict({"model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 16,
+                               "vocab_size": tok.n_vocab}, "tokenizer": {"vocab_size": 256}})
+    save_checkpoint(path, step=1, model=GPT.from_config(cfg, seed=0), cfg=cfg, tokenizer=tok,
+                    trainer_state={"step": 1})
+    return path
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--width", "0"], "--width"), (["--k", "0"], "--k"), (["--k", "-3"], "--k"),
+    (["--width", "8", "--k", "9"], "--k"), (["--layer", "2"], "--layer"),
+    (["--k", "300"], "--k"),  # beyond the automatic width, 8 x 32
+])
+def test_bad_settings_are_one_line_and_write_nothing(tiny, tmp_path, extra, flag):
+    argv = ["features", "train", "--run", tiny["run"], "--text-file", tiny["text"],
+            "--out", tmp_path / "sae", "--layer", "1", "--steps", "5", *extra]
+    r = in_process(argv)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {flag}")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "sae").exists()
+
+
+def test_an_empty_text_and_a_mismatched_sae_are_refused(tiny, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    r = in_process(["features", "train", "--run", tiny["run"], "--text-file", empty,
+                    "--layer", "0", "--out", tmp_path / "sae"])
+    assert r.returncode == 2 and "--text-file" in r.stderr and "0 tokens" in r.stderr
+    assert not (tmp_path / "sae").exists()
+    other = other_shape_run(tmp_path / "other")
+    for argv in (["features", "show", "--sae", tiny["sae"], "--run", other],
+                 ["inspect-heads", "--run", other, "--features", tiny["sae"]]):
+        r = in_process(argv)
+        assert r.returncode == 2 and "does not fit" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_installed_command_refuses_k_above_width(tmp_path):
+    x, _ = synthetic(n=200)
+    acts = tmp_path / "acts.safetensors"
+    acts.write_bytes(tensors_to_bytes({"x": x}, {}))
+    r = subprocess.run([MINIGPT, "features", "train", "--activations", str(acts), "--out",
+                        str(tmp_path / "sae"), "--width", "16", "--k", "17"],
+                       check=False, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: --k: 17 exceeds --width 16")
+    assert "Traceback" not in r.stderr and not (tmp_path / "sae").exists()
+
+
+SAELENS_PYTHON = os.environ.get("MINIGPT_SAELENS_PYTHON")
+SAELENS_CHECK = r"""
+import sys, torch
+from safetensors.torch import load_file
+from sae_lens import SAE
+sae = SAE.load_from_disk(sys.argv[1], device="cpu")
+z = load_file(sys.argv[2])["z"]  # [n, n_head, d_head]: hook_z at each position
+acts = sae.encode(z)
+recon = sae.decode(acts)
+from safetensors.torch import save_file
+save_file({"acts": acts.contiguous(), "recon": recon.contiguous()}, sys.argv[3])
+print(type(sae).__name__, sae.cfg.metadata.hook_name)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SAELENS_PYTHON, reason="SAELens needs TransformerLens < 4: set "
+                    "MINIGPT_SAELENS_PYTHON to the python of a venv with sae-lens installed")
+def test_saelens_loads_the_sae_and_encodes_alike(tiny, tmp_path):
+    from minigpt.features import collect
+    from minigpt.features.store import load_sae
+    from minigpt.infer.inputs import load_run_or_model
+    from minigpt.run.safetensors_io import load_tensors
+
+    loaded = load_run_or_model(tiny["run"], None, "cpu", None)
+    rows = torch.randint(256, (8, 17), generator=torch.Generator().manual_seed(2))
+    z = collect.collect(loaded.model, rows, 1)
+    (tmp_path / "z.safetensors").write_bytes(tensors_to_bytes({"z": z.view(-1, 2, 16)}, {}))
+    script = tmp_path / "check.py"
+    script.write_text(SAELENS_CHECK)
+    r = subprocess.run([SAELENS_PYTHON, str(script), str(tiny["sae"]),
+                        str(tmp_path / "z.safetensors"), str(tmp_path / "out.safetensors")],
+                       check=False, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TopKSAE blocks.1.attn.hook_z" in r.stdout
+    theirs = load_tensors(tmp_path / "out.safetensors")
+    sae, _, _ = load_sae(tiny["sae"])
+    with torch.no_grad():
+        ours = sae.encode(z)
+        recon = sae.decode(ours)
+    torch.testing.assert_close(theirs["acts"], ours, atol=1e-5, rtol=0)
+    torch.testing.assert_close(theirs["recon"].reshape(recon.shape), recon, atol=1e-5, rtol=0)
