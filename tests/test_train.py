@@ -486,3 +486,33 @@ def test_a_compiled_run_trains_on_the_cpu(tmp_path):
     assert done.reason == "finished" and done.step == 4
     weights = load_file(run / "model.safetensors")
     assert weights and not any("_orig_mod" in n for n in weights)
+
+
+def test_batched_muon_is_torch_muon_step_for_step():
+    """train/muon.py's BatchedMuon (Newton-Schulz batched by shape, foreach momentum) gives
+    torch.optim.Muon's weights (to one bf16 rounding of an update: a batched matmul may sum
+    in another order) and its momentum buffers exactly, over matrices of several shapes (tall
+    ones transposed), with and without weight decay and Nesterov, and keeps the same state
+    dict."""
+    from minigpt.train.muon import BatchedMuon
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(48, 16), (16, 16), (16, 64), (48, 16), (64, 16), (16, 64)]
+    for wd, nesterov in ((0.05, True), (0.0, False)):
+        ref = [torch.nn.Parameter(torch.randn(s, generator=g) * 0.02) for s in shapes]
+        mine = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+        first = [p.detach().clone() for p in ref]
+        kw = {"lr": 0.02, "weight_decay": wd, "momentum": 0.95, "nesterov": nesterov}
+        o_ref, o_mine = torch.optim.Muon(ref, **kw), BatchedMuon(mine, **kw)
+        for _ in range(3):
+            for a, b in zip(ref, mine):
+                a.grad = torch.randn(a.shape, generator=g)
+                b.grad = a.grad.clone()
+            o_ref.step()
+            o_mine.step()
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-4) for a, b in zip(ref, mine))
+        assert all((a - f).abs().max() > 1e-2 for a, f in zip(ref, first))  # they moved
+        s_ref, s_mine = o_ref.state_dict(), o_mine.state_dict()
+        assert s_ref["param_groups"] == s_mine["param_groups"]
+        assert all(torch.equal(s_ref["state"][i]["momentum_buffer"],
+                               s_mine["state"][i]["momentum_buffer"]) for i in s_ref["state"])

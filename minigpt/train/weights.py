@@ -11,8 +11,9 @@ Step numbering: `it` counts optimizer updates from 0; update `it` uses `lr_at(it
 schedule is a pure function of `it` and the config, so a resumed run recomputes it exactly.
 
 `train.optimizer: adamw` is one AdamW over every parameter. `muon` is two optimizers over
-disjoint parameters, stepped together as one `OptimizerChain`: torch.optim.Muon for the 2-D
-weight matrices inside the blocks (attention and MLP projections), AdamW for everything else
+disjoint parameters, stepped together as one `OptimizerChain`: Muon (train/muon.py's
+BatchedMuon: torch.optim.Muon's arithmetic, batched by shape) for the 2-D weight matrices
+inside the blocks (attention and MLP projections), AdamW for everything else
 (token/position embeddings, an untied LM head, norm and QK-norm gains, biases). Muon
 orthogonalises each matrix's momentum (Newton-Schulz), which suits hidden-layer matrices but
 not embeddings (a lookup, not a linear map of the residual stream) or vectors.
@@ -40,6 +41,7 @@ from minigpt.run.load import load_optimizer_state
 from minigpt.run.resume import Resumed
 from minigpt.train.distributed import DistInfo, all_reduce_sum
 from minigpt.train.ema import WeightAverage
+from minigpt.train.muon import BatchedMuon
 
 
 def lr_at(it: int, t: TrainConfig) -> float:
@@ -117,7 +119,7 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device
     if t.optimizer == "adamw":
         return adamw, names
     scale = t.muon_lr / t.learning_rate
-    opt = torch.optim.Muon([{"params": [p for _, p in muon], "lr_scale": scale}],
+    opt = BatchedMuon([{"params": [p for _, p in muon], "lr_scale": scale}],
                            lr=lr_at(0, t) * scale, weight_decay=t.muon_weight_decay,
                            momentum=t.muon_momentum, nesterov=True)
     return OptimizerChain([opt, adamw]), [n for n, _ in muon] + names
