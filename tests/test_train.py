@@ -516,3 +516,43 @@ def test_batched_muon_is_torch_muon_step_for_step():
         assert s_ref["param_groups"] == s_mine["param_groups"]
         assert all(torch.equal(s_ref["state"][i]["momentum_buffer"],
                                s_mine["state"][i]["momentum_buffer"]) for i in s_ref["state"])
+
+
+def test_the_compile_cache_lives_under_the_minigpt_cache(tmp_path, monkeypatch):
+    from minigpt.train.weights import compiles, use_compile_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    use_compile_cache(str(tmp_path / "c"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "torch-compile")
+    use_compile_cache(str(tmp_path / "other"))  # the first (or the user's) setting stays
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "torch-compile")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [compiles(s, cpu) for s in ("auto", "true", "false")] == [False, True, False]
+    assert [compiles(s, cuda) for s in ("auto", "true", "false")] == [True, True, False]
+
+
+@pytest.mark.slow
+def test_a_compiled_run_resumes_into_an_eager_one(tmp_path, monkeypatch):
+    """4 steps with train.compile true (RoPE, QK-norm, Muon), then --resume with compile false
+    to 6: the run continues from the compiled run's checkpoint (plain parameter names, its
+    optimizer state and data position) and ends where 6 eager steps end, to the float
+    tolerance of compiled kernels; inductor's cache is written under data.cache_dir."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    sets = tiny_sets(tmp_path, **MUON, **{"model.dropout": 0.0})  # no RNG the compiler redraws
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(load_config(None, [*sets, "train.compile=false"]), straight)
+    first = train(load_config(None, [*sets, "train.compile=true"]), split, stop_after=4)
+    assert first.reason == "stopped" and first.step == 4
+    assert any((tmp_path / "cache" / "torch-compile").rglob("*"))
+    done = train(resume_config(split, ["train.compile=false"]), split, resume=True)
+    assert done.step == 6 and done.reason == "finished"
+    a, b = load_file(straight / LATEST / "model.safetensors"), load_file(
+        split / LATEST / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+    assert not all(torch.equal(a[k], b[k]) for k in a)  # the compiled steps did run
+    la, lb = losses(straight), losses(split)
+    assert [r[0] for r in la] == [r[0] for r in lb]
+    assert all(x[1] == pytest.approx(y[1], abs=1e-4) for x, y in zip(la, lb) if x[1] is not None)
+    state = json.loads((split / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["tokens_seen"] == 6 * 4 * 16
