@@ -524,8 +524,9 @@ def test_the_compile_cache_lives_under_the_minigpt_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     use_compile_cache(str(tmp_path / "c"))
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "torch-compile")
-    use_compile_cache(str(tmp_path / "other"))  # the first (or the user's) setting stays
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "torch-compile")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    use_compile_cache(str(tmp_path / "c"))  # the user's choice stays
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert [compiles(s, cpu) for s in ("auto", "true", "false")] == [False, True, False]
     assert [compiles(s, cuda) for s in ("auto", "true", "false")] == [True, True, False]

@@ -260,9 +260,13 @@ def compile_cache_dir(cache_dir: str) -> Path:
 
 
 def use_compile_cache(cache_dir: str) -> None:
-    """Point inductor at `compile_cache_dir` unless the user set TORCHINDUCTOR_CACHE_DIR (which
-    inductor reads when it first compiles; torch's default is a per-user directory in /tmp)."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    """Point inductor at `compile_cache_dir` unless the user chose a TORCHINDUCTOR_CACHE_DIR.
+    Inductor reads the variable whenever it opens its cache, and writes its default (a per-user
+    directory in /tmp) there the first time anything asks, so that default counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir(cache_dir))
 
 
