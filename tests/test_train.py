@@ -534,12 +534,14 @@ def test_the_compile_cache_lives_under_the_minigpt_cache(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_compiled_run_resumes_into_an_eager_one(tmp_path, monkeypatch):
-    """4 steps with train.compile true (RoPE, QK-norm, Muon), then --resume with compile false
-    to 6: the run continues from the compiled run's checkpoint (plain parameter names, its
+    """4 steps with train.compile true (RoPE, QK-norm, soft-cap), then --resume with compile
+    false to 6: the run continues from the compiled run's checkpoint (plain parameter names, its
     optimizer state and data position) and ends where 6 eager steps end, to the float
-    tolerance of compiled kernels; inductor's cache is written under data.cache_dir."""
+    tolerance of compiled kernels; inductor's cache is written under data.cache_dir. AdamW:
+    Muon's bf16 orthogonalisation turns float-tolerance differences into bf16 roundings."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    sets = tiny_sets(tmp_path, **MUON, **{"model.dropout": 0.0})  # no RNG the compiler redraws
+    sets = tiny_sets(tmp_path, **{**MUON, "model.dropout": 0.0,  # no RNG the compiler redraws
+                                  "train.optimizer": "adamw"})
     straight, split = tmp_path / "straight", tmp_path / "split"
     train(load_config(None, [*sets, "train.compile=false"]), straight)
     first = train(load_config(None, [*sets, "train.compile=true"]), split, stop_after=4)
@@ -550,7 +552,8 @@ def test_a_compiled_run_resumes_into_an_eager_one(tmp_path, monkeypatch):
     a, b = load_file(straight / LATEST / "model.safetensors"), load_file(
         split / LATEST / "model.safetensors")
     assert a.keys() == b.keys()
-    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert diff < 1e-4, diff
     assert not all(torch.equal(a[k], b[k]) for k in a)  # the compiled steps did run
     la, lb = losses(straight), losses(split)
     assert [r[0] for r in la] == [r[0] for r in lb]
