@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minigpt.core.gpt import (
+    Rotary,
     apply_rope,
-    apply_rope_real,
     attention,
     causal_mask,
+    rope_full_tables,
     rope_tables,
     sinusoidal_table,
 )
@@ -198,15 +199,27 @@ def test_sinusoidal_table_matches_notebook_formula():
     assert pe[1, 2].item() == pytest.approx(math.sin(0.01), abs=1e-6)
 
 
-def test_rope_fast_complex_path_equals_real_arithmetic_with_gradients():
+def complex_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The reference: RoPE as minigpt computed it before issue 49, pair (x_2i, x_2i+1) as the
+    complex number x_2i + i x_2i+1 times cos + i sin (half-width tables), in float32 or
+    float64, cast back."""
+    xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    rot = torch.complex(cos.to(xf.dtype), sin.to(xf.dtype))
+    pairs = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rot).flatten(-2).to(x.dtype)
+
+
+def test_real_rope_equals_the_complex_rotation_with_gradients():
     cos, sin = rope_tables(6, 8, 10000.0)
     cos, sin = cos[:, None].double(), sin[:, None].double()  # (T, 1, D/2)
     base = torch.randn(2, 6, 3, 3, 8, dtype=torch.float64)  # (B, T, 3, H, D) like fused qkv
     x = base[:, :, :2].requires_grad_()  # non-contiguous q|k slice, as in the model
     y = x.detach().clone().requires_grad_()
     cos4, sin4 = cos[:, None], sin[:, None]  # (T, 1, 1, D/2) against (B, T, 2, H, D)
-    a, b = apply_rope(x, cos4, sin4), apply_rope_real(y, cos4, sin4)
+    full = rope_full_tables(cos4, sin4)  # (T, 1, 1, D): what Rotary keeps
+    a, b = apply_rope(x, *full), complex_rope(y, cos4, sin4)
     assert torch.allclose(a, b, atol=1e-12)
+    assert torch.allclose(apply_rope(x, cos4, sin4), b, atol=1e-12)  # half-width tables too
     w = torch.randn_like(a)
     (a * w).sum().backward()
     (b * w).sum().backward()
@@ -214,8 +227,16 @@ def test_rope_fast_complex_path_equals_real_arithmetic_with_gradients():
     assert torch.autograd.gradcheck(lambda t: apply_rope(t, cos, sin),
                                     torch.randn(2, 6, 3, 8, dtype=torch.float64,
                                                 requires_grad=True))
-    half = apply_rope(x.detach().bfloat16(), cos4, sin4)
-    assert half.dtype == torch.bfloat16 and torch.allclose(half.double(), a, atol=0.05)
+    half = apply_rope(x.detach().bfloat16(), *full)
+    assert half.dtype == torch.bfloat16
+    assert torch.allclose(half.double(), a, atol=0.05)  # rotated in float32, rounded once
+    assert torch.allclose(half.double(), complex_rope(x.detach().bfloat16(), cos4, sin4).double(),
+                          atol=1e-2)
+    # float32 at the model's scale: the tables Rotary keeps against the old complex product
+    rotary = Rotary(32, 64, 10000.0)
+    q = torch.randn(2, 3, 4, 64, 32)
+    c, s = rope_tables(64, 32, 10000.0)
+    assert torch.allclose(apply_rope(q, *rotary.tables(0, 64)), complex_rope(q, c, s), atol=1e-6)
 
 
 @settings(max_examples=30, deadline=None)
@@ -234,26 +255,31 @@ def test_paths_agree_on_random_shapes(b, h, t_q, past, d, causal, seed):
         assert (probs.masked_select(~causal_mask(t_q, past + t_q, past)) == 0).all()
 
 
-def test_the_compiled_rope_path_gives_the_same_model(monkeypatch):
-    """apply_rope takes the real-arithmetic path while torch.compile traces (inductor handles
-    complex numbers poorly) and the complex one in eager mode: a RoPE model's logits and
-    gradients agree whichever path it runs on."""
+def test_a_rope_model_is_the_model_with_the_complex_rotation(monkeypatch):
+    """A RoPE model's logits and gradients, QK-norm on, are the same when every layer rotates
+    q and k with the old complex product instead (the reference above), training and decoding
+    with the KV cache."""
     from minigpt.config import ModelConfig
-    from minigpt.core.gpt import GPT
+    from minigpt.core import gpt
 
-    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50,
-                            qk_norm=True))
+    model = gpt.GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50,
+                                qk_norm=True))
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
 
     def run():
         model.zero_grad()
         logits, loss = model(idx, idx)
         loss.backward()
-        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+        with torch.no_grad():
+            cache = model.new_kv_cache(2)
+            model(idx[:, :9], kv_cache=cache)
+            step, _ = model(idx[:, 9:10], kv_cache=cache)
+        return logits.detach(), step, [p.grad.clone() for p in model.parameters()]
 
-    eager, g_eager = run()
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    traced, g_traced = run()
-    assert torch.allclose(eager, traced, atol=1e-5)
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_eager, g_traced, strict=True))
-
+    real, real_step, g_real = run()
+    monkeypatch.setattr(gpt, "apply_rope", lambda x, cos, sin: complex_rope(
+        x, cos[..., ::2], sin[..., 1::2]))  # the full tables back to (T, D/2)
+    ref, ref_step, g_ref = run()
+    assert torch.allclose(real, ref, atol=1e-5) and torch.allclose(real_step, ref_step, atol=1e-5)
+    assert torch.allclose(real_step[:, -1], real[:, 9], atol=1e-5)  # the cache: as a full pass
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_real, g_ref, strict=True))

@@ -102,7 +102,7 @@ def test_muon_and_adamw_states_round_trip_through_one_file(tmp_path):
     assert names2 == names
     load_optimizer_state(opt2, names2, ck.find_checkpoint(run))
     for part, part2 in zip(opt.parts, opt2.parts):
-        keys = {"Muon": ["momentum_buffer"], "AdamW": ["exp_avg", "exp_avg_sq", "step"]}
+        keys = {"BatchedMuon": ["momentum_buffer"], "AdamW": ["exp_avg", "exp_avg_sq", "step"]}
         params = [p for g in part.param_groups for p in g["params"]]
         params2 = [p for g in part2.param_groups for p in g["params"]]
         for p, p2 in zip(params, params2, strict=True):

@@ -486,3 +486,77 @@ def test_a_compiled_run_trains_on_the_cpu(tmp_path):
     assert done.reason == "finished" and done.step == 4
     weights = load_file(run / "model.safetensors")
     assert weights and not any("_orig_mod" in n for n in weights)
+
+
+def test_batched_muon_is_torch_muon_step_for_step():
+    """train/muon.py's BatchedMuon (Newton-Schulz batched by shape, foreach momentum) gives
+    torch.optim.Muon's weights (to one bf16 rounding of an update: a batched matmul may sum
+    in another order) and its momentum buffers exactly, over matrices of several shapes (tall
+    ones transposed), with and without weight decay and Nesterov, and keeps the same state
+    dict."""
+    from minigpt.train.muon import BatchedMuon
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(48, 16), (16, 16), (16, 64), (48, 16), (64, 16), (16, 64)]
+    for wd, nesterov in ((0.05, True), (0.0, False)):
+        ref = [torch.nn.Parameter(torch.randn(s, generator=g) * 0.02) for s in shapes]
+        mine = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+        first = [p.detach().clone() for p in ref]
+        kw = {"lr": 0.02, "weight_decay": wd, "momentum": 0.95, "nesterov": nesterov}
+        o_ref, o_mine = torch.optim.Muon(ref, **kw), BatchedMuon(mine, **kw)
+        for _ in range(3):
+            for a, b in zip(ref, mine):
+                a.grad = torch.randn(a.shape, generator=g)
+                b.grad = a.grad.clone()
+            o_ref.step()
+            o_mine.step()
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-4) for a, b in zip(ref, mine))
+        assert all((a - f).abs().max() > 1e-2 for a, f in zip(ref, first))  # they moved
+        s_ref, s_mine = o_ref.state_dict(), o_mine.state_dict()
+        assert s_ref["param_groups"] == s_mine["param_groups"]
+        assert all(torch.equal(s_ref["state"][i]["momentum_buffer"],
+                               s_mine["state"][i]["momentum_buffer"]) for i in s_ref["state"])
+
+
+def test_the_compile_cache_lives_under_the_minigpt_cache(tmp_path, monkeypatch):
+    from minigpt.train.weights import compiles, use_compile_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    use_compile_cache(str(tmp_path / "c"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "torch-compile")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    use_compile_cache(str(tmp_path / "c"))  # the user's choice stays
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [compiles(s, cpu) for s in ("auto", "true", "false")] == [False, True, False]
+    assert [compiles(s, cuda) for s in ("auto", "true", "false")] == [True, True, False]
+
+
+@pytest.mark.slow
+def test_a_compiled_run_resumes_into_an_eager_one(tmp_path, monkeypatch):
+    """4 steps with train.compile true (RoPE, QK-norm, soft-cap), then --resume with compile
+    false to 6: the run continues from the compiled run's checkpoint (plain parameter names, its
+    optimizer state and data position) and ends where 6 eager steps end, to the float
+    tolerance of compiled kernels; inductor's cache is written under data.cache_dir. AdamW:
+    Muon's bf16 orthogonalisation turns float-tolerance differences into bf16 roundings."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    sets = tiny_sets(tmp_path, **{**MUON, "model.dropout": 0.0,  # no RNG the compiler redraws
+                                  "train.optimizer": "adamw"})
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(load_config(None, [*sets, "train.compile=false"]), straight)
+    first = train(load_config(None, [*sets, "train.compile=true"]), split, stop_after=4)
+    assert first.reason == "stopped" and first.step == 4
+    assert any((tmp_path / "cache" / "torch-compile").rglob("*"))
+    done = train(resume_config(split, ["train.compile=false"]), split, resume=True)
+    assert done.step == 6 and done.reason == "finished"
+    a, b = load_file(straight / LATEST / "model.safetensors"), load_file(
+        split / LATEST / "model.safetensors")
+    assert a.keys() == b.keys()
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert diff < 1e-4, diff
+    assert not all(torch.equal(a[k], b[k]) for k in a)  # the compiled steps did run
+    la, lb = losses(straight), losses(split)
+    assert [r[0] for r in la] == [r[0] for r in lb]
+    assert all(x[1] == pytest.approx(y[1], abs=1e-4) for x, y in zip(la, lb) if x[1] is not None)
+    state = json.loads((split / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["tokens_seen"] == 6 * 4 * 16

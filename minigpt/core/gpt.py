@@ -198,34 +198,32 @@ def rope_tables(n_pos: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor | None = None) -> Tensor:
+def rope_full_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """`rope_tables`' (..., D/2) cos, sin laid out over the whole head, (..., D): cos repeated
+    for both dimensions of each pair, sin with the pair's sign folded in, (-sin_i, +sin_i), so
+    that `apply_rope` is x * cos + swap_pairs(x) * sin."""
+    return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+
+
+def swap_pairs(x: Tensor) -> Tensor:
+    """(x_0, x_1, x_2, x_3, ...) -> (x_1, x_0, x_3, x_2, ...) along the last dim."""
+    return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate interleaved pairs (2i, 2i+1) of the last dim by the angles whose cos/sin are given.
 
-    x (..., D); cos/sin broadcast against (..., D/2), e.g. x (2, B, H, T, D) with (T, D/2).
-    Eager mode treats pair (x_2i, x_2i+1) as the complex number x_2i + i x_2i+1 and multiplies
-    it by cos + i sin: one fused op, ~3x faster on CPU (fwd+bwd) than the real arithmetic of
-    `apply_rope_real`, which torch.compile gets (inductor handles complex poorly). Two paths
-    side by side, one result: tests/test_attention.py checks they agree, values and gradients,
-    alone and in a whole model. Half/bf16
-    inputs are rotated in float32 (there is no complex bf16) and cast back. `rot`, if given, is
-    the precomputed `cos + i sin` (Rotary keeps it, so decoding builds no complex per layer)."""
-    if torch.compiler.is_compiling():
-        return apply_rope_real(x, cos, sin)
+    x (..., D). The tables are `rope_tables`' (..., D/2) or `rope_full_tables`' (..., D) (the
+    model keeps the latter, so a rotation is three element-wise ops), broadcasting against x,
+    e.g. x (2, B, H, T, D) with (T, D/2) or (T, D). Real arithmetic only:
+        x'_{2i} = x_{2i} cos - x_{2i+1} sin,   x'_{2i+1} = x_{2i+1} cos + x_{2i} sin,
+    written as x * cos + swap_pairs(x) * (-sin, +sin), which torch.compile fuses into one
+    kernel. Half/bf16 inputs are rotated in float32 and cast back (one rounding, as before)."""
+    if cos.shape[-1] != x.shape[-1]:  # half-width tables: lay them out over the head
+        cos, sin = rope_full_tables(cos, sin)
     xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    if rot is None:
-        rot = torch.complex(cos.to(xf.dtype), sin.to(xf.dtype))  # (..., D/2) e^{i m theta_i}
-    pairs = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))  # (..., D) -> (..., D/2) complex
-    out = torch.view_as_real(pairs * rot).flatten(-2)  # (..., D/2) complex -> (..., D)
+    out = torch.addcmul(xf * cos.to(xf.dtype), swap_pairs(xf), sin.to(xf.dtype))
     return out if out.dtype == x.dtype else out.to(x.dtype)
-
-
-def apply_rope_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """`apply_rope` written out in real arithmetic (same convention, same result)."""
-    pairs = x.unflatten(-1, (-1, 2))  # (..., D) -> (..., D/2, 2)
-    x0, x1 = pairs[..., 0], pairs[..., 1]  # each (..., D/2)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # (..., D/2, 2)
-    return rotated.flatten(-2)  # (..., D)
 
 
 def rope_interleaved_to_halves(head_dim: int) -> Tensor:
@@ -248,7 +246,8 @@ def sinusoidal_table(n_pos: int, n_embd: int, base: float = 10000.0) -> Tensor:
 
 
 class Rotary(nn.Module):
-    """Cached RoPE tables for one head size; shared by every layer of a GPT."""
+    """Cached RoPE tables for one head size, laid out over the whole head (`rope_full_tables`);
+    shared by every layer of a GPT."""
 
     def __init__(self, head_dim: int, block_size: int, base: float) -> None:
         super().__init__()
@@ -256,21 +255,17 @@ class Rotary(nn.Module):
         self._fill(block_size, None)
 
     def _fill(self, n_pos: int, device) -> None:
-        cos, sin = rope_tables(n_pos, head_dim=self.head_dim, base=self.base)
-        self.register_buffer("cos", cos.to(device), persistent=False)  # (P, D/2)
-        self.register_buffer("sin", sin.to(device), persistent=False)
-        self._rot: Tensor | None = None  # cos + i sin; not a buffer: Module.to(dtype) would cast it
+        cos, sin = rope_full_tables(*rope_tables(n_pos, head_dim=self.head_dim, base=self.base))
+        self.register_buffer("cos", cos.to(device), persistent=False)  # (P, D)
+        self.register_buffer("sin", sin.to(device), persistent=False)  # (P, D), sign folded in
 
-    def tables(self, start: int, length: int) -> tuple[Tensor, Tensor, Tensor]:
-        """cos, sin and cos + i sin for positions [start, start + length), each (T, D/2): they
-        broadcast against q|k stacked as (2, B, H, T, D/2)."""
+    def tables(self, start: int, length: int) -> tuple[Tensor, Tensor]:
+        """cos, sin for positions [start, start + length), each (T, D): they broadcast against
+        q|k stacked as (2, B, H, T, D)."""
         end = start + length
         if end > self.cos.shape[0]:  # past block_size during generation: grow (doubling)
             self._fill(max(end, 2 * self.cos.shape[0]), self.cos.device)
-        rot = self._rot
-        if rot is None or rot.shape[0] != self.cos.shape[0] or rot.device != self.cos.device:
-            rot = self._rot = torch.complex(self.cos.float(), self.sin.float())  # (P, D/2)
-        return self.cos[start:end], self.sin[start:end], rot[start:end]
+        return self.cos[start:end], self.sin[start:end]
 
 
 class QKNorm(nn.Module):
@@ -420,7 +415,7 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout, self.resid_dropout = cfg.attn_dropout, cfg.dropout
         self.qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor, Tensor] | None,
+    def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor] | None,
                 cache: KVCache | None, layer: int, spec: ForwardSpec
                 ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C), or (3, H, B, T, C): each head's query, key and value input apart (an
@@ -445,7 +440,7 @@ class CausalSelfAttention(nn.Module):
             if self.qk_norm is not None:  # before RoPE: the rotation keeps the norm
                 qk = self.qk_norm(qk)
             if rope is not None:  # positions live in q and k only; v stays position-free
-                qk = apply_rope(qk, *rope)  # tables (T, D/2) broadcast over (2, B, H)
+                qk = apply_rope(qk, *rope)  # tables (T, D) broadcast over (2, B, H)
             q, k = qk.unbind(0)  # 2 x (B, H, T, D)
             v = v.squeeze(0)  # (B, H, T, D)
         if spec.intervention is not None:  # the queries and keys the scores read

@@ -342,6 +342,6 @@ def _project(model, layer: int, x: Tensor, rows: Tensor, const: Tensor, hs: list
         gains = torch.stack((attn.qk_norm.q_weight, attn.qk_norm.k_weight)).double()
         qk = qk / rho * gains.view(2, 1, 1, 1, 1, D)
     if model.rotary is not None:
-        cos, sin, _ = model.rotary.tables(0, T)
+        cos, sin = model.rotary.tables(0, T)
         qk = apply_rope(qk, cos.double(), sin.double())
     return qk[0], qk[1]

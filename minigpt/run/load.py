@@ -121,7 +121,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str],
 
 
 # The state each optimizer keeps per parameter, by class name.
-_STATE_KEYS = {"AdamW": ("exp_avg", "exp_avg_sq", "step"), "Muon": ("momentum_buffer",)}
+_STATE_KEYS = {"AdamW": ("exp_avg", "exp_avg_sq", "step"), "Muon": ("momentum_buffer",),
+               "BatchedMuon": ("momentum_buffer",)}  # train/muon.py: Muon's state
 
 
 @permission_denied_as_error()

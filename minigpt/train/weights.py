@@ -11,8 +11,9 @@ Step numbering: `it` counts optimizer updates from 0; update `it` uses `lr_at(it
 schedule is a pure function of `it` and the config, so a resumed run recomputes it exactly.
 
 `train.optimizer: adamw` is one AdamW over every parameter. `muon` is two optimizers over
-disjoint parameters, stepped together as one `OptimizerChain`: torch.optim.Muon for the 2-D
-weight matrices inside the blocks (attention and MLP projections), AdamW for everything else
+disjoint parameters, stepped together as one `OptimizerChain`: Muon (train/muon.py's
+BatchedMuon: torch.optim.Muon's arithmetic, batched by shape) for the 2-D weight matrices
+inside the blocks (attention and MLP projections), AdamW for everything else
 (token/position embeddings, an untied LM head, norm and QK-norm gains, biases). Muon
 orthogonalises each matrix's momentum (Newton-Schulz), which suits hidden-layer matrices but
 not embeddings (a lookup, not a linear map of the residual stream) or vectors.
@@ -26,9 +27,11 @@ rank (rank 0's stream is the saved one).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -36,10 +39,12 @@ from minigpt.config import Config, TrainConfig
 from minigpt.core import step as core_step
 from minigpt.core.gpt import GPT
 from minigpt.device import amp_dtype, forward_context
+from minigpt.paths import cache_root
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.resume import Resumed
 from minigpt.train.distributed import DistInfo, all_reduce_sum
 from minigpt.train.ema import WeightAverage
+from minigpt.train.muon import BatchedMuon
 
 
 def lr_at(it: int, t: TrainConfig) -> float:
@@ -117,7 +122,7 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device
     if t.optimizer == "adamw":
         return adamw, names
     scale = t.muon_lr / t.learning_rate
-    opt = torch.optim.Muon([{"params": [p for _, p in muon], "lr_scale": scale}],
+    opt = BatchedMuon([{"params": [p for _, p in muon], "lr_scale": scale}],
                            lr=lr_at(0, t) * scale, weight_decay=t.muon_weight_decay,
                            momentum=t.muon_momentum, nesterov=True)
     return OptimizerChain([opt, adamw]), [n for n, _ in muon] + names
@@ -179,7 +184,7 @@ class Weights:
         if start is not None:
             average.load(start.checkpoint)
             load_optimizer_state(optimizer, names, start.checkpoint)
-        fwd = forward_module(model, t, device, info)
+        fwd = forward_module(model, t, device, info, cfg.data.cache_dir)
         weights = cls(t, model, fwd, optimizer, names, average,
                       forward_context(device, amp_dtype(t.precision, device)),
                       fwd.no_sync if info.enabled else None, info)
@@ -219,16 +224,50 @@ class Weights:
         return (total[0] / total[1]).item()
 
 
-def forward_module(model: GPT, t: TrainConfig, device: torch.device,
-                   info: DistInfo) -> torch.nn.Module:
-    """What the training step calls: the model, maybe compiled, maybe under DDP."""
+def forward_module(model: GPT, t: TrainConfig, device: torch.device, info: DistInfo,
+                   cache_dir: str = "") -> torch.nn.Module:
+    """What the training step calls: the model, maybe compiled (`compiles`; inductor's caches
+    in `compile_cache_dir(cache_dir)`), maybe under DDP."""
     fwd: torch.nn.Module = model
-    if t.compile == "true" or (t.compile == "auto" and device.type == "cuda"):
+    if compiles(t.compile, device):
+        use_compile_cache(cache_dir)
         fwd = torch.compile(model)
     if info.enabled:
         fwd = torch.nn.parallel.DistributedDataParallel(
             fwd, device_ids=[device.index] if device.type == "cuda" else None)
     return fwd
+
+
+# `train.compile: auto` per device type, from whole-process measurements (compile included) of
+# the speedrun and default configs: benchmarks/step_ratio.md. On CPU the first compile costs
+# minutes and the compiled step measured no faster, so auto leaves CPU eager.
+AUTO_COMPILE = {"cuda": True, "cpu": False}
+
+
+def compiles(setting: str, device: torch.device) -> bool:
+    """Whether `train.compile` (auto / true / false) compiles the model on `device`."""
+    if setting == "auto":
+        return AUTO_COMPILE.get(device.type, False)
+    return setting == "true"
+
+
+def compile_cache_dir(cache_dir: str) -> Path:
+    """Where torch.compile keeps its on-disk caches (inductor's FX graph and AOTAutograd
+    caches, compiled kernels; Triton's on CUDA): `<minigpt cache>/torch-compile`, the cache
+    root of `data.cache_dir` / $MINIGPT_CACHE (paths.cache_root), so a second run of the same
+    model loads its kernels instead of compiling them again."""
+    return cache_root(cache_dir) / "torch-compile"
+
+
+def use_compile_cache(cache_dir: str) -> None:
+    """Point inductor at `compile_cache_dir` unless the user chose a TORCHINDUCTOR_CACHE_DIR.
+    Inductor reads the variable whenever it opens its cache, and writes its default (a per-user
+    directory in /tmp) there the first time anything asks, so that default counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir(cache_dir))
 
 
 def seed_rngs(seed: int, info: DistInfo, start: Resumed | None) -> None:
