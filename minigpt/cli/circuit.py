@@ -24,6 +24,7 @@ from minigpt.cli.heads import (
 )
 from minigpt.cli.main import (
     DeviceOpt,
+    EtaLines,
     ModelOpt,
     RunOpt,
     ThreadsOpt,
@@ -78,6 +79,9 @@ OutOpt = Annotated[Path | None, typer.Option(
     "--out", help="Directory for the files. Default: <run>/heads/.")]
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="Print the circuit as JSON on stdout (every edge; no table).")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Run even when --ig-steps and --pairs are estimated to take more than "
+    "an hour or more memory than is free (refused otherwise, naming the largest that fits).")]
 
 
 @app.command("circuit")
@@ -90,7 +94,7 @@ def circuit_command(
     recover: RecoverOpt = None, pairs: PairsOpt = 1, curve: CurveOpt = True, top: TopOpt = 20,
     max_tokens: MaxTokensOpt = None, seed: SeedOpt = 0, formats: FormatOpt = None,
     out: OutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
-    threads: ThreadsOpt = 0, lens: LensOpt = False,
+    threads: ThreadsOpt = 0, lens: LensOpt = False, force: ForceOpt = False,
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
     from minigpt.core.circuit_args import check_search
@@ -102,7 +106,7 @@ def circuit_command(
     check_seed(seed)
     check_threads(threads)
     check_search(edges, recover, ig_steps, patch_direction)
-    from minigpt.core.graph import graph_of
+    from minigpt.core.graph import check_circuit_cost, graph_of
     from minigpt.device import cpu_threads
     from minigpt.heads import output
     from minigpt.heads.graph import circuit_file_names, circuit_pairs, write_circuit_files
@@ -110,16 +114,22 @@ def circuit_command(
     loaded = load_inspected(run, model, device, checkpoint)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
     out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
+    cost = []  # the estimate, made once the first pair's length is known
+
+    def check(n_tokens: int) -> None:
+        with cpu_threads(threads, loaded.model):
+            cost.append(check_circuit_cost(loaded.model, n_tokens, pairs, ig_steps, curve, force))
     p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
                       text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
                       eot_first=loaded.eot_first, pairs=pairs, metric=metric, target=target,
-                      answer=answer, wrong=wrong, device=loaded.device)
+                      answer=answer, wrong=wrong, device=loaded.device, check=check)
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}: scoring every "
         f"edge on {p.clean.shape[0]} pair(s) of {p.clean.shape[1]} tokens ({p.source}; "
-        f"corrupted: {shown(p.corrupted_source)}); metric: {p.metric.describe()}")
+        f"corrupted: {shown(p.corrupted_source)}); metric: {p.metric.describe()}; estimated "
+        f"{cost[0].describe()}")
     with cpu_threads(threads, loaded.model):
         result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
-                                curve, lens)
+                                curve, lens, EtaLines("circuit"))
     tok = loaded.tokenizer
     lens_records = seen.records(token_str=tok.token_str) if seen is not None else None
     say(summary_line(result))
@@ -147,7 +157,7 @@ def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
             out_console.print(table)
 
 
-def _measure(model, p, direction, ig_steps, edges, recover, curve, lens):
+def _measure(model, p, direction, ig_steps, edges, recover, curve, lens, progress=None):
     """The circuit of the pairs `p` and, with `lens`, the logit lens (core.lens.Lens) of the
     first clean input at the metric's positions, of the metric's token (with --answer: the
     answer's, at the last position); None without."""
@@ -156,7 +166,7 @@ def _measure(model, p, direction, ig_steps, edges, recover, curve, lens):
 
     result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets,
                           direction=direction, ig_steps=ig_steps, edges=edges,
-                          recover=recover, curves=curve)
+                          recover=recover, curves=curve, progress=progress)
     if not lens:
         return result, None
     tokens, m = p.clean[0].tolist(), p.metric

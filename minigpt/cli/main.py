@@ -54,6 +54,44 @@ def say(text: str) -> None:
     err_console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
 
+class EtaLines:
+    """A long analysis's progress (its `progress(stage, done, total)` callback) as plain lines
+    on stderr with an ETA from the stage's own pace: the first after FIRST seconds (a quick
+    analysis says nothing), then one every EVERY seconds and one as each stage ends."""
+
+    FIRST, EVERY = 2.0, 10.0
+
+    def __init__(self, command: str) -> None:
+        import time
+
+        self.command, self.clock = command, time.monotonic
+        self.start = self.last = self.prev = self.clock()
+        self.stage, self.stage_start, self.said = "", self.start, False
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now, prev = self.clock(), self.prev
+        self.prev = now
+        if stage != self.stage:
+            self.stage, self.stage_start = stage, prev  # the stage began as the last ended
+        ended = done >= total
+        if now - self.start < self.FIRST or (now - self.last < self.EVERY and not
+                                             (ended and self.said)):
+            return
+        pace = (now - self.stage_start) / max(done, 1)
+        eta = "" if ended else f", ETA {_clock(pace * (total - done))}"
+        say(f"{self.command}: {stage} {done}/{total}, {_clock(now - self.start)}{eta}")
+        self.last, self.said = now, True
+
+
+def _clock(seconds: float) -> str:
+    """'42s', '3m05s', '2h10m', '200d'."""
+    s = int(seconds)
+    if s >= 2 * 86400:
+        return f"{s // 86400}d"
+    return (f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else
+            f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
 class _Group(TyperGroup):
     """The command group with minigpt's error path and a did-you-mean for commands."""
 

@@ -6,7 +6,7 @@ faithfulness.png from circuit_png.py, circuit.html from viewer.py, circuit.json)
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,11 +41,14 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
                   max_tokens: int | None = None, seed: int = 0, eot_first: bool = False,
                   pairs: int = 1, metric: str = "loss", target: str | None = None,
                   answer: str | None = None, wrong: str | None = None,
-                  device: torch.device | str = "cpu") -> Pairs:
+                  device: torch.device | str = "cpu",
+                  check: Callable[[int], object] | None = None) -> Pairs:
     """The inputs of a circuit search: `pairs` (clean, corrupted) pairs of a probe (seeds
     seed, seed + 1, ...) or one of a text, corrupted as inspect-heads' --patch-from does, and
     the metric (`metric` loss or logit; `answer` and `wrong`: the logit difference; `target`:
-    a fixed token), every token checked; ArgumentError naming the flag otherwise."""
+    a fixed token), every token checked; ArgumentError naming the flag otherwise. `check`
+    (e.g. core.graph.check_circuit_cost) is called with the tokens of a pair once the first
+    is made, before the others are."""
     if patch_from is None:
         raise ArgumentError("patch_from", "a circuit is what carries the difference between "
                             "a clean input and a corrupted one: give {name} corrupted (with "
@@ -65,6 +68,8 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
         check_same_length(inp.tokens, other)
         clean.append(inp.tokens)
         bad.append(other)
+        if first is None and check is not None:
+            check(len(inp.tokens))
         first = first or inp
     m = make_metric(len(first.tokens), first.positions, kind=metric, minimum=first.min_tokens,
                     **ids)
