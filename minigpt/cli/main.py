@@ -92,8 +92,43 @@ def _clock(seconds: float) -> str:
             f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
+# The parser's own error type, found through typer's public BadParameter (typer vendors click:
+# never `import click`).
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_PARSER_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def usage_line(e: Exception) -> str:
+    """A parser error (an unknown flag, a value of the wrong type) as one line, like every
+    other error: the parser's message and where the flags are listed."""
+    message = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, _USAGE_ERROR) and ctx is not None:
+        message += f" (see {ctx.command_path} --help)"
+    return f"error: {message}"
+
+
 class _Group(TyperGroup):
     """The command group with minigpt's error path and a did-you-mean for commands."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):
+        """The parser's errors as one line on stderr, exit 2 (`usage_line`), not its usage
+        block; help with no arguments as the parser shows it."""
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _PARSER_ERROR as e:
+            if type(e).__name__ == "NoArgsIsHelpError":
+                e.show()
+            else:
+                say(shown(usage_line(e), 1000))
+            rv = e.exit_code
+        except typer.Abort:
+            say("aborted")
+            rv = 1
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def resolve_command(self, ctx, args):
         name = args[0] if args else ""
