@@ -520,6 +520,17 @@ def check_new_path(path: str | Path, param: str) -> Path:
     return path
 
 
+def read_only_dir(path: str | Path) -> str | None:
+    """Why files may not be written into the directory `path` (None: they may): it has no
+    write bit (made read-only: refused even for root, who could write it anyway), or this
+    process may not write and search it (a read-only file system included). Asked without
+    writing anything, so no probe file is ever left behind."""
+    mode = os.stat(path).st_mode
+    if not mode & 0o222 or not os.access(path, os.W_OK | os.X_OK):
+        return f"is a read-only directory (mode {mode & 0o777:o})"
+    return None
+
+
 def _shorten(path: Path) -> str:
     s = str(path)
     return s if len(s) <= 120 else f"{s[:60]}...{s[-40:]}"

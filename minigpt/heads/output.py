@@ -8,14 +8,13 @@ Every file is written durably (`minigpt.files`: temp file, fsync, rename)."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from minigpt.errors import ArgumentError
-from minigpt.files import atomic_write_bytes, not_replaceable
+from minigpt.files import atomic_write_bytes, not_replaceable, read_only_dir
 from minigpt.heads.circuits_png import write_circuit_pngs
 from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
 from minigpt.heads.heatmap import write_pngs
@@ -42,14 +41,16 @@ def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None,
 
 
 def make_out_dir(path: Path) -> Path:
-    """Create `path` if needed and prove it is writable; ArgumentError (`out`) if not."""
+    """Create `path` if needed and check that it is writable (files.read_only_dir: nothing is
+    written to find out); ArgumentError (`out`) if not."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
+        why = read_only_dir(path)  # asked, not probed: no test file to leave behind
     except OSError as e:
-        raise ArgumentError("out", f"cannot write there ({e.strerror or e}); give a writable "
-                            "directory with {name}", subject=path) from None
+        why = f"cannot write there ({e.strerror or e})"
+    if why is not None:
+        raise ArgumentError("out", f"{why}; give a writable directory with {{name}}",
+                            subject=path)
     return path
 
 
