@@ -75,3 +75,14 @@ def test_gguf_export_refuses_a_read_only_directory(run_dir, tmp_path):
 def test_a_config_name_typo_gets_a_did_you_mean(tmp_path):
     line = one_line(in_process(["train", "--config", "inductoin"], cwd=tmp_path))
     assert "did you mean" in line.lower() and "induction" in line, line
+
+
+def test_a_cut_checkpoint_config_is_blamed_not_the_users_set(trained_runs, tmp_path):
+    run = Path(shutil.copytree(trained_runs["stopped"]["dir"], tmp_path / "run", symlinks=True))
+    cfg = (run / "checkpoints" / "latest").resolve() / "config.yaml"
+    data = cfg.read_bytes()
+    cfg.write_bytes(data[: len(data) // 2])
+    line = one_line(in_process(["train", "--out", run, "--resume", "--set",
+                                "train.batch_size=8"]))
+    assert f"{cfg}" in line and "corrupted" in line, line
+    assert "cannot change on --resume" not in line
