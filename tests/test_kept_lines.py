@@ -17,8 +17,8 @@ from test_train import tiny_sets
 
 from minigpt.config import load_config
 from minigpt.events import UnreadLinesKept
-from minigpt.run.resume import resume_config
 from minigpt.run.metrics import read_metrics
+from minigpt.run.resume import resume_config
 from minigpt.train import train
 
 

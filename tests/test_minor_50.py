@@ -86,3 +86,45 @@ def test_a_cut_checkpoint_config_is_blamed_not_the_users_set(trained_runs, tmp_p
                                 "train.batch_size=8"]))
     assert f"{cfg}" in line and "corrupted" in line, line
     assert "cannot change on --resume" not in line
+
+
+def _full_disk_at(monkeypatch, name: str) -> None:
+    """Every durable write raises the full disk's WriteError when it reaches the file `name`
+    (patched wherever a module imported the writer)."""
+    import errno
+    import sys
+
+    from minigpt import files
+
+    real = files.atomic_write_bytes
+
+    def full(path, data, *a, **k):
+        if Path(path).name == name:
+            raise files.disk_error(OSError(errno.ENOSPC, "No space left on device"), Path(path))
+        return real(path, data, *a, **k)
+
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "atomic_write_bytes", None) is real:
+            monkeypatch.setattr(mod, "atomic_write_bytes", full)
+
+
+@pytest.mark.parametrize("command,args,fails,done", [
+    ("circuit", ["--patch-from", "corrupted", "--format", "png,html,json"], "circuit.html",
+     ["circuit.png", "faithfulness.png"]),
+    ("inspect-heads", ["--format", "png,html,json"], "attention.html", ["attention_grid.png"]),
+])
+def test_a_full_disk_says_what_was_written_and_what_not(run_dir, tmp_path, monkeypatch,
+                                                        command, args, fails, done):
+    _full_disk_at(monkeypatch, fails)
+    out = tmp_path / "out"
+    r = in_process([command, "--run", run_dir, "--device", "cpu", "--probe", "induction", *args,
+                    "--out", out])
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert r.returncode == 2 and len(errors) == 1 and r.stderr.strip().endswith(errors[0])
+    line = errors[0]
+    assert "no space left on device" in line and fails in line
+    written = line.split("(complete): ")[1].split(";")[0].split(", ")
+    not_written = line.split("not written: ")[1].split(", ")
+    assert set(done) <= set(written) and fails in not_written
+    assert {p.name for p in out.iterdir()} == set(written)  # what it says is what is there
+    assert not {n for n in not_written if (out / n).exists()}

@@ -115,8 +115,8 @@ def inspect_heads_command(
     loaded = load_inspected(run, model, device, checkpoint)
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
-    out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
-        fmts, layers, heads, ablate, composition, dla or patch_from, lens))  # file's place checked
+    names = output.file_names(fmts, layers, heads, ablate, composition, dla or patch_from, lens)
+    out_dir = output.out_dir(fmts, out, loaded.run_dir, names)  # made, every place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
@@ -141,8 +141,9 @@ def inspect_heads_command(
             "each head's effect = the loss with it alone ablated minus this one")
     _say_circuits(insp)
     if out_dir is not None:
-        for path in output.write_files(insp, out_dir, fmts, layers, heads):
-            say(f"wrote {path}")
+        with output.saying_what_was_written(out_dir, names):
+            for path in output.write_files(insp, out_dir, fmts, layers, heads):
+                say(f"wrote {path}")
     if json_out:
         sys.stdout.write(json.dumps(insp.to_json(layers, heads), ensure_ascii=False) + "\n")
         sys.stdout.flush()

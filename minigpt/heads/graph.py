@@ -93,7 +93,16 @@ def circuit_file_names(formats: Sequence[str], curves: bool) -> list[str]:
 def write_circuit_files(result: Circuit, out: Path, formats: Sequence[str], title: str,
                         lens: list | None = None) -> list[Path]:
     """circuit.png and faithfulness.png (png), circuit.html (html), circuit.json (json) in
-    `out`; the paths written."""
+    `out`; the paths written. A full disk part way: one WriteError saying which were written
+    and which not (output.saying_what_was_written)."""
+    from minigpt.heads.output import saying_what_was_written
+
+    with saying_what_was_written(out, circuit_file_names(formats, bool(result.curves))):
+        return _write_circuit_files(result, out, formats, title, lens)
+
+
+def _write_circuit_files(result: Circuit, out: Path, formats: Sequence[str], title: str,
+                         lens: list | None) -> list[Path]:
     from minigpt.heads.circuit_png import circuit_png, faithfulness_png
     from minigpt.heads.viewer import render_circuit_html
 

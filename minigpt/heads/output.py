@@ -8,12 +8,13 @@ Every file is written durably (`minigpt.files`: temp file, fsync, rename)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from minigpt.errors import ArgumentError
+from minigpt.errors import ArgumentError, WriteError
 from minigpt.files import atomic_write_bytes, not_replaceable, read_only_dir
 from minigpt.heads.circuits_png import write_circuit_pngs
 from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
@@ -83,6 +84,29 @@ def check_destinations(out: Path, names: Sequence[str]) -> None:
         why = not_replaceable(out / name)
         if why is not None:
             raise ArgumentError("out", f"{name} there: {why}", subject=out)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+@contextmanager
+def saying_what_was_written(out: Path, names: Sequence[str]) -> Iterator[None]:
+    """A WriteError (a full disk) while the files `names` are written into `out` says, in its
+    one line, which of them this command wrote, complete (each write is atomic: a new file
+    replaces the old whole), and which it did not: an old file of that name is left as it was."""
+    before = {n: _stamp(out / n) for n in names}
+    try:
+        yield
+    except WriteError as e:
+        done = [n for n in names if _stamp(out / n) not in (None, before[n])]
+        left = [n for n in names if n not in done]
+        raise WriteError(f"{e}; written in {out} (complete): {', '.join(done) or 'none'}; not "
+                         f"written: {', '.join(left) or 'none'}", e.path, e.errno) from None
 
 
 def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Sequence[int],
