@@ -406,7 +406,12 @@ def shown(value: object, limit: int = 80) -> str:
     if len(text) <= limit:
         return text
     half = max(1, (limit - 5) // 2)
-    return f"{text[:half]} ... {text[-half:]}"
+    head, tail = text[:half], text[-half:]
+    if " " in head[half // 2:]:  # cut between words where there are words
+        head = head[:head.rfind(" ")]
+    if " " in tail[:half // 2]:
+        tail = tail[tail.find(" ") + 1:]
+    return f"{head} ... {tail}"
 
 
 # --------------------------------------------------------------------------------------------

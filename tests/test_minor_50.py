@@ -128,3 +128,27 @@ def test_a_full_disk_says_what_was_written_and_what_not(run_dir, tmp_path, monke
     assert set(done) <= set(written) and fails in not_written
     assert {p.name for p in out.iterdir()} == set(written)  # what it says is what is there
     assert not {n for n in not_written if (out / n).exists()}
+
+
+def test_shown_cuts_between_words():
+    from minigpt.files import shown
+
+    text = ("corrupted-second: the induction probe with its second copy replaced by fresh "
+            "tokens: the first copy's tokens are there, but no query asks for them)")
+    short = shown(text)
+    assert " ... " in short and len(short) <= 80
+    head, tail = short.split(" ... ")
+    assert text.startswith(head) and text.endswith(tail)
+    words = set(text.split())
+    assert head.split()[-1] in words and tail.split()[0] in words  # no word cut in two
+
+
+def test_probe_induction_is_not_suggested_to_who_gave_it(tmp_path):
+    make_run(tmp_path / "runs" / "tiny")
+    given = in_process(["inspect-heads", "--device", "cpu", "--probe", "induction"],
+                       cwd=tmp_path)
+    assert given.returncode == 0, given.stderr
+    assert "trained on synthetic induction data" in given.stderr
+    assert "try --probe induction" not in given.stderr
+    plain = in_process(["inspect-heads", "--device", "cpu", "--text", "abcdefgh"], cwd=tmp_path)
+    assert "(try --probe induction)" in plain.stderr

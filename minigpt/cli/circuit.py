@@ -111,7 +111,7 @@ def circuit_command(
     from minigpt.heads import output
     from minigpt.heads.graph import circuit_file_names, circuit_pairs, write_circuit_files
 
-    loaded = load_inspected(run, model, device, checkpoint)
+    loaded = load_inspected(run, model, device, checkpoint, probe)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
     out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
     cost = []  # the estimate, made once the first pair's length is known
@@ -125,7 +125,7 @@ def circuit_command(
                       answer=answer, wrong=wrong, device=loaded.device, check=check)
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}: scoring every "
         f"edge on {p.clean.shape[0]} pair(s) of {p.clean.shape[1]} tokens ({p.source}; "
-        f"corrupted: {shown(p.corrupted_source)}); metric: {p.metric.describe()}; estimated "
+        f"corrupted: {shown(p.corrupted_source, 240)}); metric: {p.metric.describe()}; estimated "
         f"{cost[0].describe()}")
     with cpu_threads(threads, loaded.model):
         result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,

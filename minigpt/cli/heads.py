@@ -112,7 +112,7 @@ def inspect_heads_command(
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
 
-    loaded = load_inspected(run, model, device, checkpoint)
+    loaded = load_inspected(run, model, device, checkpoint, probe)
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
     names = output.file_names(fmts, layers, heads, ablate, composition, dla or patch_from, lens)

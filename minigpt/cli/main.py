@@ -210,10 +210,11 @@ def latest_run(fits=None, *, require_fit: bool = True, wanted: str = "a run",
     return pick.run_dir, f"the latest {kind}, {pick.status.phrase()}: "
 
 
-def load_inspected(run: Path | None, model: str | None, device: str, checkpoint: int | None):
+def load_inspected(run: Path | None, model: str | None, device: str, checkpoint: int | None,
+                   probe: str | None = None):
     """The run or model `inspect-heads` and `circuit` study: without --run and --model, the
     latest finished run of any kind, named with what it was trained on (and what newer run was
-    passed over)."""
+    passed over; a run on induction ids suggests --probe induction unless it is `probe`)."""
     from minigpt.inputs import load_run_or_model
     from minigpt.run.listing import data_kind
 
@@ -222,8 +223,10 @@ def load_inspected(run: Path | None, model: str | None, device: str, checkpoint:
     run, which = latest_run()
     loaded = load_run_or_model(run, None, device, checkpoint)
     kind = data_kind(run)
-    trained = ("synthetic induction data (try --probe induction)"
-               if kind.get("source") == "induction" else f"text, {kind.get('tokenizer', '?')}")
+    hint = "" if probe == "induction" else " (try --probe induction)"
+    tokens = kind.get("tokenizer", f"a vocabulary of {loaded.tokenizer.n_vocab}")
+    trained = (f"synthetic induction data{hint}"  # the loaded checkpoint's config says which
+               if loaded.cfg.data.source == "induction" else f"text, {tokens}")
     say(f"using {which}{loaded.label}, trained on {trained}")
     return loaded
 
