@@ -67,12 +67,28 @@ def test_induction_at_lag_k_by_brute_force():
     for k in range(1, 7):
         masses = []
         for t in range(T):
-            keys = {s + k for s in range(t) if ids[s] == ids[t] and s + k < t}
+            keys = {s + k for s in range(t) if ids[s] == ids[t] and s + k < t
+                    and (k == 1 or s + k != t - 1)}  # past lag 1, not the previous token
             if keys:
                 masses.append(sum(attn[..., t, j] for j in keys))
         want = (torch.stack(masses).mean(0) if masses
                 else torch.full((1, 2), float("nan")))
         assert torch.allclose(lags[..., k - 1], want, atol=1e-6, equal_nan=True), k
+
+
+def test_a_previous_token_head_has_no_induction_lag_on_a_repeated_probe():
+    """Issue 50: on the induction probe (period P = 12) a previous-token head showed
+    `ind@k 0.89@11`: lag P-1's target is the query's previous token. Left out past lag 1."""
+    P = 12
+    ids = list(range(100, 100 + P)) * 2
+    T = len(ids)
+    prev = torch.zeros(1, 1, T, T)
+    prev[0, 0, 0, 0] = 1
+    prev[0, 0, torch.arange(1, T), torch.arange(T - 1)] = 1
+    lags = h.lag_scores(prev, ids, max_lag=16)
+    assert lags["previous"][0, 0, 0] == 1
+    ind = lags["induction"][0, 0]
+    assert torch.nan_to_num(ind, nan=0.0).max() < 0.1, ind
 
 
 def test_a_lag_6_induction_head_is_found_at_lag_6():
