@@ -137,6 +137,21 @@ def test_the_table_shows_the_best_lags_within_80_columns():
     assert "prev@k" in text and "ind@k" in text and "1.00@1" in text and "0.88@1" in text
 
 
+def test_a_narrow_part_of_the_table_keeps_its_caption_readable():
+    """Issue 50: piped (80 columns), the second part of the head table (a few columns) had its
+    caption squeezed to the part's own ~24 columns. Each part's caption now uses the width."""
+    from minigpt.cli.heads import _heads_tables
+
+    insp = induction_inspection(8)
+    for width in (60, 80):
+        for part in _heads_tables(insp, [0, 1], [0, 1], width):
+            console = Console(width=width, record=True, color_system=None)
+            console.print(part)
+            lines = console.export_text().splitlines()
+            caption = [x for x in lines if "L = layer" in x or "=" in x]
+            assert caption and max(len(x) for x in lines) > width - 15, lines
+
+
 # --------------------------------------------------------------------------------------------
 # The logit lens.
 

@@ -324,6 +324,7 @@ def _heads_tables(insp, layers, heads, width: int) -> list:
     the dominant type and takes the next number columns that fit whole, so every row says
     which head it is and every number is printed in full at any width."""
     from rich import box
+    from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
@@ -344,15 +345,17 @@ def _heads_tables(insp, layers, heads, width: int) -> list:
         title = printable(f"head scores ({insp.source}, {len(insp.tokens)} tokens)"
                           + (f", part {i + 1} of {len(groups)}" if len(groups) > 1 else ""))
         table = Table(title=Text(title, style="table.title"), box=box.SIMPLE_HEAD,
-                      pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True,
-                      caption=_caption(insp, {h for h, _ in group}))
+                      pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
         for name in KEY_COLUMNS + tuple(h for h, _ in group):
             table.add_column(name, justify="left" if name == "type" else "right",
                              no_wrap=True)
         for r in range(len(pairs)):
             table.add_row(key[0][r], key[1][r], Text(types[r], style="bold"),
                           *(cells[r] for _, cells in group))
-        tables.append(table)
+        # the caption below the table, not in it: a part of a few columns would squeeze it
+        # into its own width (~24 columns piped)
+        tables.append(Group(table, Text(_caption(insp, {h for h, _ in group}),
+                                        style="table.caption")))
     return tables
 
 
