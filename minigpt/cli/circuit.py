@@ -109,7 +109,12 @@ def circuit_command(
     from minigpt.core.graph import check_circuit_cost, graph_of
     from minigpt.device import cpu_threads
     from minigpt.heads import output
-    from minigpt.heads.graph import circuit_file_names, circuit_pairs, write_circuit_files
+    from minigpt.heads.graph import (
+        circuit_file_names,
+        circuit_pairs,
+        circuit_title,
+        write_circuit_files,
+    )
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
@@ -136,7 +141,8 @@ def circuit_command(
     for note in result.notes:
         say(f"note: {note}")
     if out_dir is not None:
-        for path in write_circuit_files(result, out_dir, fmts, loaded.label, lens=lens_records):
+        for path in write_circuit_files(result, out_dir, fmts, circuit_title(loaded.label, p),
+                                        lens=lens_records):
             say(f"wrote {path}")
     if json_out:
         sys.stdout.write(json.dumps(result.to_json(lens=lens_records), ensure_ascii=False,

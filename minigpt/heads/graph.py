@@ -16,7 +16,7 @@ from torch import Tensor
 from minigpt.core.graph import Circuit
 from minigpt.core.patching import Metric, check_same_length, make_metric
 from minigpt.errors import ArgumentError
-from minigpt.files import atomic_write_bytes
+from minigpt.files import atomic_write_bytes, shown
 from minigpt.heads.probes import corrupted_input, prepare_input, token_id
 
 
@@ -78,6 +78,14 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
     return Pairs(torch.tensor(clean, device=device), torch.tensor(bad, device=device),
                  targets, m, first.source + (f" x {pairs} seeds" if pairs > 1 else ""), desc,
                  first.scored, list(first.tokens), list(first.token_strs))
+
+
+def circuit_title(label: str, pairs: Pairs) -> str:
+    """The pictures' title: the run or model, and which corruption ran (`corrupted-second`,
+    `corrupted-first`, or the corrupted text, shortened)."""
+    kind, _, what = pairs.corrupted_source.partition(": ")
+    name = kind if kind != "text" else f"the text {shown(repr(what), 40)}"
+    return f"{label}, corrupted: {name}"
 
 
 def circuit_file_names(formats: Sequence[str], curves: bool) -> list[str]:
