@@ -106,24 +106,16 @@ def circuit_command(
     check_seed(seed)
     check_threads(threads)
     check_search(edges, recover, ig_steps, patch_direction)
-    from minigpt.core.graph import check_circuit_cost, graph_of
+    from minigpt.core.graph import graph_of
     from minigpt.device import cpu_threads
     from minigpt.heads import output
-    from minigpt.heads.graph import (
-        circuit_file_names,
-        circuit_pairs,
-        circuit_title,
-        write_circuit_files,
-    )
+    from minigpt.heads.graph import circuit_file_names, circuit_pairs, circuit_title
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
     out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
     cost = []  # the estimate, made once the first pair's length is known
-
-    def check(n_tokens: int) -> None:
-        with cpu_threads(threads, loaded.model):
-            cost.append(check_circuit_cost(loaded.model, n_tokens, pairs, ig_steps, curve, force))
+    check = _cost_check(loaded, threads, pairs, ig_steps, curve, force, cost)
     p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
                       text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
                       eot_first=loaded.eot_first, pairs=pairs, metric=metric, target=target,
@@ -141,15 +133,33 @@ def circuit_command(
     for note in result.notes:
         say(f"note: {note}")
     if out_dir is not None:
-        for path in write_circuit_files(result, out_dir, fmts, circuit_title(loaded.label, p),
-                                        lens=lens_records):
-            say(f"wrote {path}")
+        _write(result, out_dir, fmts, circuit_title(loaded.label, p), lens_records)
     if json_out:
         sys.stdout.write(json.dumps(result.to_json(lens=lens_records), ensure_ascii=False,
                                     allow_nan=False) + "\n")
         sys.stdout.flush()
     else:
         _print_tables(result, top, seen, tok, p.clean[0].tolist())
+
+
+def _cost_check(loaded, threads: int, pairs: int, ig_steps: int, curve: bool, force: bool,
+                cost: list):
+    """circuit_pairs' `check`: the search's cost estimated from the first pair's length and
+    refused when too large (core.graph.check_circuit_cost); the estimate appended to `cost`."""
+    from minigpt.core.graph import check_circuit_cost
+    from minigpt.device import cpu_threads
+
+    def check(n_tokens: int) -> None:
+        with cpu_threads(threads, loaded.model):
+            cost.append(check_circuit_cost(loaded.model, n_tokens, pairs, ig_steps, curve, force))
+    return check
+
+
+def _write(result, out_dir, fmts, title: str, lens_records) -> None:
+    from minigpt.heads.graph import write_circuit_files
+
+    for path in write_circuit_files(result, out_dir, fmts, title, lens=lens_records):
+        say(f"wrote {path}")
 
 
 def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
