@@ -107,6 +107,15 @@ class NothingSavedEvent:
 
 
 @dataclass
+class UnreadLinesKept:
+    """A resumed run's metrics.jsonl holds `lines` lines that are not records (a damaged
+    line, a note someone wrote, bytes that are not UTF-8): kept where they stand, byte for
+    byte; readers skip them (and say so)."""
+    path: Path
+    lines: int
+
+
+@dataclass
 class StepEvent:
     step: int                # optimizer steps completed
     max_steps: int

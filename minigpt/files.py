@@ -406,7 +406,12 @@ def shown(value: object, limit: int = 80) -> str:
     if len(text) <= limit:
         return text
     half = max(1, (limit - 5) // 2)
-    return f"{text[:half]} ... {text[-half:]}"
+    head, tail = text[:half], text[-half:]
+    if " " in head[half // 2:]:  # cut between words where there are words
+        head = head[:head.rfind(" ")]
+    if " " in tail[:half // 2]:
+        tail = tail[tail.find(" ") + 1:]
+    return f"{head} ... {tail}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,6 +523,17 @@ def check_new_path(path: str | Path, param: str) -> Path:
                                 "give a shorter name", subject=_shorten(path)) from None
         raise ArgumentError(param, f"cannot look it up ({e.strerror})", subject=path) from None
     return path
+
+
+def read_only_dir(path: str | Path) -> str | None:
+    """Why files may not be written into the directory `path` (None: they may): it has no
+    write bit (made read-only: refused even for root, who could write it anyway), or this
+    process may not write and search it (a read-only file system included). Asked without
+    writing anything, so no probe file is ever left behind."""
+    mode = os.stat(path).st_mode
+    if not mode & 0o222 or not os.access(path, os.W_OK | os.X_OK):
+        return f"is a read-only directory (mode {mode & 0o777:o})"
+    return None
 
 
 def _shorten(path: Path) -> str:

@@ -149,8 +149,8 @@ USAGE_ERRORS = [
 def _usage_error(r: subprocess.CompletedProcess, needle: str) -> None:
     assert r.returncode == 2, r.stderr
     assert r.stdout == ""
-    errors = [x for x in r.stderr.splitlines() if x.startswith("Error: ")]
-    assert len(errors) == 1 and needle in errors[0], r.stderr
+    lines = r.stderr.strip().splitlines()  # one line, like every other error (issue 50)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
 
 
 def here(args: list[str], cwd: Path, ok: bool = True) -> subprocess.CompletedProcess:

@@ -67,12 +67,28 @@ def test_induction_at_lag_k_by_brute_force():
     for k in range(1, 7):
         masses = []
         for t in range(T):
-            keys = {s + k for s in range(t) if ids[s] == ids[t] and s + k < t}
+            keys = {s + k for s in range(t) if ids[s] == ids[t] and s + k < t
+                    and (k == 1 or s + k != t - 1)}  # past lag 1, not the previous token
             if keys:
                 masses.append(sum(attn[..., t, j] for j in keys))
         want = (torch.stack(masses).mean(0) if masses
                 else torch.full((1, 2), float("nan")))
         assert torch.allclose(lags[..., k - 1], want, atol=1e-6, equal_nan=True), k
+
+
+def test_a_previous_token_head_has_no_induction_lag_on_a_repeated_probe():
+    """Issue 50: on the induction probe (period P = 12) a previous-token head showed
+    `ind@k 0.89@11`: lag P-1's target is the query's previous token. Left out past lag 1."""
+    P = 12
+    ids = list(range(100, 100 + P)) * 2
+    T = len(ids)
+    prev = torch.zeros(1, 1, T, T)
+    prev[0, 0, 0, 0] = 1
+    prev[0, 0, torch.arange(1, T), torch.arange(T - 1)] = 1
+    lags = h.lag_scores(prev, ids, max_lag=16)
+    assert lags["previous"][0, 0, 0] == 1
+    ind = lags["induction"][0, 0]
+    assert torch.nan_to_num(ind, nan=0.0).max() < 0.1, ind
 
 
 def test_a_lag_6_induction_head_is_found_at_lag_6():
@@ -119,6 +135,21 @@ def test_the_table_shows_the_best_lags_within_80_columns():
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "prev@k" in text and "ind@k" in text and "1.00@1" in text and "0.88@1" in text
+
+
+def test_a_narrow_part_of_the_table_keeps_its_caption_readable():
+    """Issue 50: piped (80 columns), the second part of the head table (a few columns) had its
+    caption squeezed to the part's own ~24 columns. Each part's caption now uses the width."""
+    from minigpt.cli.heads import _heads_tables
+
+    insp = induction_inspection(8)
+    for width in (60, 80):
+        for part in _heads_tables(insp, [0, 1], [0, 1], width):
+            console = Console(width=width, record=True, color_system=None)
+            console.print(part)
+            lines = console.export_text().splitlines()
+            caption = [x for x in lines if "L = layer" in x or "=" in x]
+            assert caption and max(len(x) for x in lines) > width - 15, lines
 
 
 # --------------------------------------------------------------------------------------------

@@ -122,6 +122,8 @@ FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "j
               "torch.load", "read_parquet", "fdopen"}
 
 DOOR_EXCEPTIONS = {
+    ("core/budget.py", "open"): "the kernel's /proc/meminfo (MemAvailable), read only; core "
+                                "imports no minigpt.files",
     ("data/records.py", "json.loads"): "one JSON Lines record, already cut to MAX_RECORD_BYTES, "
                                   "parsed with files.json_int and RecursionError caught (its "
                                   "error names the column)",
@@ -131,7 +133,7 @@ DOOR_EXCEPTIONS = {
     ("data/cache.py", "np.memmap"): "maps the token cache after open_regular checked it and "
                                     "its size against the metadata",
     ("train/outputs.py", "open"): "appends to metrics.jsonl, which this session rewrote or "
-                                  "created (atomic_write_text) just before",
+                                  "created (atomic_write_bytes / _text) just before",
     ("train/tensorboard.py", "open"): "creates a new event file exclusively ('xb'): never "
                                       "replaces or reads anything",
     ("run/lock.py", "open"): "the run lock, opened after files.check_replaceable",

@@ -15,6 +15,7 @@ from minigpt.cli.main import (
     AnswerOpt,
     CheckpointOpt,
     DeviceOpt,
+    EtaLines,
     FilesOutOpt,
     JsonOpt,
     LensOpt,
@@ -63,6 +64,9 @@ FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", help="Files to write as well: png (circuit.png, faithfulness.png), html "
     "(circuit.html), json (circuit.json) (table: none); repeatable or comma-separated. The "
     "table is printed in every case, except with --json.")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Run even when --ig-steps and --pairs are estimated to take more than "
+    "an hour or more memory than is free (refused otherwise, naming the largest that fits).")]
 
 
 @app.command("circuit")
@@ -75,7 +79,7 @@ def circuit_command(
     recover: RecoverOpt = None, pairs: PairsOpt = 1, curve: CurveOpt = True, top: TopOpt = 20,
     max_tokens: MaxTokensOpt = None, seed: ProbeSeedOpt = 0, formats: FormatOpt = None,
     out: FilesOutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
-    threads: ThreadsOpt = 0, lens: LensOpt = False,
+    threads: ThreadsOpt = 0, lens: LensOpt = False, force: ForceOpt = False,
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
     from minigpt.core.edge_args import check_search
@@ -87,35 +91,61 @@ def circuit_command(
     from minigpt.core.edge_graph import graph_of
     from minigpt.device import cpu_threads
     from minigpt.heads import output
-    from minigpt.heads.edge_circuit import circuit_file_names, circuit_pairs, write_circuit_files
+    from minigpt.heads.edge_circuit import (
+        circuit_file_names,
+        circuit_pairs,
+        circuit_title,
+    )
 
-    loaded = load_inspected(run, model, device, checkpoint)
+    loaded = load_inspected(run, model, device, checkpoint, probe)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
     out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
+    cost = []  # the estimate, made once the first pair's length is known
+    check = _cost_check(loaded, threads, pairs, ig_steps, curve, force, cost)
     p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
                       text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
                       eot_first=loaded.eot_first, pairs=pairs, metric=metric, target=target,
-                      answer=answer, wrong=wrong, device=loaded.device)
+                      answer=answer, wrong=wrong, device=loaded.device, check=check)
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}: scoring every "
         f"edge on {p.clean.shape[0]} pair(s) of {p.clean.shape[1]} tokens ({p.source}; "
-        f"corrupted: {shown(p.corrupted_source)}); metric: {p.metric.describe()}")
+        f"corrupted: {shown(p.corrupted_source, 240)}); metric: {p.metric.describe()}; estimated "
+        f"{cost[0].describe()}")
     with cpu_threads(threads, loaded.model):
         result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
-                                curve, lens)
+                                curve, lens, EtaLines("circuit"))
     tok = loaded.tokenizer
     lens_records = seen.records(token_str=tok.token_str) if seen is not None else None
     say(summary_line(result))
     for note in result.notes:
         say(f"note: {note}")
     if out_dir is not None:
-        for path in write_circuit_files(result, out_dir, fmts, loaded.label, lens=lens_records):
-            say(f"wrote {path}")
+        _write(result, out_dir, fmts, circuit_title(loaded.label, p), lens_records)
     if json_out:
         sys.stdout.write(json.dumps(result.to_json(lens=lens_records), ensure_ascii=False,
                                     allow_nan=False) + "\n")
         sys.stdout.flush()
     else:
         _print_tables(result, top, seen, tok, p.clean[0].tolist())
+
+
+def _cost_check(loaded, threads: int, pairs: int, ig_steps: int, curve: bool, force: bool,
+                cost: list):
+    """circuit_pairs' `check`: the search's cost estimated from the first pair's length and
+    refused when too large (core.edge_graph.check_circuit_cost); the estimate appended to `cost`."""
+    from minigpt.core.edge_graph import check_circuit_cost
+    from minigpt.device import cpu_threads
+
+    def check(n_tokens: int) -> None:
+        with cpu_threads(threads, loaded.model):
+            cost.append(check_circuit_cost(loaded.model, n_tokens, pairs, ig_steps, curve, force))
+    return check
+
+
+def _write(result, out_dir, fmts, title: str, lens_records) -> None:
+    from minigpt.heads.edge_circuit import write_circuit_files
+
+    for path in write_circuit_files(result, out_dir, fmts, title, lens=lens_records):
+        say(f"wrote {path}")
 
 
 def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
@@ -129,7 +159,7 @@ def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
             out_console.print(table)
 
 
-def _measure(model, p, direction, ig_steps, edges, recover, curve, lens):
+def _measure(model, p, direction, ig_steps, edges, recover, curve, lens, progress=None):
     """The circuit of the pairs `p` and, with `lens`, the logit lens (core.lens.Lens) of the
     first clean input at the metric's positions, of the metric's token (with --answer: the
     answer's, at the last position); None without."""
@@ -138,7 +168,7 @@ def _measure(model, p, direction, ig_steps, edges, recover, curve, lens):
 
     result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets,
                           direction=direction, ig_steps=ig_steps, edges=edges,
-                          recover=recover, curves=curve)
+                          recover=recover, curves=curve, progress=progress)
     if not lens:
         return result, None
     tokens, m = p.clean[0].tolist(), p.metric

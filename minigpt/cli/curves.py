@@ -21,7 +21,7 @@ def curves_command(
         "--out", "-o", help="The picture to write (.png).")],
 ) -> None:
     """Overlay several runs' train loss and val bits/byte, against step and tokens seen."""
-    from minigpt.run.curves import comparable, read_series, write_overlay
+    from minigpt.run.curves import comparable, read_series, unknown_kinds, write_overlay
 
     dirs = [_find_run(r) for r in runs]
     names = [d.name for d in dirs]
@@ -30,6 +30,8 @@ def curves_command(
         if s.skipped:
             say(f"note: {s.run_dir / 'metrics.jsonl'}: skipped {s.skipped} damaged "
                 f"line{'s' if s.skipped != 1 else ''}")
+    for line in unknown_kinds(series):
+        say(f"note: {line}")
     path = write_overlay(series, out)  # runs that cannot share a picture are refused
     note = comparable(series)
     if note:

@@ -98,13 +98,13 @@ def inspect_heads_command(
     from minigpt.heads.inspection import inspect, select_heads
     from minigpt.heads.probes import prepare_input
 
-    loaded = load_inspected(run, model, device, checkpoint)
+    loaded = load_inspected(run, model, device, checkpoint, probe)
     sae = _load_features(features, loaded)  # an SAE of another model: refused before any work
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
-    out_dir = output.out_dir(fmts, out, loaded.run_dir, output.file_names(  # made, and every
-        fmts, layers, heads, ablate, composition, dla or patch_from, lens,
-        _qk_names(mcfg, qk)))  # file's place checked
+    names = output.file_names(fmts, layers, heads, ablate, composition, dla or patch_from, lens,
+                              _qk_names(mcfg, qk))
+    out_dir = output.out_dir(fmts, out, loaded.run_dir, names)  # made, every place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
@@ -131,8 +131,9 @@ def inspect_heads_command(
             "each head's effect = the loss with it alone ablated minus this one")
     _say_circuits(insp)
     if out_dir is not None:
-        for path in output.write_files(insp, out_dir, fmts, layers, heads):
-            say(f"wrote {path}")
+        with output.saying_what_was_written(out_dir, names):
+            for path in output.write_files(insp, out_dir, fmts, layers, heads):
+                say(f"wrote {path}")
     _emit(insp, layers, heads, json_out, active)
 
 
@@ -367,6 +368,7 @@ def _heads_tables(insp, layers, heads, width: int) -> list:
     the dominant type and takes the next number columns that fit whole, so every row says
     which head it is and every number is printed in full at any width."""
     from rich import box
+    from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
@@ -387,15 +389,17 @@ def _heads_tables(insp, layers, heads, width: int) -> list:
         title = printable(f"head scores ({insp.source}, {len(insp.tokens)} tokens)"
                           + (f", part {i + 1} of {len(groups)}" if len(groups) > 1 else ""))
         table = Table(title=Text(title, style="table.title"), box=box.SIMPLE_HEAD,
-                      pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True,
-                      caption=_caption(insp, {h for h, _ in group}))
+                      pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
         for name in KEY_COLUMNS + tuple(h for h, _ in group):
             table.add_column(name, justify="left" if name == "type" else "right",
                              no_wrap=True)
         for r in range(len(pairs)):
             table.add_row(key[0][r], key[1][r], Text(types[r], style="bold"),
                           *(cells[r] for _, cells in group))
-        tables.append(table)
+        # the caption below the table, not in it: a part of a few columns would squeeze it
+        # into its own width (~24 columns piped)
+        tables.append(Group(table, Text(_caption(insp, {h for h, _ in group}),
+                                        style="table.caption")))
     return tables
 
 

@@ -54,8 +54,81 @@ def say(text: str) -> None:
     err_console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
 
+class EtaLines:
+    """A long analysis's progress (its `progress(stage, done, total)` callback) as plain lines
+    on stderr with an ETA from the stage's own pace: the first after FIRST seconds (a quick
+    analysis says nothing), then one every EVERY seconds and one as each stage ends."""
+
+    FIRST, EVERY = 2.0, 10.0
+
+    def __init__(self, command: str) -> None:
+        import time
+
+        self.command, self.clock = command, time.monotonic
+        self.start = self.last = self.prev = self.clock()
+        self.stage, self.stage_start, self.said = "", self.start, False
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now, prev = self.clock(), self.prev
+        self.prev = now
+        if stage != self.stage:
+            self.stage, self.stage_start = stage, prev  # the stage began as the last ended
+        ended = done >= total
+        if now - self.start < self.FIRST or (now - self.last < self.EVERY and not
+                                             (ended and self.said)):
+            return
+        pace = (now - self.stage_start) / max(done, 1)
+        eta = "" if ended else f", ETA {_clock(pace * (total - done))}"
+        say(f"{self.command}: {stage} {done}/{total}, {_clock(now - self.start)}{eta}")
+        self.last, self.said = now, True
+
+
+def _clock(seconds: float) -> str:
+    """'42s', '3m05s', '2h10m', '200d'."""
+    s = int(seconds)
+    if s >= 2 * 86400:
+        return f"{s // 86400}d"
+    return (f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else
+            f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+# The parser's own error type, found through typer's public BadParameter (typer vendors click:
+# never `import click`).
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_PARSER_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def usage_line(e: Exception) -> str:
+    """A parser error (an unknown flag, a value of the wrong type) as one line, like every
+    other error: the parser's message and where the flags are listed."""
+    message = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, _USAGE_ERROR) and ctx is not None:
+        message += f" (see {ctx.command_path} --help)"
+    return f"error: {message}"
+
+
 class _Group(TyperGroup):
     """The command group with minigpt's error path and a did-you-mean for commands."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):
+        """The parser's errors as one line on stderr, exit 2 (`usage_line`), not its usage
+        block; help with no arguments as the parser shows it."""
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _PARSER_ERROR as e:
+            if type(e).__name__ == "NoArgsIsHelpError":
+                e.show()
+            else:
+                say(shown(usage_line(e), 1000))
+            rv = e.exit_code
+        except typer.Abort:
+            say("aborted")
+            rv = 1
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def resolve_command(self, ctx, args):
         name = args[0] if args else ""
@@ -183,10 +256,11 @@ def latest_run(fits=None, *, require_fit: bool = True, wanted: str = "a run",
     return pick.run_dir, f"the latest {kind}, {pick.status.phrase()}: "
 
 
-def load_inspected(run: Path | None, model: str | None, device: str, checkpoint: int | None):
+def load_inspected(run: Path | None, model: str | None, device: str, checkpoint: int | None,
+                   probe: str | None = None):
     """The run or model `inspect-heads` and `circuit` study: without --run and --model, the
     latest finished run of any kind, named with what it was trained on (and what newer run was
-    passed over)."""
+    passed over; a run on induction ids suggests --probe induction unless it is `probe`)."""
     from minigpt.infer.inputs import load_run_or_model
     from minigpt.run.listing import data_kind
 
@@ -195,8 +269,10 @@ def load_inspected(run: Path | None, model: str | None, device: str, checkpoint:
     run, which = latest_run()
     loaded = load_run_or_model(run, None, device, checkpoint)
     kind = data_kind(run)
-    trained = ("synthetic induction data (try --probe induction)"
-               if kind.get("source") == "induction" else f"text, {kind.get('tokenizer', '?')}")
+    hint = "" if probe == "induction" else " (try --probe induction)"
+    tokens = kind.get("tokenizer", f"a vocabulary of {loaded.tokenizer.n_vocab}")
+    trained = (f"synthetic induction data{hint}"  # the loaded checkpoint's config says which
+               if loaded.cfg.data.source == "induction" else f"text, {tokens}")
     say(f"using {which}{loaded.label}, trained on {trained}")
     return loaded
 

@@ -187,6 +187,11 @@ class _TrainView:
         self.line(f"note: {e.run_dir} holds no saved checkpoint yet (the run stopped before "
                   "its first save); starting it from step 0")
 
+    def _unread_kept(self, e: events.UnreadLinesKept) -> None:
+        self.line(f"note: {e.path}: kept {e.lines} line{'s' if e.lines != 1 else ''} that "
+                  "are not metrics records where they stand, byte for byte (readers skip "
+                  "them; remove them by hand if they are not wanted)")
+
     def _checkpoint(self, e: events.CheckpointEvent) -> None:
         if self.progress is None:
             self.line(f"checkpoint step {e.step}: {e.path}")
@@ -219,6 +224,7 @@ class _TrainView:
     _RENDER: ClassVar[dict] = {
         events.StartEvent: _start, events.StepEvent: _step, events.EvalEvent: _eval,
         events.HeadFormedEvent: _head_formed, events.NothingSavedEvent: _nothing_saved,
+        events.UnreadLinesKept: _unread_kept,
         events.CheckpointEvent: _checkpoint, events.TrainingBPE: _training_bpe,
         events.DatasetReady: _dataset_ready, events.CorpusProgress: _corpus_progress}
 

@@ -14,6 +14,7 @@ print it before any model code loads.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -237,8 +238,10 @@ def find_config(path: str | None) -> Path:
         p = CONFIGS_DIR / f"{path}.yaml"
     if not p.exists():
         names = sorted(q.stem for q in CONFIGS_DIR.glob("*.yaml"))
-        raise ConfigError(f"config file not found: {path}; give a path or one of the bundled "
-                          f"names: {', '.join(names)}")
+        near = difflib.get_close_matches(Path(path).stem, names, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise ConfigError(f"config file not found: {path}; {hint}give a path or one of the "
+                          f"bundled names: {', '.join(names)}")
     if p.is_dir():
         raise ConfigError(f"config path is a directory: {path}; give a .yaml file")
     return p

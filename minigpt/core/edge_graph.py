@@ -70,15 +70,16 @@ CMD: 0 is best). The baseline ranks edges by their real single-edge patching eff
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from minigpt.core.budget import Cost, check_cost, timed
 from minigpt.core.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
-from minigpt.core.patching import SMALL_GAP, Metric, record, run_value, sweep
+from minigpt.core.patching import SMALL_GAP, Metric, make_metric, record, run_value, sweep
 from minigpt.errors import ArgumentError, MinigptError
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's sizes
@@ -265,12 +266,17 @@ class _Attribute(Intervention):
         return xf
 
 
+Progress = Callable[[str, int, int], None]  # (stage, done, total): a long search's progress
+
+
 def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
-                    targets: Tensor | None, ig_steps: int = 1) -> tuple[Tensor, Tensor]:
+                    targets: Tensor | None, ig_steps: int = 1,
+                    progress: Progress | None = None) -> tuple[Tensor, Tensor]:
     """(EAP, EAP-IG) scores (U, R) float64 (NaN where no edge) of every edge for the base
     run on `base` (B, T) with values from `source` (B, T) (module docstring: the estimate of
     metric(base with the edge patched from source) - metric(base)); `targets` (B, P) the
-    scored tokens. ig_steps 1: both are EAP. The model's parameters get no gradient."""
+    scored tokens. ig_steps 1: both are EAP. The model's parameters get no gradient.
+    `progress("scoring edges", done, ig_steps)` after each gradient pass."""
     graph = graph_of(model.cfg)
     check_ig_steps(ig_steps)
     U, R = graph.n_writers, graph.n_readers
@@ -288,6 +294,8 @@ def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
                     base, attn=ForwardSpec(model.cfg.attn_impl, intervention=att))[-1]
                 m = metric.values(model.unembed(final[:, pos]), targets).sum()
                 torch.autograd.grad(m, [att.leaf])
+            if progress is not None:
+                progress("scoring edges", ig_steps - k + 1, ig_steps)
     valid = graph.valid()
     return eap.masked_fill(~valid, math.nan), (ig / ig_steps).masked_fill(~valid, math.nan)
 
@@ -621,21 +629,25 @@ def layer_head(name: str) -> tuple[int | None, int | None]:
 def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
                  targets: Tensor | None, *, direction: str = "noising", ig_steps: int = 5,
                  edges: int | None = None, recover: float | None = None, curves: bool = True,
-                 baseline: bool | None = None) -> Circuit:
+                 baseline: bool | None = None, progress: Progress | None = None) -> Circuit:
     """Score every edge on the pairs (clean, corrupted) (B, T) (EAP, or EAP-IG when
     `ig_steps` > 1, in `direction`), keep the circuit of the top `edges` (or the smallest top-N
     that recovers `recover`; neither: DEFAULT_RECOVER), prune it, and measure what it
     recovers by running it; with `curves`, the faithfulness curve of each ranking (EAP, EAP-IG
     and, when `baseline` (None: models of at most BASELINE_MAX_EDGES edges), the real
     single-edge patching effects). ArgumentError for a bad request or inputs whose metric
-    does not differ."""
+    does not differ. `progress(stage, done, total)` as each part ends (attribute_edges's
+    passes, then the search and each faithfulness curve: `circuit_stages`)."""
     check_search(edges, recover, ig_steps, direction)
+    say = progress or (lambda stage, done, total: None)
     graph = graph_of(model.cfg)
     faith = Patcher(model, clean, corrupted, metric, targets)  # base clean: faithfulness
     check_gap(faith.m_base, faith.m_source)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
-    eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps)
+    eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps, progress)
     scores = ig if ig_steps > 1 else eap
+    n_edges = int(graph.valid().sum())
+    parts = 1 + (len(_rankings(ig_steps, n_edges, baseline)) if curves else 0)
     if edges is None:
         n, circuit, rec = smallest_circuit(faith, scores, recover or DEFAULT_RECOVER)
     else:
@@ -644,19 +656,62 @@ def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
     out = Circuit(graph, "eap-ig" if ig_steps > 1 else "eap", ig_steps, direction, metric,
                   clean.shape[0], faith.m_base, faith.m_source, scores, circuit, n, rec,
                   target=None if edges is not None else (recover or DEFAULT_RECOVER))
+    say("circuit search", 1, parts)
     if abs(out.gap) < SMALL_GAP:
         out.notes.append(f"the corrupted input changes the metric by only {abs(out.gap):.2g}: "
                          "every fraction is a ratio of small numbers; corrupt the input where "
                          "the model's prediction depends on it")
     if curves:
         rankings = {"eap": eap, **({"eap-ig": ig} if ig_steps > 1 else {})}
-        if baseline if baseline is not None else out.n_edges <= BASELINE_MAX_EDGES:
+        if "patching" in _rankings(ig_steps, n_edges, baseline):
             rankings["patching"] = edge_effects(model, base, source, metric, targets)
-        for name, ranking in rankings.items():
+        for i, (name, ranking) in enumerate(rankings.items(), start=2):
             out.sizes, kept = curve_circuits(graph, ranking)
             f = recovered(faith, kept)
             out.curves[name] = list(zip(f.sizes, f.recovered))
+            say("faithfulness curves", i, parts)
     return out
+
+
+def _rankings(ig_steps: int, n_edges: int, baseline: bool | None) -> list[str]:
+    """The rankings whose faithfulness curves find_circuit draws."""
+    real = baseline if baseline is not None else n_edges <= BASELINE_MAX_EDGES
+    return ["eap", *(["eap-ig"] if ig_steps > 1 else []), *(["patching"] if real else [])]
+
+
+def circuit_cost(cfg, n_tokens: int, pairs: int, ig_steps: int, curves: bool,
+                 step_s: float, baseline: bool | None = None) -> Cost:
+    """What `find_circuit` on `pairs` pairs of `n_tokens` tokens costs, from `step_s` (one
+    measured gradient step of one pair: `check_circuit_cost`): a step per --ig-steps, half a
+    step per patched run of the search and of each curve (and per edge for the real baseline),
+    times the pairs; and the memory it holds at once (the writers' values of both inputs, one
+    gradient step's activations, the pairs themselves as they are built)."""
+    graph = graph_of(cfg)
+    n_edges = int(graph.valid().sum())
+    search = 2 * max(1, n_edges).bit_length() + 16  # doubling, then bisection (smallest_circuit)
+    ranked = _rankings(ig_steps, n_edges, baseline) if curves else []
+    patched = search + 10 * len(ranked) + (n_edges if "patching" in ranked else 0)
+    steps = ig_steps + 2 + 0.5 * patched
+    d, L, H, U = cfg.n_embd, cfg.n_layer, cfg.n_head, graph.n_writers
+    per_token = 4 * (2 * U * d + L * (16 * d + 2 * H * n_tokens)) + 2 * 80  # + the token lists
+    return Cost(step_s * pairs * steps, float(pairs) * n_tokens * per_token)
+
+
+def check_circuit_cost(model, n_tokens: int, pairs: int, ig_steps: int, curves: bool = True,
+                       force: bool = False) -> Cost:
+    """The estimated cost of a circuit search (`circuit_cost`, from one gradient step timed on
+    a pair of `n_tokens` zeros); ArgumentError naming `pairs` or `ig_steps`, the cost and the
+    largest value that fits (budget.check_cost), unless `force`."""
+    cfg, device = model.cfg, next(model.parameters()).device
+    ids = torch.zeros(1, max(2, n_tokens), dtype=torch.long, device=device)
+    metric = make_metric(ids.shape[1])
+    targets = torch.tensor([metric.targets(ids[0].tolist())], device=device)
+    step_s = timed(lambda: attribute_edges(model, ids, ids, metric, targets, 1))
+    check_cost("pairs", pairs, lambda v: circuit_cost(cfg, n_tokens, v, 1, curves, step_s),
+               what=f"{pairs} pairs of {n_tokens} tokens", device=device, force=force)
+    return check_cost("ig_steps", ig_steps,
+                      lambda v: circuit_cost(cfg, n_tokens, pairs, v, curves, step_s),
+                      what=f"{ig_steps} steps on {pairs} pair(s)", device=device, force=force)
 
 
 def smallest_circuit(patcher: Patcher, scores: Tensor, target: float

@@ -46,7 +46,10 @@ distance, not only at 1. K = LAG_WINDOW:
   is the previous score): one number per lag, not a second definition.
 - induction at lag k (k = 1..K): over queries t with an earlier occurrence s < t of their token
   (x[s] == x[t]) and s+k < t, the attention mass on those positions s+k (the token k after each
-  earlier occurrence), averaged over such queries (lag 1 is the induction score). A head whose
+  earlier occurrence), averaged over such queries (lag 1 is the induction score). Past lag 1 a
+  position s+k that is t-1 is left out: attention to the previous token is the previous-token
+  score's (on a sequence repeated with period P, lag P-1 would otherwise give every
+  previous-token head an induction score). A head whose
   keys read a layer-0 head that looks k back, and whose values read one that looks k-1 back,
   scores at lag k and copies the next token as an induction head does.
 - best lag: the lag k with the highest score (the earliest on a tie); none when no lag applies.
@@ -253,7 +256,10 @@ def lag_scores(attn: Tensor, tokens: Sequence[int], max_lag: int = LAG_WINDOW
     q, s = ((x.unsqueeze(1) == x.unsqueeze(0)).tril(-1)).nonzero(as_tuple=True)  # x[s] == x[q]
     induction = torch.full((*attn.shape[:-2], max_lag), float("nan"), dtype=torch.float64)
     for lag in range(1, max_lag + 1):
-        ok = s + lag < q  # the target key s+lag lies strictly before the query
+        # the target key s+lag lies strictly before the query and, past lag 1, is not the
+        # query's previous token (attention there is the previous-token score's: on a
+        # repeated sequence of period P, lag P-1 would score every previous-token head)
+        ok = (s + lag < q) & ((s + lag != q - 1) | (lag == 1))
         t, key = q[ok], s[ok] + lag
         if not len(t):
             continue

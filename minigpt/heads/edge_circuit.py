@@ -6,7 +6,7 @@ faithfulness.png from edge_png.py, circuit.html from viewer.py, circuit.json).""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from torch import Tensor
 from minigpt.core.edge_graph import Circuit
 from minigpt.core.patching import Metric, check_same_length, make_metric
 from minigpt.errors import ArgumentError
-from minigpt.files import atomic_write_bytes
+from minigpt.files import atomic_write_bytes, shown
 from minigpt.heads.probes import corrupted_input, prepare_input, token_id
 
 
@@ -38,11 +38,14 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
                   max_tokens: int | None = None, seed: int = 0, eot_first: bool = False,
                   pairs: int = 1, metric: str = "loss", target: str | None = None,
                   answer: str | None = None, wrong: str | None = None,
-                  device: torch.device | str = "cpu") -> Pairs:
+                  device: torch.device | str = "cpu",
+                  check: Callable[[int], object] | None = None) -> Pairs:
     """The inputs of a circuit search: `pairs` (clean, corrupted) pairs of a probe (seeds
     seed, seed + 1, ...) or one of a text, corrupted as inspect-heads' --patch-from does, and
     the metric (`metric` loss or logit; `answer` and `wrong`: the logit difference; `target`:
-    a fixed token), every token checked; ArgumentError naming the flag otherwise."""
+    a fixed token), every token checked; ArgumentError naming the flag otherwise. `check`
+    (e.g. core.edge_graph.check_circuit_cost) is called with the tokens of a pair once the first
+    is made, before the others are."""
     if patch_from is None:
         raise ArgumentError("patch_from", "a circuit is what carries the difference between "
                             "a clean input and a corrupted one: give {name} corrupted (with "
@@ -62,6 +65,8 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
         check_same_length(inp.tokens, other)
         clean.append(inp.tokens)
         bad.append(other)
+        if first is None and check is not None:
+            check(len(inp.tokens))
         first = first or inp
     m = make_metric(len(first.tokens), first.positions, kind=metric, minimum=first.min_tokens,
                     **ids)
@@ -69,6 +74,14 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
                                                      device=device)
     return Pairs(torch.tensor(clean, device=device), torch.tensor(bad, device=device),
                  targets, m, first.source + (f" x {pairs} seeds" if pairs > 1 else ""), desc)
+
+
+def circuit_title(label: str, pairs: Pairs) -> str:
+    """The pictures' title: the run or model, and which corruption ran (`corrupted-second`,
+    `corrupted-first`, or the corrupted text, shortened)."""
+    kind, _, what = pairs.corrupted_source.partition(": ")
+    name = kind if kind != "text" else f"the text {shown(repr(what), 40)}"
+    return f"{label}, corrupted: {name}"
 
 
 def circuit_file_names(formats: Sequence[str], curves: bool) -> list[str]:
@@ -84,7 +97,16 @@ def circuit_file_names(formats: Sequence[str], curves: bool) -> list[str]:
 def write_circuit_files(result: Circuit, out: Path, formats: Sequence[str], title: str,
                         lens: list | None = None) -> list[Path]:
     """circuit.png and faithfulness.png (png), circuit.html (html), circuit.json (json) in
-    `out`; the paths written."""
+    `out`; the paths written. A full disk part way: one WriteError saying which were written
+    and which not (output.saying_what_was_written)."""
+    from minigpt.heads.output import saying_what_was_written
+
+    with saying_what_was_written(out, circuit_file_names(formats, bool(result.curves))):
+        return _write_circuit_files(result, out, formats, title, lens)
+
+
+def _write_circuit_files(result: Circuit, out: Path, formats: Sequence[str], title: str,
+                         lens: list | None) -> list[Path]:
     from minigpt.heads.edge_png import circuit_png, faithfulness_png
     from minigpt.heads.viewer import render_circuit_html
 

@@ -31,6 +31,38 @@ def _positions(result: Circuit) -> dict[str, tuple[float, float]]:
     return pos
 
 
+def node_size(label: str, fontsize: float) -> float:
+    """The marker area (points^2) of a node whose `label` (lines split at newlines) must fit
+    inside its circle at `fontsize`: the widest line (~0.62 em a character) plus a margin is
+    the diameter; at least the 420 of a head's node."""
+    wide = max(len(line) for line in label.split("\n")) * 0.62 * fontsize
+    return max(420.0, (wide + 7.0) ** 2)
+
+
+def _bezier(p0, p1, rad: float, t: float) -> tuple[float, float]:
+    """The point at `t` of matplotlib's arc3 curve from p0 to p1 with curvature `rad`."""
+    (x0, y0), (x1, y1) = p0, p1
+    cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
+    return ((1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t ** 2 * x1,
+            (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t ** 2 * y1)
+
+
+CLEAR = 0.3  # an edge passes no other node closer than this (data units; rows are 1 apart)
+
+
+def route(p0, p1, rad: float, others) -> float:
+    """The curvature of the edge p0 -> p1: `rad` (its input's BEND) if its curve passes no
+    node of `others` within CLEAR, else the nearest curvature in steps of 0.1 either way that
+    does (an edge through a node would read as that node's edge); `rad` if none does."""
+    def clear(r: float) -> bool:
+        curve = [_bezier(p0, p1, r, t / 40) for t in range(4, 37)]  # the ends are the nodes'
+        return all((cx - x) ** 2 + (cy - y) ** 2 >= CLEAR ** 2
+                   for x, y in others for cx, cy in curve)
+
+    tries = [rad] + [rad + s * d / 10 for d in range(1, 21) for s in (1, -1)]
+    return next((r for r in tries if clear(r)), rad)
+
+
 def circuit_png(result: Circuit, title: str = "") -> bytes:
     """The circuit (module docstring): red edges push the metric the way patching the whole
     input does (score / gap > 0), blue ones against it."""
@@ -46,24 +78,23 @@ def circuit_png(result: Circuit, title: str = "") -> bytes:
     used = {e["from"] for e in kept} | {e["to"] for e in kept}
     for name, (x, y) in pos.items():
         on = name in used
-        ax.scatter([x], [y], s=420 if on else 160, zorder=3, edgecolors="black",
-                   color="#ffd27a" if on else "#eeeeee", linewidths=1.0 if on else 0.4)
-        ax.text(x, y, name.replace(".", "\n") if "." in name else name, ha="center",
-                va="center", fontsize=6 if on else 5, zorder=4,
+        label, size = name.replace(".", "\n"), 6 if on else 5
+        ax.scatter([x], [y], s=node_size(label, size) if on else 160, zorder=3,
+                   edgecolors="black", color="#ffd27a" if on else "#eeeeee",
+                   linewidths=1.0 if on else 0.4)
+        ax.text(x, y, label, ha="center", va="center", fontsize=size, zorder=4,
                 color="black" if on else "#999999")
     for e in sorted(kept, key=lambda e: abs(e["score"])):
         (x0, y0), (x1, y1) = pos[e["from"]], pos[e["to"]]
         frac = e["score"] / result.gap if result.gap else e["score"]
-        rad = BEND.get(e["input"], 0.08)  # q, k and v of one pair of nodes: three curves
+        others = [p for n, p in pos.items() if n not in (e["from"], e["to"])]
+        rad = route((x0, y0), (x1, y1), BEND.get(e["input"], 0.08), others)  # q, k, v: apart
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=2, arrowprops={
             "arrowstyle": "-|>", "lw": 0.6 + 5.0 * abs(e["score"]) / top, "alpha": 0.8,
             "color": "tab:red" if frac > 0 else "tab:blue", "shrinkA": 9, "shrinkB": 9,
             "connectionstyle": f"arc3,rad={rad}"})
         if e["input"] in ("q", "k", "v"):  # on the curve (its control point, in data units)
-            cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
-            t = 0.78
-            ax.text((1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t ** 2 * x1,
-                    (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t ** 2 * y1, e["input"],
+            ax.text(*_bezier((x0, y0), (x1, y1), rad, 0.78), e["input"],
                     fontsize=8, fontweight="bold", ha="center", va="center", zorder=5,
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none"})
     ax.set_xlim(-1, g.n_head)

@@ -8,14 +8,14 @@ Every file is written durably (`minigpt.files`: temp file, fsync, rename)."""
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from minigpt.errors import ArgumentError
-from minigpt.files import atomic_write_bytes, not_replaceable
+from minigpt.errors import ArgumentError, WriteError
+from minigpt.files import atomic_write_bytes, not_replaceable, read_only_dir
 from minigpt.heads.attention_png import write_pngs
 from minigpt.heads.flags import FORMATS, parse_formats  # noqa: F401 - re-exported
 from minigpt.heads.head_circuits_png import write_circuit_pngs
@@ -43,14 +43,16 @@ def out_dir(formats: Sequence[str], out: Path | None, run_dir: Path | None,
 
 
 def make_out_dir(path: Path) -> Path:
-    """Create `path` if needed and prove it is writable; ArgumentError (`out`) if not."""
+    """Create `path` if needed and check that it is writable (files.read_only_dir: nothing is
+    written to find out); ArgumentError (`out`) if not."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
+        why = read_only_dir(path)  # asked, not probed: no test file to leave behind
     except OSError as e:
-        raise ArgumentError("out", f"cannot write there ({e.strerror or e}); give a writable "
-                            "directory with {name}", subject=path) from None
+        why = f"cannot write there ({e.strerror or e})"
+    if why is not None:
+        raise ArgumentError("out", f"{why}; give a writable directory with {{name}}",
+                            subject=path)
     return path
 
 
@@ -88,6 +90,29 @@ def check_destinations(out: Path, names: Sequence[str]) -> None:
         why = not_replaceable(out / name)
         if why is not None:
             raise ArgumentError("out", f"{name} there: {why}", subject=out)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+@contextmanager
+def saying_what_was_written(out: Path, names: Sequence[str]) -> Iterator[None]:
+    """A WriteError (a full disk) while the files `names` are written into `out` says, in its
+    one line, which of them this command wrote, complete (each write is atomic: a new file
+    replaces the old whole), and which it did not: an old file of that name is left as it was."""
+    before = {n: _stamp(out / n) for n in names}
+    try:
+        yield
+    except WriteError as e:
+        done = [n for n in names if _stamp(out / n) not in (None, before[n])]
+        left = [n for n in names if n not in done]
+        raise WriteError(f"{e}; written in {out} (complete): {', '.join(done) or 'none'}; not "
+                         f"written: {', '.join(left) or 'none'}", e.path, e.errno) from None
 
 
 def write_files(insp: Inspection, out: Path, formats: Sequence[str], layers: Sequence[int],

@@ -21,13 +21,12 @@ temporary directory left by a killed export is deleted by the next export to the
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt import __version__
 from minigpt.errors import ArgumentError
-from minigpt.files import check_new_path, new_output, write_file_synced
+from minigpt.files import check_new_path, new_output, read_only_dir, write_file_synced
 from minigpt.hf.arch import (
     ARCHITECTURES,
     MINIGPT_KEY,
@@ -66,10 +65,9 @@ def check_export_dir(out: Path) -> Path:
                             "or empty directory", subject=out)
     # Made read-only (no write bit), or not writable by this process: the rename that commits
     # the export needs only the parent's permission, so it would fill it anyway (root too).
-    if out.is_dir() and (not out.stat().st_mode & 0o222 or not os.access(out, os.W_OK | os.X_OK)):
-        raise ArgumentError("out", f"is a read-only directory (mode {out.stat().st_mode & 0o777:o})"
-                            "; an export fills the directory it is given: make it writable "
-                            "(chmod u+w) or give another", subject=out)
+    if out.is_dir() and (why := read_only_dir(out)) is not None:
+        raise ArgumentError("out", f"{why}; an export fills the directory it is given: make it "
+                            "writable (chmod u+w) or give another", subject=out)
     return out
 
 

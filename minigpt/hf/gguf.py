@@ -51,7 +51,7 @@ from minigpt.config import ModelConfig
 from minigpt.core.gpt import rope_interleaved_to_halves
 from minigpt.data.tokenizer import EOT, PATTERNS, Tokenizer
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.files import check_new_path, new_output
+from minigpt.files import check_new_path, new_output, read_only_dir
 from minigpt.hf.arch import GPT2, export_kind
 from minigpt.hf.tokenizer import bpe_vocab
 from minigpt.hf.weights import zero_mlp
@@ -87,6 +87,10 @@ def check_gguf_out(out: str | Path) -> Path:
         what = "is a directory" if out.is_dir() else "exists"
         raise ArgumentError("out", f"{what}; an export never overwrites anything: give a new "
                             "file name (e.g. model.gguf)", subject=out)
+    if out.parent.is_dir() and (why := read_only_dir(out.parent)) is not None:
+        raise ArgumentError("out", f"{out.parent} {why}, so the export cannot be written there "
+                            "(as the hf export refuses it): make it writable (chmod u+w) or give "
+                            "another place", subject=out)
     return out
 
 

@@ -302,18 +302,35 @@ def verify_checkpoint(ckpt_dir: Path, need: tuple[str, ...] = (MODEL_FILE,)) -> 
             raise MinigptError(f"{path} is missing from the checkpoint")
         if path.suffix == ".safetensors":
             read_header(path, "weights")  # pickle/zip/truncation get their own message
-        # Size first (cheap, and a huge crafted file is never read), then hash in 1 MiB chunks.
-        if not isinstance(info, dict) or ("bytes" in info and
-                                          path.stat().st_size != info["bytes"]):
-            raise MinigptError(f"{path} is corrupted: its size does not match {MANIFEST_FILE}; "
-                               "restore it or retrain")
-        digest = _sha256_file(path)
-        if digest != info.get("sha256"):
-            raise MinigptError(f"{path} is corrupted: its sha256 does not match {MANIFEST_FILE}; "
-                               "restore it or retrain")
+        check_listed(path, info)
     cpath = ckpt_dir / CONFIG_FILE
     cfg = from_dict(load_yaml(cpath), str(cpath))
     return Checkpoint(path=ckpt_dir, step=step, cfg=cfg, files=files)
+
+
+def check_listed(path: Path, info: object) -> None:
+    """`path` is the file its checkpoint's manifest lists (`info`: {"bytes", "sha256"});
+    MinigptError naming it as corrupted otherwise. Size first (cheap, and a huge crafted file
+    is never read), then the hash in 1 MiB chunks."""
+    if not isinstance(info, dict) or ("bytes" in info and path.stat().st_size != info["bytes"]):
+        raise MinigptError(f"{path} is corrupted: its size does not match {MANIFEST_FILE}; "
+                           "restore it or retrain")
+    if _sha256_file(path) != info.get("sha256"):
+        raise MinigptError(f"{path} is corrupted: its sha256 does not match {MANIFEST_FILE}; "
+                           "restore it or retrain")
+
+
+def listed_config(ckpt_dir: Path) -> None:
+    """A checkpoint's config.yaml checked against its manifest before anything reads it (a
+    file cut short would otherwise read as the defaults where it was cut); a manifest that
+    cannot be read or does not list it is left to verify_checkpoint's messages."""
+    try:
+        files = load_json(Path(ckpt_dir) / MANIFEST_FILE).get("files")
+    except (ReadError, AttributeError):
+        return
+    path = Path(ckpt_dir) / CONFIG_FILE
+    if isinstance(files, dict) and CONFIG_FILE in files and path.is_file():
+        check_listed(path, files[CONFIG_FILE])
 
 
 def _sha256_file(path: Path) -> str:

@@ -175,8 +175,8 @@ def comparable(runs: list[Series]) -> str:
     differ: a note for the picture (train loss per token does not compare; bits per byte
     does). '' when nothing needs saying."""
     synthetic = [s.name for s in runs if s.synthetic]
-    if synthetic and len(synthetic) < len(runs):
-        text = [s.name for s in runs if not s.synthetic]
+    text = [s.name for s in runs if s.kind.get("source") == "text"]
+    if synthetic and text:
         raise MinigptError(
             f"{', '.join(synthetic)} trained on synthetic induction ids and {', '.join(text)} "
             "on text: their losses measure different things, so one picture would mislead; "
@@ -186,6 +186,13 @@ def comparable(runs: list[Series]) -> str:
         return (f"tokenizers differ ({', '.join(sorted(tokenizers))}): train loss per token "
                 "does not compare across them, val bits/byte does")
     return ""
+
+
+def unknown_kinds(runs: list[Series]) -> list[str]:
+    """One line per run whose config.yaml does not say what it was trained on (`data_kind`'s
+    problem): the file, why, and that nothing was concluded about it."""
+    return [f"{s.kind['problem']}; whether {s.name}'s losses compare with the other runs' is "
+            "not checked" for s in runs if s.kind.get("problem")]
 
 
 def overlay_figure(runs: list[Series], note: str = ""):

@@ -298,40 +298,70 @@ def _lock_held(path: Path, problems: list[str]) -> bool:
     return False
 
 
+def run_config(run_dir: Path) -> tuple[dict | None, str | None]:
+    """A run's config.yaml as a mapping of sections, or None and why: "<path>: <why>" for a
+    file that cannot be read or is not a config (not UTF-8, not YAML, empty, not a mapping);
+    (None, None) for a run that has none yet (a run still starting). Never raises."""
+    path = Path(run_dir) / CONFIG_FILE
+    try:
+        data = read_regular(path, MAX_TEXT_BYTES)
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"{path}: {read_problem(e)}"
+    try:
+        cfg = parse_yaml(data.decode("utf-8"), str(path))
+    except UnicodeDecodeError as e:
+        return None, f"{path}: not UTF-8 text (invalid byte at offset {e.start})"
+    except MinigptError as e:
+        return None, str(e)
+    if not isinstance(cfg, dict):
+        what = "empty" if cfg is None else "not a mapping of sections"
+        return None, f"{path}: {what}, not a config"
+    return cfg, None
+
+
 def data_kind(run_dir: Path) -> dict:
     """What a run was trained on, from its config.yaml: {"source": "text" | "induction",
     "tokenizer": a phrase naming its tokens ("bytes", "BPE 1024 (gpt4)", "gpt2 encoding",
-    "synthetic ids 0..127")}; {} when config.yaml is missing or unreadable. For `sample`
-    (which picks the latest run trained on text) and `curves` (which refuses to overlay runs
-    whose tokens differ)."""
-    try:
-        cfg = parse_yaml(_text(Path(run_dir) / CONFIG_FILE, []) or "")
-        data, tok = cfg.get("data") or {}, cfg.get("tokenizer") or {}
-    except (MinigptError, AttributeError):
-        return {}
+    "synthetic ids 0..127")}; {} when it has no config.yaml; {"problem": "<path>: <why>"}
+    when it cannot be read or does not say (never a kind guessed from the defaults). For
+    `sample` (which picks the latest run trained on text) and `curves` (which refuses to
+    overlay runs whose tokens differ)."""
+    cfg, problem = run_config(run_dir)
+    if cfg is None:
+        return {"problem": problem} if problem else {}
+    data, tok = cfg.get("data"), cfg.get("tokenizer")
+    path = Path(run_dir) / CONFIG_FILE
     if not isinstance(data, dict) or not isinstance(tok, dict):
-        return {}
-    source = data.get("source", "text")
+        missing = "data" if not isinstance(data, dict) else "tokenizer"
+        return {"problem": f"{path}: no {missing} section, so what the run was trained on "
+                "is unknown"}
+    source = data.get("source")
     if source == "induction":
-        vocab = data.get("induction_vocab", 64)
+        vocab = data.get("induction_vocab")
         tokens = f"synthetic ids 0..{vocab - 1}" if isinstance(vocab, int) else "synthetic ids"
+    elif source != "text":
+        return {"problem": f"{path}: data.source is {source!r}, not text or induction"}
     elif tok.get("encoding"):
         tokens = f"{tok['encoding']} encoding"
-    elif tok.get("vocab_size", 1024) == 256:
+    elif not isinstance(tok.get("vocab_size"), int):
+        return {"source": "text", "problem": f"{path}: no tokenizer.vocab_size, so the "
+                "run's tokens are unknown"}
+    elif tok["vocab_size"] == 256:
         tokens = "bytes"
     else:
-        tokens = f"BPE {tok.get('vocab_size', 1024)} ({tok.get('pattern', 'gpt4')})"
+        tokens = f"BPE {tok['vocab_size']} ({tok.get('pattern', 'gpt4')})"
     return {"source": str(source), "tokenizer": tokens}
 
 
 def _config(run_dir: Path, problems: list[str]) -> dict | None:
-    """The run's config.yaml as a dict (None when missing, unreadable or not a mapping)."""
-    text = _text(run_dir / CONFIG_FILE, problems)
-    try:
-        cfg = parse_yaml(text) if text is not None else None
-    except MinigptError:
-        return None
-    return cfg if isinstance(cfg, dict) else None
+    """The run's config.yaml as a dict (None when missing, unreadable or not a config, the
+    last two noted in `problems`)."""
+    cfg, problem = run_config(run_dir)
+    if problem:
+        problems.append(problem)
+    return cfg
 
 
 def _max_steps(config: dict | None) -> int | None:

@@ -40,14 +40,20 @@ def _record(line: str | bytes) -> dict | None:
     return rec if isinstance(rec, dict) and isinstance(rec.get("step"), int) else None
 
 
-def _metrics_text(path: Path) -> str | None:
-    """metrics.jsonl's text through the file door (None: no file); ReadError otherwise."""
+def _metrics_bytes(path: Path) -> bytes | None:
+    """metrics.jsonl's bytes through the file door (None: no file); ReadError otherwise."""
     try:
-        return read_file(path, LARGE_CAP).decode("utf-8", errors="replace")
+        return read_file(path, LARGE_CAP)
     except ReadError as e:
         if not os.path.lexists(path):
             return None
         raise e from None
+
+
+def _metrics_text(path: Path) -> str | None:
+    """metrics.jsonl's text (bytes that are not UTF-8 as U+FFFD), None: no file."""
+    data = _metrics_bytes(path)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def read_metrics(path: Path) -> tuple[list[dict], int]:
@@ -57,7 +63,7 @@ def read_metrics(path: Path) -> tuple[list[dict], int]:
     is not a regular file or is larger than 1 GiB is a ReadError naming it."""
     text = _metrics_text(Path(path))
     out, bad = [], 0
-    for line in (text or "").splitlines():
+    for line in (text or "").split("\n"):  # JSON Lines: a line ends at \n alone
         if not line.strip():
             continue
         rec = _record(line)
@@ -68,13 +74,22 @@ def read_metrics(path: Path) -> tuple[list[dict], int]:
     return out, bad
 
 
-def metrics_upto(path: Path, step: int) -> tuple[list[str], list[dict]]:
-    """The lines of metrics.jsonl (verbatim) and their records up to `step`: what a session
-    resuming at `step` continues. Damaged lines and records after `step` are left out."""
-    lines, records = [], []
-    for line in (_metrics_text(Path(path)) or "").splitlines():
+def metrics_upto(path: Path, step: int) -> tuple[list[bytes], list[dict], int]:
+    """What a session resuming at `step` keeps of metrics.jsonl: its lines (verbatim bytes),
+    their records, and how many of the lines are not records. Kept: every record up to `step`,
+    and every line that is not a record, where it stands (a damaged line, a note someone
+    wrote, bytes that are not UTF-8: the tool never drops or rewrites what it cannot read;
+    readers skip such lines and say so). Left out: records after `step` (those of the session
+    that was stopped, which this one replays) and blank lines."""
+    lines, records, unread = [], [], 0
+    for line in (_metrics_bytes(Path(path)) or b"").split(b"\n"):
+        if not line.strip():
+            continue
         rec = _record(line)
-        if rec is not None and rec["step"] <= step:
+        if rec is None:
+            lines.append(line)
+            unread += 1
+        elif rec["step"] <= step:
             lines.append(line)
             records.append(rec)
-    return lines, records
+    return lines, records, unread

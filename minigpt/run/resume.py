@@ -24,7 +24,7 @@ from minigpt.config import (
 from minigpt.config.fields import parse_value
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.files import load_yaml, permission_denied_as_error
-from minigpt.run.checkpoint import Checkpoint, verify_checkpoint
+from minigpt.run.checkpoint import Checkpoint, listed_config, verify_checkpoint
 from minigpt.run.layout import (
     CKPT_DIR,
     CONFIG_FILE,
@@ -151,6 +151,8 @@ def nothing_saved(run_dir: Path) -> bool:
 def _stored_config(run_dir: Path) -> Path | None:
     """The config.yaml a run was trained with; None when nothing was saved."""
     ckpt = latest_checkpoint_dir(run_dir)
+    if ckpt is not None:
+        listed_config(ckpt)  # cut short, it would read as defaults and blame the command
     for path in ([ckpt / CONFIG_FILE] if ckpt is not None else []) + [run_dir / CONFIG_FILE]:
         if path.is_file():
             return path

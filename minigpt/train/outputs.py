@@ -15,9 +15,10 @@ resumed session writes nothing in the run directory before its first checkpoint 
 so a resume that fails or is killed early changes nothing already saved: its records wait in
 memory. `before_commit` (save_checkpoint calls it once the new checkpoint is complete, just
 before `latest` moves to it) then rewrites metrics.jsonl atomically as the records up to the
-resumed step plus this session's, so a committed checkpoint never runs ahead of its log; the
-CheckpointEvent that follows the commit writes config.yaml, the tokenizer and the pictures.
-Later saves only make the appended log durable first.
+resumed step, every line that is not a record where it stood (byte for byte: what the tool
+cannot read it never drops), plus this session's, so a committed checkpoint never runs ahead
+of its log; the CheckpointEvent that follows the commit writes config.yaml, the tokenizer and
+the pictures. Later saves only make the appended log durable first.
 
 Another output is one more consumer in the session's list (reporting.py, `Reporting.build`): a
 callable taking the same events in the same order, as the TensorBoard event files are
@@ -76,10 +77,11 @@ class RunOutputs:
         self._log = None             # metrics.jsonl, open for appending once the log is ours
         self._dirty = False          # records arrived since the pictures were drawn
         fresh = resumed_at is None
-        self._kept: list[str] = []   # a resumed run's log lines up to the resumed step
+        self._kept: list[bytes] = []  # a resumed run's log lines up to the resumed step
+        self.unread = 0              # ... of which lines that are not records (kept as they are)
         if not fresh:
             self._check_writable()
-            self._kept, records = metrics_upto(self.path, resumed_at)
+            self._kept, records, self.unread = metrics_upto(self.path, resumed_at)
             for r in records:
                 self._remember(r)
         self._held: list[str] | None = None if fresh else []  # lines waiting for the commit
@@ -120,7 +122,8 @@ class RunOutputs:
     def before_commit(self) -> None:
         """Make the log durable up to the checkpoint being committed (see the docstring)."""
         if self._held is not None:
-            atomic_write_text(self.path, "".join(f"{x}\n" for x in [*self._kept, *self._held]))
+            atomic_write_bytes(self.path, b"".join(
+                x + b"\n" for x in [*self._kept, *(h.encode("utf-8") for h in self._held)]))
             self._held = None
             self._open_log()
         elif self._log is not None:

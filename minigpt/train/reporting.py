@@ -23,7 +23,14 @@ import torch
 from minigpt.config import Config, TrainConfig, head_scores_every
 from minigpt.core.generate import generate
 from minigpt.data.tokenizer import Tokenizer
-from minigpt.events import DoneEvent, EvalEvent, OnEvent, StartEvent, StepEvent
+from minigpt.events import (
+    DoneEvent,
+    EvalEvent,
+    OnEvent,
+    StartEvent,
+    StepEvent,
+    UnreadLinesKept,
+)
 from minigpt.heads.timeline import HeadWatch, all_formed
 from minigpt.run.state import TrainerState
 from minigpt.train.batches import Batches
@@ -66,6 +73,8 @@ class Reporting:
         every = head_scores_every(cfg.train)
         outputs = RunOutputs(run_dir, cfg, tokenizer, resumed_at=resumed_at,
                              heads_png=every > 0) if main else None
+        if outputs is not None and outputs.unread:
+            on_event(UnreadLinesKept(outputs.path, outputs.unread))
         heads = HeadWatch(model, cfg, tokenizer, outputs.heads) if every and main else None
         consumers = [c for c in (outputs, board, on_event) if c is not None]
         return cls(cfg, info, consumers, outputs, heads, every)

@@ -1,0 +1,115 @@
+"""What a long analysis will cost, estimated before it starts, and the one rule that bounds
+every number a user types into one: `check_cost` refuses a value whose estimated time or memory
+does not fit (ArgumentError naming the flag, the cost and the largest value that fits), unless
+forced. The estimates come from the analysis's own pass count times one measured pass of the
+model (`timed`), and a memory count of what the analysis holds at once (the caller's
+formula); `minigpt circuit --ig-steps / --pairs` are bounded this way
+(`core.edge_graph.circuit_cost`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from minigpt.errors import ArgumentError
+
+TIME_LIMIT_S = 3600.0    # an analysis asked for interactively: at most an hour unless forced
+MEMORY_SHARE = 0.8       # of the memory free when it starts
+
+
+@dataclass(frozen=True)
+class Cost:
+    """An estimate: wall seconds and bytes held at once."""
+    seconds: float
+    bytes: float
+
+    def describe(self) -> str:
+        return f"about {duration(self.seconds)} and {size(self.bytes)} of memory"
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '12 min', '3.1 h', '200 days', '3e+13 years'."""
+    for unit, span in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0),
+                       ("min", 60.0)):
+        if seconds >= 2 * span if unit in ("years", "days") else seconds >= span:
+            value = seconds / span
+            return f"{value:.2g} {unit}" if value >= 1e4 else f"{value:.3g} {unit}"
+    return f"{max(seconds, 0.0):.2g} s"
+
+
+def size(n: float) -> str:
+    """'512 KB', '5.8 GB', '1.1e+07 GB'."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.2g} {unit}" if value >= 1e4 else f"{value:.3g} {unit}"
+    return f"{n / 1e3:.3g} KB"
+
+
+def free_memory(device: torch.device | str) -> float:
+    """Bytes free for an analysis on `device`: the accelerator's free memory, else the host's
+    available memory (/proc/meminfo's MemAvailable, else the physical memory)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return float("inf")  # nothing to go by: memory bounds nothing
+
+
+def timed(fn: Callable[[], object], repeats: int = 2) -> float:
+    """Seconds of `fn()`, the fastest of `repeats` calls (the first warms up): one measured
+    unit of an analysis, the base of its time estimate."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def largest_fitting(cost_of: Callable[[int], Cost], value: int, limit_s: float,
+                    limit_bytes: float) -> int:
+    """The largest v in [0, value] whose cost fits (the cost grows with v); 0: none does."""
+    lo, hi = 0, value
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        c = cost_of(mid)
+        if c.seconds <= limit_s and c.bytes <= limit_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_cost(param: str, value: int, cost_of: Callable[[int], Cost], *, what: str,
+               device: torch.device | str = "cpu", force: bool = False,
+               limit_s: float = TIME_LIMIT_S) -> Cost:
+    """The estimated cost of `value` for `param`; ArgumentError if it takes more than
+    `limit_s` or more than MEMORY_SHARE of the free memory, naming the cost and the largest
+    value that fits (the fix), unless `force`."""
+    cost = cost_of(value)
+    limit_bytes = MEMORY_SHARE * free_memory(device)
+    if force or (cost.seconds <= limit_s and cost.bytes <= limit_bytes):
+        return cost
+    fits = largest_fitting(cost_of, value, limit_s, limit_bytes)
+    over = (f"more than the {duration(limit_s)} an analysis may take"
+            if cost.seconds > limit_s else
+            f"more than the {size(limit_bytes)} of memory free for it")
+    fix = (f"the largest that fits is {{name}} {fits}" if fits >= 1 else
+           "even 1 does not fit; use a smaller input")
+    raise ArgumentError(param, f"{what} would take {cost.describe()} ({over}, estimated from "
+                        f"one measured pass); {fix}, or give --force to run it anyway",
+                        subject=value)

@@ -1,0 +1,160 @@
+"""Every numeric option of every command, and every numeric setting `--set` takes, given 0,
+-1, a huge number, 2^63 and a non-integer (issue 50): each is refused in one line naming the
+flag within seconds, or accepted where valid (the command then goes on to the failure its
+context sets up: no run under runs/, a corpus that does not exist, a model that does not exist,
+one line too). Options are found in typer's command tree and settings in the dataclasses, so a
+new one is covered without editing this file. In-process (typer's CliRunner) with a per-case
+alarm; a sample of the cases through the installed command in the slow tier."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+from contextlib import contextmanager
+
+import pytest
+import typer.main
+from conftest import in_process
+
+from minigpt.cli import app
+from minigpt.config import Config
+
+VALUES = ["0", "-1", "1" + "0" * 30, str(2**63), "1.5", "nan", "abc"]
+PER_CASE_S = 60  # generous on a busy 2-core machine; a case that runs the work takes minutes
+
+# What each command is given around the option so that a value it accepts leads to a quick,
+# known failure instead of the work itself.
+CONTEXT = {
+    "bench": ["--suite", "sample", "--model", "no-such-model"],
+    "train": ["--set", "data.corpus=no-such-corpus.txt"],
+    "curves": ["no-such-run", "--out", "c.png"],
+    "export": ["--out", "out"],
+}
+
+
+def numeric_options() -> list[tuple[str, str, str]]:
+    """(command, flag, 'int' | 'float') of every option whose values are numbers."""
+    group = typer.main.get_command(app)
+    out = []
+    for name, cmd in sorted(group.commands.items()):
+        for p in cmd.params:
+            kind = p.bare_type() if hasattr(p, "bare_type") else ""
+            kind = {"list[int]": "int", "list[float]": "float"}.get(kind, kind)
+            if kind in ("int", "float") and p.opts[0].startswith("-"):
+                out.append((name, max(p.opts, key=len), kind))
+    return out
+
+
+def numeric_settings() -> list[tuple[str, str]]:
+    """(section.key, 'int' | 'float') of every numeric setting."""
+    out = []
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(section.type if isinstance(section.type, type) else
+                                    type(getattr(Config(), section.name))):
+            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+            if kind in ("int", "float"):
+                out.append((f"{section.name}.{f.name}", kind))
+    return out
+
+
+@contextmanager
+def deadline(seconds: int, what: str):
+    def stop(signum, frame):
+        raise TimeoutError(f"{what} ran past {seconds} s: a bound is missing")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def one_line(r, what: str) -> str:
+    assert "Traceback" not in r.stderr + r.stdout, (what, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), \
+        (what, r.returncode, r.stderr)
+    return lines[0]
+
+
+def test_the_enumeration_finds_the_options_the_issue_names():
+    flags = {(c, f) for c, f, _ in numeric_options()}
+    assert {("circuit", "--ig-steps"), ("circuit", "--pairs"), ("sample", "--max-new-tokens"),
+            ("inspect-heads", "--layer"), ("train", "--stop-after")} <= flags
+    assert {"model.n_layer", "train.max_steps", "train.learning_rate"} <= \
+        {k for k, _ in numeric_settings()}
+
+
+@pytest.mark.parametrize("command,flag,kind", numeric_options(),
+                         ids=[f"{c} {f}" for c, f, _ in numeric_options()])
+def test_every_numeric_option(tmp_path, command, flag, kind):
+    context = CONTEXT.get(command, [])
+    base = one_line(in_process([command, *context], cwd=tmp_path, MINIGPT_CACHE=str(tmp_path)),
+                    f"{command} with its context")  # the failure a value it accepts leads to
+    for value in VALUES:
+        what = f"minigpt {command} {flag} {value}"
+        with deadline(PER_CASE_S, what):
+            r = in_process([command, *context, f"{flag}={value}"], cwd=tmp_path,
+                           MINIGPT_CACHE=str(tmp_path))
+        line = one_line(r, what)
+        not_a_number = value == "abc" or kind == "int" and value in ("1.5", "nan")
+        assert flag in line or line == base and not not_a_number, (what, line)
+
+
+RUN_COMMANDS = ("circuit", "inspect-heads", "sample")
+WITH_RUN = {"circuit": ["--probe", "induction", "--patch-from", "corrupted", "--no-curve"],
+            "inspect-heads": ["--probe", "induction"], "sample": ["--prompt", "ab"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from test_cli_circuits import make_run
+
+    return make_run(tmp_path_factory.mktemp("fuzz") / "tiny")
+
+
+@pytest.mark.parametrize("command,flag,kind",
+                         [o for o in numeric_options() if o[0] in RUN_COMMANDS],
+                         ids=[f"{c} {f}" for c, f, _ in numeric_options() if c in RUN_COMMANDS])
+def test_every_numeric_option_on_a_real_run(tmp_path, tiny_run, command, flag, kind):
+    """With a run to work on, a value that is accepted does the work: within the deadline,
+    or it was refused in one line naming the flag."""
+    for value in VALUES:
+        what = f"minigpt {command} {flag} {value} (a run)"
+        with deadline(PER_CASE_S, what):
+            r = in_process([command, "--run", str(tiny_run), "--device", "cpu",
+                            *WITH_RUN[command], f"{flag}={value}"], cwd=tmp_path,
+                           MINIGPT_CACHE=str(tmp_path))
+        if r.returncode != 0:
+            assert flag in one_line(r, what), (what, r.stderr)
+
+
+@pytest.mark.parametrize("key,kind", numeric_settings(), ids=[k for k, _ in numeric_settings()])
+def test_every_numeric_setting(tmp_path, key, kind):
+    base = one_line(in_process(["train", *CONTEXT["train"]], cwd=tmp_path,
+                               MINIGPT_CACHE=str(tmp_path)), "train with its context")
+    for value in VALUES:
+        what = f"minigpt train --set {key}={value}"
+        with deadline(PER_CASE_S, what):
+            r = in_process(["train", *CONTEXT["train"], "--set", f"{key}={value}"],
+                           cwd=tmp_path, MINIGPT_CACHE=str(tmp_path))
+        line = one_line(r, what)
+        not_a_number = value == "abc" or kind == "int" and value in ("1.5", "nan")
+        assert key in line or line == base and not not_a_number, (what, line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command,flag,kind", numeric_options(),
+                         ids=[f"{c} {f}" for c, f, _ in numeric_options()])
+def test_installed_command_bounds_2_to_the_63(tmp_path, command, flag, kind):
+    program = shutil.which("minigpt")
+    assert program is not None
+    r = subprocess.run([program, command, *CONTEXT.get(command, []), flag, str(2**63)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=PER_CASE_S,
+                       env={**os.environ, "MINIGPT_CACHE": str(tmp_path)}, check=False)
+    one_line(r, f"{command} {flag} 2^63")
