@@ -131,7 +131,7 @@ class QKHead:
 
 def resolve_heads(cfg, values: Sequence[str]) -> list[tuple[int, int]]:
     """(layer, head) of each `--qk` value: a head's node name as `minigpt circuit` prints it
-    (`L1.H2`; the graph's own names, core/graph.py), several comma-separated, or `all`; in
+    (`L1.H2`; the graph's own names, core/edge_graph.py), several comma-separated, or `all`; in
     order, each once. ArgumentError (`qk`) for any other name."""
     graph = graph_of(cfg)
     heads = [graph.writer_name(u) for la in range(graph.n_layer)
