@@ -281,3 +281,26 @@ def test_saelens_loads_the_sae_and_encodes_alike(tiny, tmp_path):
         recon = sae.decode(ours)
     torch.testing.assert_close(theirs["acts"], ours, atol=1e-5, rtol=0)
     torch.testing.assert_close(theirs["recon"].reshape(recon.shape), recon, atol=1e-5, rtol=0)
+
+
+def test_token_text_that_looks_like_markup_is_printed_as_text():
+    """Token strings are text, never rich markup: a context ending in `[/]` (a byte-level
+    token of the corpus) raised rich's MarkupError in `features show`, and a token `[/b]`
+    would have done so in `inspect-heads --features` (found by the slow documented-commands
+    run)."""
+    from rich.console import Console
+
+    from minigpt.cli.features import features_table
+    from minigpt.cli.heads import active_table
+    from minigpt.features.show import Feature, FeaturesView
+
+    tricky = ["a", "[/]", "[bold]"]
+    view = FeaturesView("sae", 1, 2, {}, [Feature(
+        0, 0.5, [0.25, 0.75], contexts=[{"tokens": tricky, "at": 1, "act": 1.0, "next": "x"}],
+        promoted=[("[/]", 1.0)], suppressed=[("[/b]", -1.0)])])
+    console = Console(width=200, record=True)
+    console.print(features_table(view))
+    console.print(active_table({"layer": 1, "positions": [[{"feature": 0, "act": 1.0}]] * 3},
+                               tricky))
+    out = console.export_text()
+    assert "[/]" in out and "[bold]" in out and "[/b]" in out

@@ -273,8 +273,8 @@ def features_table(view):
             "".join(ctx["tokens"][:ctx["at"]]) + "[" + ctx["tokens"][ctx["at"]] + "]")
         table.add_row(str(f.index), f"{f.density:.4f}",
                       *[Text(f"{v:.2f}", style=shade(v)) for v in f.heads],
-                      printable(repr(text)[1:-1][-40:]),
-                      printable(" ".join(repr(t)[1:-1] for t, _ in f.promoted[:3])),
-                      printable(" ".join(repr(t)[1:-1] for t, _ in f.suppressed[:3])))
+                      Text(printable(repr(text)[1:-1][-40:])),  # token text, never markup
+                      Text(printable(" ".join(repr(t)[1:-1] for t, _ in f.promoted[:3]))),
+                      Text(printable(" ".join(repr(t)[1:-1] for t, _ in f.suppressed[:3]))))
     return table
 

@@ -155,6 +155,7 @@ def active_table(active: dict, token_strs: list[str]):
     """inspect-heads --features: the features active at each position."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"SAE features active on layer {active['layer']}'s heads (largest "
                   "three per position; see minigpt features show --feature N)",
@@ -162,7 +163,7 @@ def active_table(active: dict, token_strs: list[str]):
     for name in ("pos", "token", "features (activation)"):
         table.add_column(name, justify="right" if name == "pos" else "left")
     for i, (tok, row) in enumerate(zip(token_strs, active["positions"])):
-        table.add_row(str(i), printable(repr(tok)[1:-1]),
+        table.add_row(str(i), Text(printable(repr(tok)[1:-1])),  # token text, never markup
                       "  ".join(f"{x['feature']} ({x['act']:.2f})" for x in row) or "-")
     return table
 
