@@ -12,11 +12,13 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.heads import CheckpointOpt, TextFileOpt
 from minigpt.cli.main import (
+    CheckpointOpt,
     DeviceOpt,
+    JsonOpt,
     ModelOpt,
     RunOpt,
+    TextFileOpt,
     ThreadsOpt,
     _Group,
     app,
@@ -58,7 +60,6 @@ OutOpt = Annotated[Path | None, typer.Option(
     "--out", help="The SAE's directory (SAELens's layout). Default: <run>/features/layer<L>.")]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue the unfinished training in --out (same flags).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 SaeOpt = Annotated[Path, typer.Option("--sae", help="An SAE directory features train wrote.")]
 FeatureOpt = Annotated[int | None, typer.Option("--feature", help="Show this feature alone.")]
 TopOpt = Annotated[int, typer.Option("--top", help="Show the N features active on the most "
