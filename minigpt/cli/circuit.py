@@ -17,6 +17,7 @@ from minigpt.cli.main import (
     DeviceOpt,
     EtaLines,
     FilesOutOpt,
+    ForceOpt,
     JsonOpt,
     LensOpt,
     MaxTokensOpt,
@@ -64,9 +65,6 @@ FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", help="Files to write as well: png (circuit.png, faithfulness.png), html "
     "(circuit.html), json (circuit.json) (table: none); repeatable or comma-separated. The "
     "table is printed in every case, except with --json.")]
-ForceOpt = Annotated[bool, typer.Option(
-    "--force", help="Run even when --ig-steps and --pairs are estimated to take more than "
-    "an hour or more memory than is free (refused otherwise, naming the largest that fits).")]
 
 
 @app.command("circuit")

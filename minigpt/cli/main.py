@@ -233,6 +233,11 @@ LensOpt = Annotated[bool, typer.Option(
     "png).")]
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="Print the result as one JSON document on stdout instead of the table(s).")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Run even when the work is estimated to take longer than its bound (an "
+    "hour for inspect-heads and circuit, a week for a training session) or more memory than is "
+    "free: refused otherwise, in one line naming the estimate and the largest value that fits "
+    "(docs/cli.md#cost-bounds).")]
 FilesOutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", help="Directory for the files. Default: <run>/heads/.")]
 

@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from minigpt import events
-from minigpt.cli.main import app, err_console, out_console
+from minigpt.cli.main import ForceOpt, app, err_console, out_console
 from minigpt.display import head_name, printable
 
 
@@ -40,6 +40,7 @@ def train_command(
     stop_after: Annotated[int | None, typer.Option(
         "--stop-after", min=1, help="Stop cleanly after this step (checkpoint saved; continue "
         "later with --resume).")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Train a model; progress on stderr, everything saved in the run directory."""
     from minigpt.config import load_config, to_yaml
@@ -55,7 +56,8 @@ def train_command(
         return
     view = _TrainView(quiet=os.environ.get("RANK", "0") != "0")
     try:
-        done = train(cfg, run_dir, resume=resume, on_event=view.on_event, stop_after=stop_after)
+        done = train(cfg, run_dir, resume=resume, on_event=view.on_event, stop_after=stop_after,
+                     force=force)
     finally:
         view.close()
     view.finish(done)

@@ -1,10 +1,12 @@
-"""What a long analysis will cost, estimated before it starts, and the one rule that bounds
-every number a user types into one: `check_cost` refuses a value whose estimated time or memory
-does not fit (ArgumentError naming the flag, the cost and the largest value that fits), unless
-forced. The estimates come from the analysis's own pass count times one measured pass of the
-model (`timed`), and a memory count of what the analysis holds at once (the caller's
-formula); `minigpt circuit --ig-steps / --pairs` are bounded this way
-(`core.edge_graph.circuit_cost`)."""
+"""What a long analysis or a training session will cost, estimated before it starts, and the
+one rule that bounds every number a user types into one: `check_cost` refuses a value whose
+estimated time or memory does not fit (an ArgumentError naming the flag, or a ConfigError naming
+the setting, with the cost and the largest value that fits), unless forced. The time comes from
+the work's own pass count times one measured pass of the model (`timed`: `minigpt circuit
+--ig-steps / --pairs`, core.edge_graph.circuit_cost), or from its FLOPs at this machine's
+measured matmul rate (`matmul_rate`: a lower bound, as no pass runs at the matmul peak;
+`minigpt inspect-heads --max-tokens`, heads.inspection.inspect_cost; training's length,
+train.safety.check_training); the memory from a count of what the work holds at once."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from minigpt.errors import ArgumentError
+from minigpt.errors import ArgumentError, ConfigError
 
 TIME_LIMIT_S = 3600.0    # an analysis asked for interactively: at most an hour unless forced
 MEMORY_SHARE = 0.8       # of the memory free when it starts
+FLOOR_RATE = 1e9         # FLOP/s: slower than any machine this runs on; work whose FLOPs fit
+                         # the time limit at this rate fits it anywhere, unmeasured
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class Cost:
     bytes: float
 
     def describe(self) -> str:
+        if self.seconds <= 0:
+            return f"about {size(self.bytes)} of memory"
         return f"about {duration(self.seconds)} and {size(self.bytes)} of memory"
 
 
@@ -80,6 +86,23 @@ def timed(fn: Callable[[], object], repeats: int = 2) -> float:
     return best
 
 
+def matmul_rate(device: torch.device | str, dtype: torch.dtype = torch.float32,
+                n: int = 512) -> float:
+    """FLOP/s of an (n, n) @ (n, n) matmul in `dtype` on `device`, the faster of two timed
+    calls after a warm-up: about this machine's peak for the work, so an estimate made from it
+    is a lower bound."""
+    device = torch.device(device)
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def product() -> None:
+        a @ a
+        sync()
+
+    product()
+    return 2.0 * n ** 3 / max(timed(product), 1e-9)
+
+
 def largest_fitting(cost_of: Callable[[int], Cost], value: int, limit_s: float,
                     limit_bytes: float) -> int:
     """The largest v in [0, value] whose cost fits (the cost grows with v); 0: none does."""
@@ -96,20 +119,26 @@ def largest_fitting(cost_of: Callable[[int], Cost], value: int, limit_s: float,
 
 def check_cost(param: str, value: int, cost_of: Callable[[int], Cost], *, what: str,
                device: torch.device | str = "cpu", force: bool = False,
-               limit_s: float = TIME_LIMIT_S) -> Cost:
-    """The estimated cost of `value` for `param`; ArgumentError if it takes more than
-    `limit_s` or more than MEMORY_SHARE of the free memory, naming the cost and the largest
-    value that fits (the fix), unless `force`."""
+               limit_s: float = TIME_LIMIT_S, limit_what: str = "an analysis may take",
+               basis: str = "estimated from one measured pass", minimum: int = 1,
+               none_fit: str | None = None, setting: bool = False) -> Cost:
+    """The estimated cost of `value` for `param`; refused if it takes more than `limit_s` or
+    more than MEMORY_SHARE of the free memory, naming the cost, how it was estimated (`basis`)
+    and the largest value that fits (at least `minimum`; else `none_fit`, the fix), unless
+    `force`: an ArgumentError naming the flag, or with `setting` a ConfigError naming the
+    setting (`train.max_steps=N`)."""
     cost = cost_of(value)
     limit_bytes = MEMORY_SHARE * free_memory(device)
     if force or (cost.seconds <= limit_s and cost.bytes <= limit_bytes):
         return cost
     fits = largest_fitting(cost_of, value, limit_s, limit_bytes)
-    over = (f"more than the {duration(limit_s)} an analysis may take"
-            if cost.seconds > limit_s else
+    over = (f"more than the {duration(limit_s)} {limit_what}" if cost.seconds > limit_s else
             f"more than the {size(limit_bytes)} of memory free for it")
-    fix = (f"the largest that fits is {{name}} {fits}" if fits >= 1 else
-           "even 1 does not fit; use a smaller input")
-    raise ArgumentError(param, f"{what} would take {cost.describe()} ({over}, estimated from "
-                        f"one measured pass); {fix}, or give --force to run it anyway",
-                        subject=value)
+    largest = f"{param}={fits}" if setting else f"{{name}} {fits}"
+    fix = (f"the largest that fits is {largest}" if fits >= minimum else
+           none_fit or f"even {minimum} does not fit; use a smaller input")
+    problem = (f"{what} would take {cost.describe()} ({over}, {basis}); {fix}, or give --force "
+               "to run it anyway")
+    if setting:
+        raise ConfigError(f"{param}={value}: {problem}")
+    raise ArgumentError(param, problem, subject=value)

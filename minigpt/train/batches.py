@@ -33,7 +33,7 @@ from minigpt.errors import ConfigError
 from minigpt.events import OnEvent, no_events
 from minigpt.run.resume import Resumed
 from minigpt.train.distributed import DistInfo, main_first
-from minigpt.train.safety import check_memory
+from minigpt.train.safety import Session, check_training
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # x, y: (n, block_size) int64 on the device
 
@@ -88,9 +88,10 @@ class Batches:
 
 
 def open_batches(cfg: Config, start: Resumed | None, device: torch.device, info: DistInfo,
-                 on_event: OnEvent) -> Batches:
+                 on_event: OnEvent, session: Session | None = None) -> Batches:
     """The batches of a session: the batch geometry, the tokenizer (the checkpoint's on resume,
-    else built, rank 0 first), model.vocab_size fitted to it, the memory check, the rows (rank 0
+    else built, rank 0 first), model.vocab_size fitted to it, the memory and time check of
+    `session` (safety.check_training; rank 0 decides), the rows (rank 0
     prepares the token cache first) and the data-order generator (seeded, or where the run left
     it). Rank 0 reports the tokenizer's and the data's preparation."""
     report = on_event if info.is_main else no_events
@@ -98,7 +99,8 @@ def open_batches(cfg: Config, start: Resumed | None, device: torch.device, info:
     tokenizer = (Tokenizer.load(start.checkpoint.path) if start is not None
                  else main_first(lambda: build_tokenizer(cfg, report), info))
     fit_vocab(cfg, tokenizer)
-    check_memory(cfg, micro, device)
+    session = session or Session(world=info.world_size)
+    main_first(lambda: check_training(cfg, session, device) if info.is_main else None, info)
     rows = main_first(lambda: rows_for(cfg, tokenizer, report), info)
     generator = torch.Generator().manual_seed(cfg.run.seed)
     if start is not None:

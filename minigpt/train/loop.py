@@ -43,7 +43,7 @@ from minigpt.events import DoneEvent, StartEvent, no_events
 from minigpt.train.batches import Batches, open_batches
 from minigpt.train.distributed import DistInfo, agree, setup, teardown
 from minigpt.train.reporting import Reporting, preflight
-from minigpt.train.safety import StopFlag
+from minigpt.train.safety import Session, StopFlag
 from minigpt.train.saving import Resumed, Saving
 from minigpt.train.weights import Weights
 
@@ -52,7 +52,7 @@ __all__ = ["Trainer", "set_up", "train"]
 
 def train(cfg: Config, run_dir: Path, *, resume: bool = False,
           on_event: Callable[[object], None] | None = None,
-          stop_after: int | None = None) -> DoneEvent:
+          stop_after: int | None = None, force: bool = False) -> DoneEvent:
     """Train `cfg` into `run_dir` (fresh: the directory must be missing or empty; resume:
     continue from its committed checkpoint, or from step 0 if none was committed).
 
@@ -60,7 +60,9 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
     first head-score measurement that finds every kind in train.stop_when_formed (reason
     "formed"; the run may be resumed, with the option changed, to train on). SIGINT/SIGTERM
     save a checkpoint and return reason "interrupted". Raises MinigptError (TrainingDiverged
-    on a non-finite loss) for anything the user can fix; nothing already saved is lost."""
+    on a non-finite loss) for anything the user can fix; nothing already saved is lost. A
+    session estimated not to fit in memory or not to end within a week is refused before
+    anything is made (safety.check_training), unless `force`."""
     on_event = on_event or no_events
     cfg = copy.deepcopy(cfg)  # the trainer fills in model.vocab_size: never in the caller's
     info, device = setup(resolve_device(cfg.run.device))
@@ -74,7 +76,8 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
                                 f"train.max_steps={cfg.train.max_steps * 2}")
         preflight(cfg.train)
         with training_threads(cfg.train.threads if device.type == "cpu" else 0):
-            trainer = set_up(cfg, saving, start, device, info, on_event)
+            session = Session(saving.state.step, stop_after, info.world_size, force)
+            trainer = set_up(cfg, saving, start, device, info, on_event, session)
             return trainer.run(stop_after)
     finally:
         if trainer is not None:
@@ -85,10 +88,11 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False,
 
 
 def set_up(cfg: Config, saving: Saving, start: Resumed | None, device: torch.device,
-           info: DistInfo, on_event: Callable[[object], None]) -> Trainer:
+           info: DistInfo, on_event: Callable[[object], None],
+           session: Session | None = None) -> Trainer:
     """The training session of `cfg` in `saving`'s run directory, continuing `start` (None: from
     step 0): its four parts, each made once (the module docstring)."""
-    batches = open_batches(cfg, start, device, info, on_event)
+    batches = open_batches(cfg, start, device, info, on_event, session)
     saving.claim()
     weights = Weights.build(cfg, device, start, info)
     report = Reporting.build(cfg, saving.run_dir, batches.tokenizer, weights.average.model,
