@@ -5,6 +5,7 @@ fits, unless --force; a long search reports its progress with an ETA (cli.main.E
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import in_process
 from test_cli_circuits import make_run
 
@@ -125,13 +127,242 @@ def test_progress_has_an_eta(run_dir, monkeypatch):
         "circuit search", "faithfulness curves"}
 
 
-def test_installed_command_refuses_a_billion_ig_steps(run_dir):
+@pytest.mark.slow
+@pytest.mark.parametrize("flag,value", [("--ig-steps", "1000000000"), ("--pairs", "1000000")])
+def test_installed_command_refuses_a_billion_ig_steps(run_dir, flag, value):
+    """Issue 50's causes 1 and 2, as typed: each refused in one line before the work."""
     program = shutil.which("minigpt")
     assert program is not None
     r = subprocess.run([program, "circuit", "--run", str(run_dir), "--device", "cpu", *PROBE,
-                        "--ig-steps", "1000000000"], capture_output=True, text=True,
-                       timeout=300, check=False)
+                        flag, value], capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --ig-steps 1000000000: "), r.stderr
-    assert "largest that fits is --ig-steps" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag} {value}: "), r.stderr
+    assert f"largest that fits is {flag}" in lines[0]
+
+
+def test_circuit_shows_progress_and_whole_words(run_dir, monkeypatch):
+    """Issue 50: circuit showed no progress, and its first line cut the corrupted input's
+    description mid-word. Through the command: ETA lines on stderr, whole words."""
+    import sys
+
+    main = sys.modules["minigpt.cli.main"]
+    monkeypatch.setattr(main.EtaLines, "FIRST", 0.0)
+    monkeypatch.setattr(main.EtaLines, "EVERY", 0.0)
+    r = in_process(["circuit", "--run", run_dir, "--device", "cpu", "--probe", "induction",
+                    "--patch-from", "corrupted-second", "--ig-steps", "2", "--no-curve"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert any(x.startswith("circuit: scoring edges 1/2, ") and "ETA" in x for x in lines)
+    first = next(x for x in lines if "corrupted: " in x)
+    described = first.split("corrupted: ")[1].split("; metric")[0]
+    from minigpt.heads.probes import CORRUPTIONS
+
+    words = {w.strip("()") for w in f"corrupted-second: {CORRUPTIONS['corrupted-second']}".split()}
+    assert all(w.strip("()") in words or w == "..." for w in described.split()), described
+
+
+# -- training: the session's memory and length (train.safety.check_training) ------------------
+
+
+def _cfg(**sets):
+    from minigpt.config import load_config
+
+    cfg = load_config("default", [f"{k}={v}" for k, v in sets.items()])
+    cfg.model.vocab_size = cfg.model.vocab_size or cfg.tokenizer.vocab_size  # as fit_vocab
+    return cfg
+
+
+@pytest.fixture
+def slow_machine(monkeypatch):
+    """A machine of 1 GFLOP/s and 8 GB free: the estimates do not depend on this one."""
+    from minigpt.train import safety
+
+    monkeypatch.setattr(safety, "matmul_rate", lambda *a, **k: 1e9)
+    monkeypatch.setattr(budget, "free_memory", lambda device: 8e9)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("train.max_steps", 10**12), ("train.max_steps", 2**63), ("train.eval_batches", 10**8),
+    ("train.sample_tokens", 10**12), ("train.batch_size", 10**9), ("model.n_embd", 10**6),
+    ("model.n_layer", 10**6), ("model.vocab_size", 10**12), ("model.block_size", 10**9)])
+def test_training_refuses_each_setting_naming_the_largest_that_fits(slow_machine, key, value):
+    from minigpt.errors import ConfigError
+    from minigpt.train.safety import Session, check_training
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError) as e:
+        check_training(_cfg(**{key: value}), Session(), cpu)
+    text = str(e.value)
+    assert text.startswith(f"{key}={value}: ") and "--force" in text, text
+    fits = int(re.search(rf"largest that fits is {re.escape(key)}=(\d+)", text).group(1))
+    assert 1 <= fits < value
+    check_training(_cfg(**{key: fits}), Session(), cpu)  # the value it names does fit
+    check_training(_cfg(**{key: value}), Session(force=True), cpu)  # forced: not checked
+
+
+def test_training_length_is_the_sessions(slow_machine):
+    """--stop-after and a resume's first step bound the session: a huge max_steps with
+    --stop-after 10 trains 10 steps; the largest max_steps named counts from the resumed step."""
+    from minigpt.errors import ConfigError
+    from minigpt.train.safety import Session, check_training
+
+    cpu = torch.device("cpu")
+    check_training(_cfg(**{"train.max_steps": 10**12}), Session(stop_after=10), cpu)
+    with pytest.raises(ConfigError) as fresh:
+        check_training(_cfg(**{"train.max_steps": 10**9}), Session(), cpu)
+    with pytest.raises(ConfigError) as resumed:
+        check_training(_cfg(**{"train.max_steps": 10**9}), Session(start=5000), cpu)
+    largest = [int(re.search(r"largest that fits is train.max_steps=(\d+)", str(e.value))[1])
+               for e in (fresh, resumed)]
+    assert largest[1] == largest[0] + 5000
+
+
+def test_bundled_configs_are_never_refused_and_never_measured(monkeypatch):
+    """configs/*.yaml (the README's runs) fit a week at FLOOR_RATE, so no machine refuses
+    them and none measures its rate for them."""
+    from minigpt.train import safety
+
+    def no_probe(*a, **k):
+        raise AssertionError("measured the rate for a bundled config")
+
+    monkeypatch.setattr(safety, "matmul_rate", no_probe)
+    configs = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
+    assert len(configs) >= 4
+    for path in configs:
+        from minigpt.config import load_config
+
+        cfg = load_config(str(path), [])
+        cfg.model.vocab_size = cfg.model.vocab_size or cfg.tokenizer.vocab_size
+        safety.check_training(cfg, safety.Session(), torch.device("cpu"))
+
+
+def test_train_refuses_a_trillion_steps_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    r = in_process(["train", "--config", "induction", "--out", out, "--device", "cpu",
+                    "--set", "train.max_steps=1000000000000"], cwd=tmp_path,
+                   MINIGPT_CACHE=str(tmp_path / "cache"))
+    line = error_line(r)
+    assert line.startswith("error: train.max_steps=1000000000000: ") and "--force" in line
+    assert re.search(r"largest that fits is train.max_steps=\d+", line), line
+    assert "a training session may take" in line and "years" in line
+    assert not out.exists()  # refused before the run directory was made
+
+
+# -- inspect-heads: progress and --max-tokens bounded by the cost of what is asked for -----------
+
+
+def test_inspect_heads_reports_each_long_part(run_dir):
+    from minigpt.heads.inspection import CircuitRequest, inspect
+    from minigpt.heads.probes import corrupted_input, prepare_input
+    from minigpt.run import load_run
+
+    loaded = load_run(run_dir, "cpu")
+    inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
+    req = CircuitRequest(composition=True, qk=[(1, 0), (1, 2)])
+    req.patch_tokens, req.patch_source = corrupted_input(loaded.cfg, loaded.tokenizer, inp,
+                                                         "corrupted")
+    seen = []
+    inspect(loaded.model, inp, ablate="zero", circuits=req, progress=lambda *a: seen.append(a))
+    stages = {s for s, _, _ in seen}
+    assert stages == {"ablating heads", "patching heads", "splitting qk", "composition"}
+    for name in stages:
+        done = [(d, t) for s, d, t in seen if s == name]
+        assert done[-1][0] == done[-1][1] and all(
+            a[0] <= b[0] for a, b in itertools.pairwise(done))
+
+
+def test_inspect_heads_eta_lines_on_stderr(run_dir, monkeypatch):
+    import sys
+
+    main = sys.modules["minigpt.cli.main"]
+    monkeypatch.setattr(main.EtaLines, "FIRST", 0.0)
+    monkeypatch.setattr(main.EtaLines, "EVERY", 0.0)
+    r = in_process(["inspect-heads", "--run", run_dir, "--device", "cpu", "--probe",
+                    "induction", "--ablate", "zero"])
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("inspect-heads: ablating heads")]
+    assert lines and lines[-1].startswith("inspect-heads: ablating heads 6/6"), r.stderr
+
+
+def test_inspect_heads_refuses_what_does_not_fit_and_runs_what_fits(run_dir, monkeypatch):
+    """On a machine slow enough (patched) that --ablate on the tiny run's probe takes 1.7 h,
+    it is refused naming the largest --max-tokens that fits; that value runs, and so does
+    --force."""
+    from minigpt.heads import inspection
+    from minigpt.heads.probes import prepare_input
+    from minigpt.run import load_run
+
+    loaded = load_run(run_dir, "cpu")
+    n = len(prepare_input(loaded.cfg, loaded.tokenizer, probe="induction").tokens)
+    flops, _ = inspection.inspect_cost(loaded.cfg.model, n, ablate="zero")
+    monkeypatch.setattr(inspection, "matmul_rate", lambda *a, **k: flops / (0.6 * 3600))
+    monkeypatch.setattr(inspection, "FLOOR_RATE", 1e-9)  # always measured
+    args = ["inspect-heads", "--run", run_dir, "--device", "cpu", "--probe", "induction",
+            "--ablate", "zero", "--json"]
+    line = error_line(in_process(args))
+    assert line.startswith(f"error: --max-tokens {n}: inspecting {n} tokens with ablation "
+                           "would take about 1.67 h") and "--force" in line, line
+    fits = int(re.search(r"largest that fits is --max-tokens (\d+)", line)[1])
+    assert 2 <= fits < n
+    assert in_process([*args, "--max-tokens", str(fits)]).returncode == 0
+    forced = in_process([*args, "--force"])
+    assert forced.returncode == 0 and "estimated" not in forced.stderr, forced.stderr
+
+
+@pytest.mark.slow
+def test_installed_train_refuses_then_force_trains(tmp_path):
+    """`minigpt train --set train.max_steps=1000000000000`: one line, exit 2, nothing made;
+    with --force it trains (its first step line appears) until stopped (SIGINT: checkpoint
+    saved, exit 130)."""
+    import os
+    import signal
+
+    program = shutil.which("minigpt")
+    assert program is not None
+    base = [program, "train", "--config", "induction", "--device", "cpu", "--set",
+            "train.max_steps=1000000000000", "--set", "train.log_interval=1"]
+    env = {**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([*base, "--out", str(tmp_path / "a")], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=tmp_path, check=False)
+    assert error_line(r).startswith("error: train.max_steps=1000000000000: ")
+    assert not (tmp_path / "a").exists()
+    p = subprocess.Popen([*base, "--out", str(tmp_path / "b"), "--force"], text=True,
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    try:
+        for line in p.stderr:
+            if line.startswith("step "):  # its first step done
+                break
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        assert p.wait(timeout=300) == 130, rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert "checkpoint saved" in rest or "interrupted" in rest, rest
+
+
+@pytest.mark.slow
+def test_installed_inspect_heads_refuses_a_qk_split_of_every_head_of_a_deep_model(tmp_path):
+    """A 48-layer, 24-head model (random weights, 7 MB) with 1,024 tokens: `--qk all` would
+    hold terabytes of (pairs x writers x writers) grids; refused in one line before the work."""
+    from minigpt.config import from_dict
+    from minigpt.core.gpt import GPT
+    from minigpt.data.tokenizer import bytes_tokenizer
+    from minigpt.run.checkpoint import save_checkpoint
+
+    tok = bytes_tokenizer()
+    cfg = from_dict({"model": {"n_layer": 48, "n_head": 24, "n_embd": 96, "block_size": 1024,
+                               "vocab_size": tok.n_vocab, "mlp": False},
+                     "tokenizer": {"vocab_size": 256}})
+    run = tmp_path / "deep"
+    save_checkpoint(run, step=1, model=GPT.from_config(cfg, seed=0), cfg=cfg, tokenizer=tok,
+                    trainer_state={"step": 1})
+    program = shutil.which("minigpt")
+    assert program is not None
+    r = subprocess.run([program, "inspect-heads", "--run", str(run), "--device", "cpu",
+                        "--probe", "induction", "--qk", "all"], capture_output=True, text=True,
+                       timeout=300, check=False)
+    line = error_line(r)
+    assert line.startswith("error: --max-tokens ") and "qk split of 1152 heads" in line, line
+    assert "of memory free" in line and "--force" in line

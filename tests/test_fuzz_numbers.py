@@ -35,11 +35,22 @@ CONTEXT = {
 }
 
 
-def numeric_options() -> list[tuple[str, str, str]]:
-    """(command, flag, 'int' | 'float') of every option whose values are numbers."""
-    group = typer.main.get_command(app)
+def commands(group=None, prefix: str = "") -> list[tuple[str, object]]:
+    """(name, command) of every command, those of sub-groups too (`features train`)."""
+    group = group or typer.main.get_command(app)
     out = []
     for name, cmd in sorted(group.commands.items()):
+        if hasattr(cmd, "commands"):
+            out += commands(cmd, f"{prefix}{name} ")
+        else:
+            out.append((prefix + name, cmd))
+    return out
+
+
+def numeric_options() -> list[tuple[str, str, str]]:
+    """(command, flag, 'int' | 'float') of every option whose values are numbers."""
+    out = []
+    for name, cmd in commands():
         for p in cmd.params:
             kind = p.bare_type() if hasattr(p, "bare_type") else ""
             kind = {"list[int]": "int", "list[float]": "float"}.get(kind, kind)
@@ -85,7 +96,8 @@ def one_line(r, what: str) -> str:
 def test_the_enumeration_finds_the_options_the_issue_names():
     flags = {(c, f) for c, f, _ in numeric_options()}
     assert {("circuit", "--ig-steps"), ("circuit", "--pairs"), ("sample", "--max-new-tokens"),
-            ("inspect-heads", "--layer"), ("train", "--stop-after")} <= flags
+            ("inspect-heads", "--layer"), ("train", "--stop-after"),
+            ("features train", "--steps")} <= flags
     assert {"model.n_layer", "train.max_steps", "train.learning_rate"} <= \
         {k for k, _ in numeric_settings()}
 
@@ -94,12 +106,13 @@ def test_the_enumeration_finds_the_options_the_issue_names():
                          ids=[f"{c} {f}" for c, f, _ in numeric_options()])
 def test_every_numeric_option(tmp_path, command, flag, kind):
     context = CONTEXT.get(command, [])
-    base = one_line(in_process([command, *context], cwd=tmp_path, MINIGPT_CACHE=str(tmp_path)),
-                    f"{command} with its context")  # the failure a value it accepts leads to
+    # the failure a value it accepts leads to
+    base = one_line(in_process([*command.split(), *context], cwd=tmp_path,
+                               MINIGPT_CACHE=str(tmp_path)), f"{command} with its context")
     for value in VALUES:
         what = f"minigpt {command} {flag} {value}"
         with deadline(PER_CASE_S, what):
-            r = in_process([command, *context, f"{flag}={value}"], cwd=tmp_path,
+            r = in_process([*command.split(), *context, f"{flag}={value}"], cwd=tmp_path,
                            MINIGPT_CACHE=str(tmp_path))
         line = one_line(r, what)
         not_a_number = value == "abc" or kind == "int" and value in ("1.5", "nan")
@@ -148,13 +161,34 @@ def test_every_numeric_setting(tmp_path, key, kind):
         assert key in line or line == base and not not_a_number, (what, line)
 
 
+# The settings that set a training session's length or memory, each bounded by its cost
+# (train.safety.check_training): hit with a config that needs no corpus.
+TRAINING_BOUNDS = ("train.max_steps", "train.eval_batches", "train.sample_tokens",
+                   "train.batch_size", "model.n_embd", "model.n_layer", "model.vocab_size",
+                   "model.block_size")
+
+
+@pytest.mark.parametrize("key", TRAINING_BOUNDS)
+def test_every_training_bound_is_hit(tmp_path, key):
+    assert key in {k for k, _ in numeric_settings()}
+    for value in ("1" + "0" * 30, str(2**63)):
+        what = f"minigpt train --config induction --set {key}={value}"
+        with deadline(PER_CASE_S, what):
+            r = in_process(["train", "--config", "induction", "--device", "cpu", "--out",
+                            tmp_path / "run", "--set", f"{key}={value}"], cwd=tmp_path,
+                           MINIGPT_CACHE=str(tmp_path))
+        line = one_line(r, what)
+        assert line.startswith(f"error: {key}={value}: ") and "--force" in line, (what, line)
+        assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command,flag,kind", numeric_options(),
                          ids=[f"{c} {f}" for c, f, _ in numeric_options()])
 def test_installed_command_bounds_2_to_the_63(tmp_path, command, flag, kind):
     program = shutil.which("minigpt")
     assert program is not None
-    r = subprocess.run([program, command, *CONTEXT.get(command, []), flag, str(2**63)],
+    r = subprocess.run([program, *command.split(), *CONTEXT.get(command, []), flag, str(2**63)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=PER_CASE_S,
                        env={**os.environ, "MINIGPT_CACHE": str(tmp_path)}, check=False)
     one_line(r, f"{command} {flag} 2^63")

@@ -14,7 +14,9 @@ from minigpt.cli.main import (
     AnswerOpt,
     CheckpointOpt,
     DeviceOpt,
+    EtaLines,
     FilesOutOpt,
+    ForceOpt,
     JsonOpt,
     LensOpt,
     MaxTokensOpt,
@@ -86,7 +88,7 @@ def inspect_heads_command(
     patch_direction: PatchDirectionOpt = None, target: TargetOpt = None,
     answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
     lens: LensOpt = False, qk: QkOpt = None, qk_pairs: QkPairsOpt = None,
-    features: FeaturesOpt = None,
+    features: FeaturesOpt = None, force: ForceOpt = False,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.heads.flags import check_early, check_patch_direction
@@ -95,7 +97,7 @@ def inspect_heads_command(
     patch_direction = check_patch_direction(patch_from, patch_direction)
     from minigpt.device import cpu_threads
     from minigpt.heads import output
-    from minigpt.heads.inspection import inspect, select_heads
+    from minigpt.heads.inspection import check_inspect_cost, inspect, select_heads
     from minigpt.heads.probes import prepare_input
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
@@ -118,8 +120,14 @@ def inspect_heads_command(
         say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
             f"{mcfg.block_size}; see --max-tokens)")
     with cpu_threads(threads):
+        cost = check_inspect_cost(loaded.model, len(inp.tokens), ablate=ablate, req=circuits,
+                                  features=sae is not None, force=force)
+        if cost is not None:
+            say(f"inspect-heads: {len(inp.tokens)} tokens, estimated {cost.describe()} (a "
+                "lower bound)")
         insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
-                       seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str)
+                       seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
+                       progress=EtaLines("inspect-heads"))
         active = _active_features(sae, loaded, inp.tokens)
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "

@@ -53,9 +53,11 @@ from minigpt.core.patching import (
     SMALL_GAP,
     HeadRows,
     Metric,
+    Progress,
     Record,
     check_same_length,
     record,
+    stage,
     sweep,
 )
 from minigpt.errors import ArgumentError, MinigptError
@@ -259,13 +261,14 @@ def _r_factor(x: Tensor) -> Tensor:
     return torch.linalg.qr(x, mode="r").R
 
 
-def composition_from_weights(w: dict[str, Tensor]) -> dict[str, Tensor]:
+def composition_from_weights(w: dict[str, Tensor], progress: Progress | None = None
+                             ) -> dict[str, Tensor]:
     """The three score tensors (L, H, L, H) of `head_weights`' matrices.
 
     Each W_OV = W_V W_O and each M = X Y^T is a product of thin (C, D) factors, so the
     Frobenius norms reduce to D x D matrices (`_r_factor`): ||W_V W_O M||_F = ||A B||_F with
     A = R(W_V) W_O (D, C) and B = X R(Y)^T (C, D). One matrix product per later layer, all
-    three kinds at once."""
+    three kinds at once; `progress("composition", done, L - 1)` after each."""
     q, k, v, o = w["q"], w["k"], w["v"], w["o"]
     L, H, C, D = q.shape
     left = _r_factor(v) @ o  # (L, H, D, C): W_OV of each earlier head, reduced
@@ -283,6 +286,8 @@ def composition_from_weights(w: dict[str, Tensor]) -> dict[str, Tensor]:
         norms = prod.double().square().sum((2, 5)).sqrt().permute(2, 0, 1, 3)  # (3, l2, H, H)
         denom = left_norm[None, :l2, :, None] * right_norm[:, l2][:, None, None, :]
         s[:, :l2, :, l2] = norms / denom.clamp_min(1e-300)
+        if progress is not None:
+            progress("composition", l2, L - 1)
     return {kind: s[i] for i, kind in enumerate(KINDS)}
 
 
@@ -312,12 +317,12 @@ def check_composition(cfg) -> None:
 
 
 @torch.no_grad()
-def composition_scores(model) -> Composition:
+def composition_scores(model, progress: Progress | None = None) -> Composition:
     """Q-, K- and V-composition of `model`'s heads from its weights alone; MinigptError when
     it has a single layer (no head has an earlier one to read from)."""
     cfg = model.cfg
     check_composition(cfg)
-    scores = composition_from_weights(head_weights(model))
+    scores = composition_from_weights(head_weights(model), progress)
     base = composition_baseline(cfg.n_head, cfg.n_embd, cfg.head_dim, cfg.norm != "rmsnorm")
     return Composition(scores, base)
 
@@ -365,13 +370,15 @@ class Patching:
 
 @torch.no_grad()
 def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: Metric, *,
-                direction: str = "noising", source: str = "") -> Patching:
+                direction: str = "noising", source: str = "",
+                progress: Progress | None = None) -> Patching:
     """Every head patched alone (module docstring): one run of the input the outputs come
     from, then the input that receives them: core.patching's `HeadRows` run by its `sweep`,
     the driver ablation runs (one clean pass keeps its residual stream, and the rows patching
     layer l's heads run layers l.. only, in batches bounded by CHUNK_FLOATS). Eval mode,
     restored after. ArgumentError for inputs of different lengths or a corrupted input that
-    leaves the metric where it was (nothing to attribute)."""
+    leaves the metric where it was (nothing to attribute). `progress("patching heads", done,
+    n)` as the rows are done."""
     check_direction(direction)
     check_same_length(clean, corrupted)
     L, H = model.cfg.n_layer, model.cfg.n_head
@@ -389,7 +396,8 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
             return reference.z[layer].expand_as(z)
 
         heads = [(layer, head) for layer in range(L) for head in range(H)]
-        m_base, values = sweep(model, base, metric, targets, HeadRows(heads, H, replace))
+        m_base, values = sweep(model, base, metric, targets, HeadRows(heads, H, replace),
+                               stage(progress, "patching heads"))
     delta = (values - m_base).view(L, H)
     gap = m_source - m_base
     if not math.isfinite(gap) or abs(gap) < 1e-9:

@@ -110,7 +110,7 @@ from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, device_of, eval_mode
 from minigpt.core.modes import MODE_HELP, check_mode
-from minigpt.core.patching import HeadRows, make_metric, record, sweep
+from minigpt.core.patching import HeadRows, Progress, make_metric, record, stage, sweep
 
 # --------------------------------------------------------------------------------------------
 # 1. Where each head looks.
@@ -325,7 +325,8 @@ class Ablation:
 @torch.no_grad()
 def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                  positions: Sequence[int] | None = None, scored: str = "every next-token "
-                 "prediction", minimum: int = 2, seed: int = 0) -> Ablation:
+                 "prediction", minimum: int = 2, seed: int = 0,
+                 progress: Progress | None = None) -> Ablation:
     """Every head's ablation effect on `tokens` (one sequence within the model's block_size):
     the loss (core.patching's `loss` metric) at `positions` (None: every prediction; an input
     shorter than `minimum` tokens has none: ArgumentError); `seed` orders the resample
@@ -335,7 +336,8 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
     The rows are core.patching's `HeadRows` run by its `sweep`: one clean pass keeps the
     residual stream entering every layer; the rows ablating the heads of layer l start from
     it and run layers l.. only (`GPT.from_layer`), and the LM head runs at the scored
-    positions only: about half the work of rerunning every layer for every row."""
+    positions only: about half the work of rerunning every layer for every row.
+    `progress("ablating heads", done, n)` as the rows are done."""
     check_mode(mode)
     metric = make_metric(len(tokens), positions, minimum=minimum, param="ablate")
     cfg = model.cfg
@@ -353,7 +355,8 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
             return reference[layer].expand_as(z)  # (1, H, T, D) from the permuted input
 
         heads = [(layer, head) for layer in range(L) for head in range(H)]
-        base, losses = sweep(model, idx, metric, targets, HeadRows(heads, H, replace))
+        base, losses = sweep(model, idx, metric, targets, HeadRows(heads, H, replace),
+                             stage(progress, "ablating heads"))
     return Ablation(mode, (losses - base).view(L, H), float(base), list(metric.positions),
                     scored)
 

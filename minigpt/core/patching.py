@@ -150,6 +150,13 @@ def check_same_length(clean: Sequence[int], corrupted: Sequence[int]) -> None:
 # --------------------------------------------------------------------------------------------
 # The sweep.
 
+Progress = Callable[[str, int, int], None]  # (stage, done, total): a long analysis's progress
+
+
+def stage(progress: Progress | None, name: str) -> Callable[[int, int], None] | None:
+    """`progress` for one stage: (done, total) -> progress(name, done, total); None: none."""
+    return None if progress is None else (lambda done, total: progress(name, done, total))
+
 
 class Plan(Protocol):
     """What `sweep` runs: `n` rows; row r changes nothing before block `layer(r)`;
@@ -167,11 +174,11 @@ class Plan(Protocol):
     def row_floats(self, n_tokens: int) -> int: ...
 
 
-def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
-          ) -> tuple[float | None, Tensor]:
+def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan,
+          progress: Callable[[int, int], None] | None = None) -> tuple[float | None, Tensor]:
     """(the unchanged run's value or None, every row's value (n,) float64) of `plan` on idx
-    (B, T) whose scored targets are `targets` (B, P) (module docstring). No gradients; the
-    caller sets eval mode."""
+    (B, T) whose scored targets are `targets` (B, P) (module docstring); `progress(done, n)`
+    after each chunk of rows. No gradients; the caller sets eval mode."""
     cfg = model.cfg
     B, T = idx.shape
     pos = list(metric.positions)
@@ -180,7 +187,7 @@ def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
         width = max(T * 4 * cfg.n_embd, len(pos) * cfg.vocab_size, plan.row_floats(T))
         per = max(1, CHUNK_FLOATS // (B * width) - plan.base_row)
         values = torch.zeros(plan.n, dtype=torch.float64)
-        base = None
+        base, done = None, 0
         by_layer: dict[int, list[int]] = {}
         for r in range(plan.n):
             by_layer.setdefault(plan.layer(r), []).append(r)
@@ -199,6 +206,9 @@ def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
                     base = float(v[0]) if base is None else base
                     v = v[1:]
                 values[chunk] = v
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, plan.n)
     return base, values
 
 

@@ -60,7 +60,7 @@ from torch import Tensor
 
 from minigpt.core.edge_graph import graph_of, layer_head
 from minigpt.core.gpt import ForwardSpec, apply_rope, device_of, eval_mode
-from minigpt.core.patching import Record
+from minigpt.core.patching import Progress, Record
 from minigpt.errors import ArgumentError
 
 BIAS = "bias"  # the writer of every constant (norm and projection biases)
@@ -216,11 +216,12 @@ class _QKRecord(Record):
 
 @torch.no_grad()
 def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
-                   pairs: Sequence[tuple[int, int, int]] | None = None) -> list[QKHead]:
+                   pairs: Sequence[tuple[int, int, int]] | None = None,
+                   progress: Progress | None = None) -> list[QKHead]:
     """Each head of `heads` ((layer, head)) split at `pairs` ((batch, query, key)) of the
     input idx (B, T) (None: each query's most attended key, queries 1..T-1, per head); one
-    forward pass, then per layer one projection of every writer (module docstring). Eval
-    mode, restored after."""
+    forward pass, then per layer one projection of every writer (module docstring);
+    `progress("splitting qk", done, len(heads))` after each head. Eval mode, restored after."""
     check_tokens(idx.shape[1])
     layers = sorted({la for la, _ in heads})
     with eval_mode(model):
@@ -237,6 +238,8 @@ def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
             for j, h in enumerate(hs):
                 out[(la, h)] = _head_split(model, rec, la, h, names, q_parts[:, :, j],
                                            k_parts[:, :, j], pairs)
+                if progress is not None:
+                    progress("splitting qk", len(out), len(heads))
     return [out[h] for h in heads]
 
 

@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.gpt import device_of
+from minigpt.core.budget import (
+    FLOOR_RATE,
+    MEMORY_SHARE,
+    TIME_LIMIT_S,
+    Cost,
+    check_cost,
+    free_memory,
+    matmul_rate,
+)
+from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.core.head_circuits import (
     KIND_HELP,
     Attribution,
@@ -41,7 +50,7 @@ from minigpt.core.heads import (
     score_heads,
 )
 from minigpt.core.lens import Lens, logit_lens
-from minigpt.core.patching import make_metric
+from minigpt.core.patching import Progress, make_metric
 from minigpt.core.qk import QKHead, induction_pairs, qk_attribution
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
@@ -257,7 +266,8 @@ def qk_pairs_for(req: CircuitRequest, tokens: Sequence[int], source: str,
 def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
             run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0,
             circuits: CircuitRequest | None = None,
-            token_str: Callable[[int], str] | None = None) -> Inspection:
+            token_str: Callable[[int], str] | None = None,
+            progress: Progress | None = None) -> Inspection:
     """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
     on `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
@@ -265,7 +275,9 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
     The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
     orders the resample ablation's reference. `circuits` adds direct logit attribution,
     composition, patching and the logit lens (scored where the ablation is); `token_str`
-    (the tokenizer's) names the lens's tokens."""
+    (the tokenizer's) names the lens's tokens. `progress(stage, done, total)` as the long
+    parts (ablation, patching, the qk split, composition) go on; `inspect_cost` estimates
+    them all before."""
     tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
@@ -277,7 +289,8 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
     ablation = None
     if ablate is not None:
         ablation = ablate_heads(model, tokens, ablate, positions=inp.positions,
-                                scored=inp.scored, minimum=inp.min_tokens, seed=seed)
+                                scored=inp.scored, minimum=inp.min_tokens, seed=seed,
+                                progress=progress)
     scores = score_heads(attn, tokens, inp.token_strs if inp.is_text else None)
     copy_start = (inp.positions[0] if inp.source == "probe:induction" and inp.positions
                   else None)
@@ -286,22 +299,23 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
                       run=run, step=step, ablation=ablation, copy_start=copy_start,
                       token_str=token_str)
     if circuits is not None:
-        measure_circuits(insp, model, circuits, inp.positions)
+        measure_circuits(insp, model, circuits, inp.positions, progress)
     return insp
 
 
 def measure_circuits(insp: Inspection, model, req: CircuitRequest,
-                     positions: Sequence[int] | None) -> None:
+                     positions: Sequence[int] | None, progress: Progress | None = None
+                     ) -> None:
     """Fill `insp.dla`, `.patch`, `.composition`, `.lens` and `.qk` as `req` asks
-    (core.head_circuits, core.lens, core.qk)."""
+    (core.head_circuits, core.lens, core.qk), reporting `progress`."""
     if req.composition:
-        insp.composition = composition_scores(model)
+        insp.composition = composition_scores(model, progress)
     if req.lens:
         insp.lens = lens_of(model, insp.tokens, req, positions)
     if req.qk:
         pairs, insp.qk_pairs = qk_pairs_for(req, insp.tokens, insp.source, positions)
         idx = torch.tensor([insp.tokens], dtype=torch.long, device=device_of(model))
-        insp.qk = qk_attribution(model, idx, req.qk, pairs)
+        insp.qk = qk_attribution(model, idx, req.qk, pairs, progress)
     if not req.dla and req.patch_tokens is None:
         return
     metric = make_metric(len(insp.tokens), positions, target=req.target, answer=req.answer,
@@ -310,7 +324,8 @@ def measure_circuits(insp: Inspection, model, req: CircuitRequest,
         insp.dla = direct_logit_attribution(model, insp.tokens, metric)
     if req.patch_tokens is not None:
         insp.patch = patch_heads(model, insp.tokens, req.patch_tokens, metric,
-                                 direction=req.direction, source=req.patch_source)
+                                 direction=req.direction, source=req.patch_source,
+                                 progress=progress)
         insp.patch_tokens = list(req.patch_tokens)
 
 
@@ -347,3 +362,79 @@ def select_heads(n_layer: int, n_head: int, layers: Sequence[int] = (),
             if not 0 <= v < n:
                 raise ArgumentError(param, f"out of range; valid: 0..{n - 1}", subject=v)
     return (sorted(set(layers)) or list(range(n_layer)), sorted(set(heads)) or list(range(n_head)))
+
+
+# --------------------------------------------------------------------------------------------
+# What an inspection costs, before it starts.
+
+
+def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
+                 req: CircuitRequest | None = None, features: bool = False
+                 ) -> tuple[float, float]:
+    """(FLOPs, bytes held at once) of `inspect` on `n_tokens` tokens of a model of `cfg` (a
+    ModelConfig) with what is asked for: a forward pass is a third of core.gpt.flops_per_token
+    per token; the maps take two (explicit and SDPA), an ablation or a patching sweep about
+    half a pass per head (each row runs from its head's layer on), DLA, the lens and
+    --features one each; the qk split projects every writer of a head's layer and keeps two
+    (pairs x writers x writers) grids per head in float64; composition one product per later
+    layer (3 C^3 per layer pair). Memory: the maps (three copies of layers x heads x T x T
+    floats: the pass, the scores, the copy kept) and the qk split's grids and writers, or
+    composition's products, whichever is larger."""
+    T, L, H, C = n_tokens, cfg.n_layer, cfg.n_head, cfg.n_embd
+    D = C // H
+    pass_flops = flops_per_token(cfg, T) * T / 3
+    sweeps = (ablate is not None) + (req is not None and req.patch_tokens is not None)
+    passes = 2 + sweeps * (L * H / 2 + 2) + features
+    if req is not None:
+        passes += req.dla + req.lens
+    flops, held = passes * pass_flops, 12.0 * L * H * T * T
+    extra = 0.0
+    if req is not None and req.qk:
+        P = max(1, min(len(req.qk_pairs) if req.qk_pairs else T, T - 1))
+
+        def writers(la: int) -> int:  # the writers of the stream entering layer la
+            return 2 + la * (H + cfg.mlp)
+
+        flops += sum(4 * writers(la) * T * C * D + 4 * P * writers(la) ** 2 * D
+                     for la, _ in req.qk)
+        extra = (8.0 * (2 + L * (H + cfg.mlp)) * T * C
+                 + sum(16.0 * P * writers(la) ** 2 for la, _ in req.qk))
+    if req is not None and req.composition:
+        flops += 3.0 * C ** 3 * L * (L - 1) / 2
+        extra = max(extra, 60.0 * L * C * C)
+    return flops, held + extra
+
+
+def check_inspect_cost(model, n_tokens: int, *, ablate: str | None = None,
+                       req: CircuitRequest | None = None, features: bool = False,
+                       force: bool = False) -> Cost | None:
+    """`inspect_cost` on `n_tokens` tokens checked by core.budget's rule (refused, naming
+    `max_tokens`, the estimate and the largest value that fits, unless `force`): the time is
+    the FLOPs at this machine's measured matmul rate (a lower bound), measured only when the
+    FLOPs could take an hour at FLOOR_RATE. The estimate when it was measured, else None (a
+    quick inspection: nothing worth saying)."""
+    cfg, device = model.cfg, device_of(model)
+    flops, held = inspect_cost(cfg, n_tokens, ablate=ablate, req=req, features=features)
+    limit_bytes = MEMORY_SHARE * free_memory(device)
+    if force or (flops <= TIME_LIMIT_S * FLOOR_RATE and held <= limit_bytes):
+        return None
+    rate = matmul_rate(device, next(model.parameters()).dtype)
+
+    def cost_of(t: int) -> Cost:
+        f, b = inspect_cost(cfg, min(t, n_tokens), ablate=ablate, req=req, features=features)
+        return Cost(f / rate, b)
+
+    asked = [w for w, on in (("ablation", ablate), ("DLA", req and req.dla),
+                             ("patching", req and req.patch_tokens is not None),
+                             ("the logit lens", req and req.lens),
+                             (f"the qk split of {len(req.qk) if req and req.qk else 0} heads",
+                              req and req.qk),
+                             ("composition", req and req.composition), ("features", features))
+             if on]
+    return check_cost("max_tokens", n_tokens, cost_of, device=device, minimum=2,
+                      what=f"inspecting {n_tokens:,} tokens" + (f" with {', '.join(asked)}"
+                                                                 if asked else ""),
+                      basis=f"the model's FLOPs at this machine's measured matmul rate, "
+                      f"{rate / 1e9:.3g} GFLOP/s: a lower bound",
+                      none_fit="even 2 tokens do not fit: ask for less (fewer --qk heads, no "
+                      "--composition)")
