@@ -366,3 +366,18 @@ def test_installed_inspect_heads_refuses_a_qk_split_of_every_head_of_a_deep_mode
     line = error_line(r)
     assert line.startswith("error: --max-tokens ") and "qk split of 1152 heads" in line, line
     assert "of memory free" in line and "--force" in line
+
+
+# -- features train: the SAE's size and length -----------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--width", "--batch-size", "--tokens", "--held-out"])
+def test_features_train_refuses_each_huge_number_before_the_work(run_dir, tmp_path, flag):
+    out = tmp_path / "sae"
+    for value in ("1" + "0" * 30, str(2**63)):
+        r = in_process(["features", "train", "--run", run_dir, "--device", "cpu", "--layer",
+                        "1", "--out", out, flag, value])
+        line = error_line(r)
+        assert line.startswith(f"error: {flag} {value}: ") and "--force" in line, line
+        assert re.search(rf"largest that fits is {flag} \d+", line), line
+        assert not out.exists()

@@ -15,6 +15,7 @@ import typer
 from minigpt.cli.main import (
     CheckpointOpt,
     DeviceOpt,
+    ForceOpt,
     JsonOpt,
     ModelOpt,
     RunOpt,
@@ -79,6 +80,7 @@ def train_command(
     lr: LrOpt = 0.0, tokens: TokensOpt = 262_144, held_out: HeldOutOpt = 32_768,
     seed: SeedOpt = 0, out: OutOpt = None, resume: ResumeOpt = False,
     json_out: JsonOpt = False, device: DeviceOpt = "auto", threads: ThreadsOpt = 0,
+    force: ForceOpt = False,
 ) -> None:
     """Train a sparse autoencoder on one layer's head outputs (or on --activations)."""
     from minigpt.errors import ConflictError
@@ -107,7 +109,7 @@ def train_command(
     say(f"features: a TopK SAE on {src.describe()}; into {out}")
     bar = _Bar()
     with cpu_threads(threads), bar:
-        result = train_features(src, settings, out, resume=resume, on_event=bar)
+        result = train_features(src, settings, out, resume=resume, on_event=bar, force=force)
     if result.resumed_from:
         say(f"resumed from step {result.resumed_from}")
     say(summary_line(result.info))

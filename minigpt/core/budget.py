@@ -20,6 +20,7 @@ import torch
 from minigpt.errors import ArgumentError, ConfigError
 
 TIME_LIMIT_S = 3600.0    # an analysis asked for interactively: at most an hour unless forced
+TRAIN_LIMIT_S = 7 * 86400.0  # a training session (a model's, an SAE's): at most a week
 MEMORY_SHARE = 0.8       # of the memory free when it starts
 FLOOR_RATE = 1e9         # FLOP/s: slower than any machine this runs on; work whose FLOPs fit
                          # the time limit at this rate fits it anywhere, unmeasured

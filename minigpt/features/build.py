@@ -7,12 +7,14 @@ written: a bad value leaves no directory behind.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from minigpt.core.budget import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.core.gpt import flops_per_token
 from minigpt.core.sae import ce_recovered, quality
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.features import collect, store
@@ -121,8 +123,10 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
 
 
 def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: bool = False,
-                   on_event=None) -> FeaturesResult:
-    """Train (or, with `resume`, continue) an SAE on `src` into `out` (module docstring)."""
+                   on_event=None, force: bool = False) -> FeaturesResult:
+    """Train (or, with `resume`, continue) an SAE on `src` into `out` (module docstring);
+    refused before the work when its estimate does not fit (`check_features_cost`), unless
+    `force`."""
     on_event = on_event or (lambda e: None)
     settings.check()
     if src.loaded is not None:
@@ -133,8 +137,12 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     for name in ("tokens", "held_out"):
         if getattr(src, name) < 1:
             raise ArgumentError(name, f"must be a positive number, got {getattr(src, name)}")
+    if src.loaded is not None and not force:
+        check_features_cost(src, settings, mcfg.n_head * mcfg.head_dim)
     t0 = time.monotonic()
     x, held, held_rows = gather(src, settings.seed, on_event)
+    if src.loaded is None and not force:
+        check_features_cost(src, settings, x.shape[1], x.shape[0] + held.shape[0])
     s = settings.resolved(x.shape[1])
     state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
                                     "source": src.describe()}
@@ -147,6 +155,57 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
                 train_rows=int(x.shape[0]), held_out_rows=int(held.shape[0]))
     store.save_sae(out, state.sae, _cfg(src, state), info)
     return FeaturesResult(out, s, info, resumed)
+
+
+def features_cost(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None,
+                  rate: float = FLOOR_RATE) -> Cost:
+    """What `train_features` costs: collecting `rows` z of width `d_in` (a third of
+    core.gpt.flops_per_token each, with the model `mcfg`; none for a file), `s.steps` steps
+    of `s.batch_size` rows through the encoder and decoder (12 x width x d_in FLOPs a row,
+    forward and backward), the held-out measures; at `rate` FLOP/s. Memory: the z, the SAE's
+    two matrices with their gradients and Adam moments, a batch's latents."""
+    width = s.width or 8 * d_in
+    per_token = flops_per_token(mcfg, mcfg.block_size) / 3 if mcfg is not None else 0.0
+    flops = (rows * per_token + s.steps * s.batch_size * 12.0 * width * d_in
+             + held_out * (4.0 * width * d_in + 3 * per_token))
+    held = 4.0 * rows * d_in + 32.0 * width * d_in + 12.0 * s.batch_size * width
+    return Cost(flops / rate, held)
+
+
+def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None
+                        ) -> None:
+    """`features_cost` checked by core.budget's rule, each number named in turn: --width,
+    --tokens (collected from the model), --batch-size, --steps (the training bound: a week,
+    at this machine's measured matmul rate, a lower bound; measured only when the FLOPs
+    could take that long at FLOOR_RATE)."""
+    mcfg = src.loaded.cfg.model if src.loaded is not None else None
+    device = src.loaded.device if src.loaded is not None else "cpu"
+    rows = rows if rows is not None else src.tokens + src.held_out
+    held_out = src.held_out if src.loaded is not None else max(1, rows // 10)
+    rate, basis = FLOOR_RATE, "a count of what it holds (its FLOPs fit at any speed)"
+    if features_cost(s, d_in, rows, held_out, mcfg).seconds > TRAIN_LIMIT_S:
+        rate = matmul_rate(device)
+        basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
+                 "GFLOP/s: a lower bound")
+    common = {"device": device, "limit_s": TRAIN_LIMIT_S, "basis": basis,
+              "limit_what": "an SAE's training may take"}
+    checks = [("width", s.width or 8 * d_in, lambda v: replace(s, width=v, steps=1), rows),
+              ("tokens", src.tokens, lambda v: replace(s, steps=1), None),
+              ("held_out", src.held_out, lambda v: replace(s, steps=1), "held"),
+              ("batch_size", s.batch_size, lambda v: replace(s, batch_size=v, steps=1), rows),
+              ("steps", s.steps, lambda v: replace(s, steps=v), rows)]
+    for name, value, settings_at, fixed in checks:
+        def cost_of(v: int, settings_at=settings_at, fixed=fixed) -> Cost:
+            if fixed == "held":  # --held-out at v
+                return features_cost(settings_at(v), d_in, src.tokens + v, v, mcfg, rate)
+            n = fixed if fixed is not None else v + src.held_out
+            return features_cost(settings_at(v), d_in, n, held_out, mcfg, rate)
+
+        if mcfg is None and name in ("tokens", "held_out"):
+            continue  # a file's rows are what it holds
+        check_cost(name, value, cost_of, what=f"an SAE of {s.width or 8 * d_in:,} features on "
+                   f"{rows:,} rows of width {d_in:,}, {s.steps:,} steps of {s.batch_size:,}",
+                   **common)
 
 
 def _resume(out: Path, state: TrainState, meta: dict) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from minigpt.config import Config
-from minigpt.core.budget import FLOOR_RATE, Cost, check_cost, matmul_rate
+from minigpt.core.budget import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.core.gpt import flops_per_token
 from minigpt.device import amp_dtype
 
@@ -39,9 +39,6 @@ class StopFlag:
     def __exit__(self, *exc) -> None:
         for s, old in self._old.items():
             signal.signal(s, old)
-
-
-TRAIN_LIMIT_S = 7 * 86400.0  # a training session: at most a week unless forced (--force)
 
 
 @dataclass(frozen=True)
