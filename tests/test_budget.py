@@ -381,3 +381,18 @@ def test_features_train_refuses_each_huge_number_before_the_work(run_dir, tmp_pa
         assert line.startswith(f"error: {flag} {value}: ") and "--force" in line, line
         assert re.search(rf"largest that fits is {flag} \d+", line), line
         assert not out.exists()
+
+
+def test_features_show_refuses_a_huge_tokens_before_the_work(run_dir, tmp_path):
+    """`features show --tokens`: one line naming it and the largest that fits (an SAE of a
+    few steps on the tiny run: the bound does not depend on its weights)."""
+    sae = tmp_path / "sae"
+    made = in_process(["features", "train", "--run", run_dir, "--device", "cpu", "--layer", "1",
+                       "--out", sae, "--steps", "2", "--tokens", "256", "--held-out", "64",
+                       "--batch-size", "64", "--width", "48", "--k", "4"])
+    assert made.returncode == 0, made.stderr
+    for value in ("1" + "0" * 30, str(2**63)):
+        line = error_line(in_process(["features", "show", "--sae", sae, "--run", run_dir,
+                                      "--device", "cpu", "--tokens", value]))
+        assert line.startswith(f"error: --tokens {value}: ") and "--force" in line, line
+        assert re.search(r"largest that fits is --tokens \d+", line), line

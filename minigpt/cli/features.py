@@ -210,7 +210,7 @@ def show_command(
     feature: FeatureOpt = None, top: TopOpt = 10, text_file: TextFileOpt = None,
     tokens: TokensOpt = 16_384, seed: SeedOpt = 0, formats: FormatOpt = None,
     out: ShowOutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
-    threads: ThreadsOpt = 0,
+    threads: ThreadsOpt = 0, force: ForceOpt = False,
 ) -> None:
     """An SAE's features: density, top contexts, the heads that write each, its tokens."""
     from minigpt.heads.flags import parse_formats
@@ -232,7 +232,7 @@ def show_command(
     loaded = load_run_or_model(run, model, device, checkpoint)
     with cpu_threads(threads, loaded.model):
         view = describe(loaded, model_sae, info, sae, feature=feature, top=top,
-                        tokens=tokens, seed=seed, text_file=text_file)
+                        tokens=tokens, seed=seed, text_file=text_file, force=force)
     say(f"SAE {sae}: layer {view.layer} of {loaded.label}; " + summary_line(info))
     _write_files(view, fmts, out or sae)
     if json_out:

@@ -14,12 +14,15 @@ Per feature f:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from minigpt.core.budget import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.core.gpt import flops_per_token
 from minigpt.core.sae import TopKSAE
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.features import collect
@@ -107,13 +110,40 @@ def pick_features(density: Tensor, feature: int | None, top: int) -> list[int]:
     return density.argsort(descending=True, stable=True)[:top].tolist()
 
 
+def check_show_cost(loaded, sae: TopKSAE, tokens: int, force: bool = False) -> None:
+    """`tokens` bounded by core.budget's rule (an hour, 80% of the free memory; ArgumentError
+    naming `tokens` and the largest that fits, unless `force`): a forward pass of the model
+    per token (a third of core.gpt.flops_per_token), the SAE's encoding (2 x d_in x d_sae
+    FLOPs), at this machine's measured matmul rate (a lower bound; measured only when the FLOPs
+    could take an hour at FLOOR_RATE); memory: every token's z and its d_sae activations."""
+    if force:
+        return
+    mcfg, device = loaded.cfg.model, loaded.device
+    per_token = flops_per_token(mcfg, mcfg.block_size) / 3 + 2.0 * sae.d_in * sae.d_sae
+
+    def cost_at(rate: float) -> Callable[[int], Cost]:
+        return lambda n: Cost(n * per_token / rate, 4.0 * n * (sae.d_in + 2 * sae.d_sae))
+
+    rate, basis = FLOOR_RATE, "a count of what it holds (its FLOPs fit at any speed)"
+    if cost_at(FLOOR_RATE)(tokens).seconds > TIME_LIMIT_S:
+        rate = matmul_rate(device)
+        basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
+                 "GFLOP/s: a lower bound")
+    check_cost("tokens", tokens, cost_at(rate), what=f"{tokens:,} held-out tokens through the "
+               f"model and the SAE's {sae.d_sae:,} features", device=device, basis=basis)
+
+
 @torch.no_grad()
 def describe(loaded, sae: TopKSAE, info: dict, sae_dir: Path, *, feature: int | None = None,
              top: int = 20, contexts: int = 5, tokens: int = 16_384, seed: int = 0,
-             text_file: Path | None = None) -> FeaturesView:
+             text_file: Path | None = None, force: bool = False) -> FeaturesView:
     """The features of `sae` (module docstring) on `tokens` held-out tokens of the run's data
-    (or `text_file`), drawn with `seed`."""
+    (or `text_file`), drawn with `seed`; `tokens` bounded by their cost (`check_show_cost`),
+    unless `force`."""
     layer = check_fits(sae, info, loaded, sae_dir)
+    if tokens < 1:
+        raise ArgumentError("tokens", f"must be a positive number, got {tokens}")
+    check_show_cost(loaded, sae, tokens, force)
     rows = collect.draw_rows(collect.run_rows(loaded, text_file), "val", tokens, seed + 1)
     acts = sae.encode(collect.collect(loaded.model, rows, layer))  # (n * T, d_sae)
     density = (acts > 0).float().mean(0)
