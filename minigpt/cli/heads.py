@@ -129,6 +129,16 @@ def inspect_heads_command(
                        seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
                        progress=EtaLines("inspect-heads"))
         active = _active_features(sae, loaded, inp.tokens)
+    _say_measured(insp, loaded)
+    if out_dir is not None:
+        with output.saying_what_was_written(out_dir, names):
+            for path in output.write_files(insp, out_dir, fmts, layers, heads):
+                say(f"wrote {path}")
+    _emit(insp, layers, heads, json_out, active)
+
+
+def _say_measured(insp, loaded) -> None:
+    """The stderr lines of what was measured: the parity check, the ablation, the circuits."""
     verdict = "ok" if insp.parity_ok else "MISMATCH: the explicit path disagrees with SDPA"
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}, "
         f"{len(insp.tokens)} tokens ({insp.source}); explicit vs SDPA logits: max |diff| = "
@@ -138,11 +148,6 @@ def inspect_heads_command(
         say(f"ablation ({ab.mode}): loss {ab.base_loss:.4f} nats/token over {ab.scored}; "
             "each head's effect = the loss with it alone ablated minus this one")
     _say_circuits(insp)
-    if out_dir is not None:
-        with output.saying_what_was_written(out_dir, names):
-            for path in output.write_files(insp, out_dir, fmts, layers, heads):
-                say(f"wrote {path}")
-    _emit(insp, layers, heads, json_out, active)
 
 
 def _emit(insp, layers, heads, json_out: bool, active: dict | None) -> None:
