@@ -108,8 +108,8 @@ USUAL = {"model.n_layer": 4, "model.n_embd": 128, "model.vocab_size": 1024,
 
 def _check_memory(cfg: Config, session: Session, device: torch.device) -> None:
     """The weights (named: the size setting furthest above its usual value, USUAL), then one
-    sequence (model.block_size), the evaluations' offsets (train.eval_batches), then the
-    micro-batch (train.micro_batch_size or train.batch_size)."""
+    sequence (model.block_size), the micro-batch (train.micro_batch_size or train.batch_size,
+    with one evaluation batch), then the evaluations' offsets (train.eval_batches)."""
     m, t = cfg.model, cfg.train
     memory = {"device": device, "setting": True, "basis": "a rough fp32 estimate of the "
               "weights, their gradients and AdamW state and a micro-batch's activations"}
@@ -126,16 +126,17 @@ def _check_memory(cfg: Config, session: Session, device: torch.device) -> None:
                lambda v: Cost(0.0, training_bytes(_with(cfg, {"model.block_size": v}),
                                                   session.world, 1, False)),
                what=f"one sequence of {m.block_size:,} tokens", minimum=2, **memory)
-    check_cost("train.eval_batches", t.eval_batches,
-               lambda v: Cost(0.0, training_bytes(_with(cfg, {"train.eval_batches": v}),
-                                                  session.world, 1)),
-               what=f"{t.eval_batches:,} evaluation batches of {t.batch_size:,} sequences",
-               **memory)
     key = "train.micro_batch_size" if t.micro_batch_size else "train.batch_size"
     check_cost(key, getattr(t, key.split(".")[1]),
-               lambda v: Cost(0.0, training_bytes(_with(cfg, {key: v}), session.world)),
+               lambda v: Cost(0.0, training_bytes(_with(cfg, {key: v, "train.eval_batches": 1}),
+                                                  session.world)),
                what=f"a micro-batch of {t.micro_batch_size or t.batch_size // session.world:,} "
                f"sequences x {m.block_size:,} tokens", **memory)
+    check_cost("train.eval_batches", t.eval_batches,
+               lambda v: Cost(0.0, training_bytes(_with(cfg, {"train.eval_batches": v}),
+                                                  session.world)),
+               what=f"{t.eval_batches:,} evaluation batches of {t.batch_size:,} sequences",
+               **memory)
 
 
 def _check_time(cfg: Config, session: Session, device: torch.device) -> None:
