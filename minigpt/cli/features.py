@@ -106,7 +106,6 @@ def train_command(
         if src.loaded.run_dir is None:
             raise ArgumentError("out", "is needed with --model: give {name} DIR")
         out = Path(src.loaded.run_dir) / "features" / f"layer{layer}"
-    say(f"features: a TopK SAE on {src.describe()}; into {out}")
     bar = _Bar()
     with cpu_threads(threads), bar:
         result = train_features(src, settings, out, resume=resume, on_event=bar, force=force)
@@ -168,8 +167,11 @@ class _Bar:
             self.progress.stop()
 
     def __call__(self, e) -> None:
-        from minigpt.features.build import Collecting
+        from minigpt.features.build import Collecting, Starting
 
+        if isinstance(e, Starting):
+            say(f"features: a TopK SAE on {e.what}; into {e.out}")
+            return
         if isinstance(e, Collecting):
             what, done, total, stats = f"z of {e.split}", e.done, e.total, ""
         else:

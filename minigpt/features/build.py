@@ -7,6 +7,7 @@ written: a bad value leaves no directory behind.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,6 +24,14 @@ from minigpt.run.safetensors_io import load_tensors
 
 DEFAULT_TOKENS = 262_144     # activations to train on
 DEFAULT_HELD_OUT = 32_768    # held-out tokens the quality is measured on
+
+
+@dataclass
+class Starting:
+    """Every check passed (the cost included): the SAE on `what` starts, into `out`."""
+
+    what: str
+    out: Path
 
 
 @dataclass
@@ -140,9 +149,13 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     if src.loaded is not None and not force:
         check_features_cost(src, settings, mcfg.n_head * mcfg.head_dim)
     t0 = time.monotonic()
+    if src.loaded is not None:
+        on_event(Starting(src.describe(), out))
     x, held, held_rows = gather(src, settings.seed, on_event)
-    if src.loaded is None and not force:
-        check_features_cost(src, settings, x.shape[1], x.shape[0] + held.shape[0])
+    if src.loaded is None:
+        if not force:
+            check_features_cost(src, settings, x.shape[1], x.shape[0] + held.shape[0])
+        on_event(Starting(src.describe(), out))
     s = settings.resolved(x.shape[1])
     state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
                                     "source": src.describe()}
@@ -174,38 +187,41 @@ def features_cost(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None
 
 def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None
                         ) -> None:
-    """`features_cost` checked by core.budget's rule, each number named in turn: --width,
-    --tokens (collected from the model), --batch-size, --steps (the training bound: a week,
-    at this machine's measured matmul rate, a lower bound; measured only when the FLOPs
-    could take that long at FLOOR_RATE)."""
+    """`features_cost` checked by core.budget's rule (a week, the training bound; 80% of the
+    free memory), naming the number furthest above its default (--width, --tokens,
+    --held-out, --batch-size, --steps; a file's rows are what it holds) and the largest value
+    of it that fits with the others as given. The time is at this machine's measured matmul
+    rate (a lower bound), measured only when the FLOPs could take that long at FLOOR_RATE."""
     mcfg = src.loaded.cfg.model if src.loaded is not None else None
     device = src.loaded.device if src.loaded is not None else "cpu"
+    given = {"width": s.width or 8 * d_in, "steps": s.steps, "batch_size": s.batch_size}
+    usual = {"width": 8 * d_in, "steps": 2000, "batch_size": 1024}
+    if mcfg is not None:
+        given.update(tokens=src.tokens, held_out=src.held_out)
+        usual.update(tokens=DEFAULT_TOKENS, held_out=DEFAULT_HELD_OUT)
     rows = rows if rows is not None else src.tokens + src.held_out
-    held_out = src.held_out if src.loaded is not None else max(1, rows // 10)
+
+    def cost_at(rate: float, name: str) -> Callable[[int], Cost]:
+        def cost_of(v: int) -> Cost:
+            n = {**given, name: v}
+            at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
+            if mcfg is None:
+                return features_cost(at, d_in, rows, max(1, rows // 10), None, rate)
+            return features_cost(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg,
+                                 rate)
+        return cost_of
+
+    name = max(given, key=lambda k: given[k] / usual[k])
     rate, basis = FLOOR_RATE, "a count of what it holds (its FLOPs fit at any speed)"
-    if features_cost(s, d_in, rows, held_out, mcfg).seconds > TRAIN_LIMIT_S:
+    if cost_at(FLOOR_RATE, name)(given[name]).seconds > TRAIN_LIMIT_S:
         rate = matmul_rate(device)
         basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
                  "GFLOP/s: a lower bound")
-    common = {"device": device, "limit_s": TRAIN_LIMIT_S, "basis": basis,
-              "limit_what": "an SAE's training may take"}
-    checks = [("width", s.width or 8 * d_in, lambda v: replace(s, width=v, steps=1), rows),
-              ("tokens", src.tokens, lambda v: replace(s, steps=1), None),
-              ("held_out", src.held_out, lambda v: replace(s, steps=1), "held"),
-              ("batch_size", s.batch_size, lambda v: replace(s, batch_size=v, steps=1), rows),
-              ("steps", s.steps, lambda v: replace(s, steps=v), rows)]
-    for name, value, settings_at, fixed in checks:
-        def cost_of(v: int, settings_at=settings_at, fixed=fixed) -> Cost:
-            if fixed == "held":  # --held-out at v
-                return features_cost(settings_at(v), d_in, src.tokens + v, v, mcfg, rate)
-            n = fixed if fixed is not None else v + src.held_out
-            return features_cost(settings_at(v), d_in, n, held_out, mcfg, rate)
-
-        if mcfg is None and name in ("tokens", "held_out"):
-            continue  # a file's rows are what it holds
-        check_cost(name, value, cost_of, what=f"an SAE of {s.width or 8 * d_in:,} features on "
-                   f"{rows:,} rows of width {d_in:,}, {s.steps:,} steps of {s.batch_size:,}",
-                   **common)
+    others = ", ".join(f"--{k.replace('_', '-')} {v:,}" for k, v in given.items() if k != name)
+    check_cost(name, given[name], cost_at(rate, name), device=device, basis=basis,
+               limit_s=TRAIN_LIMIT_S, limit_what="an SAE's training may take",
+               what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
+               f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
 
 
 def _resume(out: Path, state: TrainState, meta: dict) -> int:

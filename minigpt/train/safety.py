@@ -90,83 +90,60 @@ def training_flops(cfg: Config, steps: int) -> float:
     return steps * t.batch_size * m.block_size * per_token + evals * forward
 
 
+# The settings that set a session's memory and length, and the values the bundled configs use:
+# a refusal names the one furthest above its usual value (the one to change), and the largest
+# value of it that fits with every other setting as given.
+USUAL = {"model.n_layer": 4, "model.n_embd": 128, "model.vocab_size": 1024,
+         "model.block_size": 128, "train.batch_size": 16, "train.eval_batches": 20,
+         "train.max_steps": 2000, "train.sample_tokens": 100}
+MINIMUM = {"model.block_size": 2, "train.sample_tokens": 0}
+
+
+def _culprit(cfg: Config, keys: tuple[str, ...]) -> tuple[str, int, str]:
+    """(the setting of `keys` furthest above its usual value, its value, the others above
+    theirs in words)."""
+    def value(k: str) -> int:
+        section, name = k.split(".")
+        return getattr(getattr(cfg, section), name)
+
+    key = max(keys, key=lambda k: value(k) / USUAL[k])
+    others = ", ".join(f"{k} ({value(k):,})" for k in keys
+                       if k != key and value(k) > USUAL[k])
+    return key, value(key), others or "the model or the batch"
+
+
 def check_training(cfg: Config, session: Session, device: torch.device) -> None:
     """Refuse, before anything is allocated or trained, a session that cannot fit in memory
-    or cannot end within TRAIN_LIMIT_S, each through core.budget.check_cost: one line naming
-    the setting, the estimate and the largest value that fits, unless `session.force`.
+    (`training_bytes`) or cannot end within TRAIN_LIMIT_S (`training_flops`: its steps, from
+    its first to --stop-after, and its evaluations, at this machine's measured matmul rate, a
+    lower bound; measured only when they could take that long at core.budget.FLOOR_RATE):
+    core.budget.check_cost's one line naming the setting furthest above its usual value
+    (USUAL), the estimate and the largest value of it that fits with every other setting as
+    given (model.n_embd's: a multiple of 2 x model.n_head), unless `session.force`.
     model.vocab_size must be set (the tokenizer's)."""
-    if not session.force:
-        _check_memory(cfg, session, device)
-        _check_time(cfg, session, device)
-
-
-# The model's size settings and what the bundled configs use: the one furthest above its usual
-# value is the one a memory refusal names (with the largest value that fits).
-USUAL = {"model.n_layer": 4, "model.n_embd": 128, "model.vocab_size": 1024,
-         "model.block_size": 128}
-
-
-def _check_memory(cfg: Config, session: Session, device: torch.device) -> None:
-    """The weights (named: the size setting furthest above its usual value, USUAL), then one
-    sequence (model.block_size), the micro-batch (train.micro_batch_size or train.batch_size,
-    with one evaluation batch), then the evaluations' offsets (train.eval_batches)."""
-    m, t = cfg.model, cfg.train
-    memory = {"device": device, "setting": True, "basis": "a rough fp32 estimate of the "
-              "weights, their gradients and AdamW state and a micro-batch's activations"}
-    key = max(USUAL, key=lambda k: getattr(m, k.split(".")[1]) / USUAL[k])
-    H = m.n_head
-    whole = (lambda v: -(-v // H) * H) if key == "model.n_embd" else (lambda v: v)
-    others = ", ".join(f"{k} ({getattr(m, k.split('.')[1]):,})" for k in USUAL if k != key)
-    check_cost(key, getattr(m, key.split(".")[1]),
-               lambda v: Cost(0.0, training_bytes(_with(cfg, {key: whole(v)}), session.world, 0,
-                                                  False)),
-               what=f"a model of {m.n_layer:,} layers x {m.n_embd:,} wide, vocabulary "
-               f"{m.vocab_size:,}, context {m.block_size:,}", none_fit=f"lower {others}", **memory)
-    check_cost("model.block_size", m.block_size,
-               lambda v: Cost(0.0, training_bytes(_with(cfg, {"model.block_size": v}),
-                                                  session.world, 1, False)),
-               what=f"one sequence of {m.block_size:,} tokens", minimum=2, **memory)
-    key = "train.micro_batch_size" if t.micro_batch_size else "train.batch_size"
-    check_cost(key, getattr(t, key.split(".")[1]),
-               lambda v: Cost(0.0, training_bytes(_with(cfg, {key: v, "train.eval_batches": 1}),
-                                                  session.world)),
-               what=f"a micro-batch of {t.micro_batch_size or t.batch_size // session.world:,} "
-               f"sequences x {m.block_size:,} tokens", **memory)
-    check_cost("train.eval_batches", t.eval_batches,
-               lambda v: Cost(0.0, training_bytes(_with(cfg, {"train.eval_batches": v}),
-                                                  session.world)),
-               what=f"{t.eval_batches:,} evaluation batches of {t.batch_size:,} sequences",
-               **memory)
-
-
-def _check_time(cfg: Config, session: Session, device: torch.device) -> None:
-    """The session's steps (train.max_steps, with the least evaluation), then its evaluations
-    (train.eval_batches, then train.sample_tokens): their FLOPs at this machine's measured
-    matmul rate (a lower bound), measured only when the FLOPs could take that long at
-    core.budget.FLOOR_RATE."""
+    if session.force:
+        return
     m, t = cfg.model, cfg.train
     steps = session.steps(t.max_steps)
-    if training_flops(cfg, steps) <= TRAIN_LIMIT_S * FLOOR_RATE:
-        return  # fits at any speed this runs at: nothing to measure
-    rate = matmul_rate(device, amp_dtype(t.precision, device) or torch.float32)
-    timed = {"device": device, "setting": True, "limit_s": TRAIN_LIMIT_S,
-             "limit_what": "a training session may take", "basis": "the model's FLOPs at this "
-             f"machine's measured matmul rate, {rate / 1e9:.3g} GFLOP/s: a lower bound"}
+    rate, basis = None, ("a rough fp32 estimate of the weights, their gradients and AdamW "
+                         "state and a micro-batch's activations")
+    if training_flops(cfg, steps) > TRAIN_LIMIT_S * FLOOR_RATE:
+        rate = matmul_rate(device, amp_dtype(t.precision, device) or torch.float32)
+        basis = (f"the model's FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
+                 f"GFLOP/s: a lower bound; memory: {basis}")
+    key, value, others = _culprit(cfg, tuple(USUAL))
+    step = 2 * m.n_head
+    whole = (lambda v: -(-v // step) * step) if key == "model.n_embd" else (lambda v: v)
 
-    def cost(changes: dict, n: int) -> Cost:
-        c = _with(cfg, changes)
-        return Cost(training_flops(c, n) / rate, training_bytes(c, session.world))
+    def cost_of(v: int) -> Cost:
+        c = _with(cfg, {key: whole(v)})
+        seconds = training_flops(c, session.steps(c.train.max_steps)) / rate if rate else 0.0
+        return Cost(seconds, training_bytes(c, session.world))
 
-    least = {"train.eval_batches": 1, "train.sample_tokens": 0}
-    evals = steps // t.eval_interval + 1
-    check_cost("train.max_steps", t.max_steps,
-               lambda v: cost({**least, "train.max_steps": v}, session.steps(v)),
-               what=f"{steps:,} steps of {t.batch_size * m.block_size:,} tokens",
-               minimum=session.start + 1, none_fit="shrink the model or the batch", **timed)
-    check_cost("train.eval_batches", t.eval_batches,
-               lambda v: cost({"train.eval_batches": v, "train.sample_tokens": 0}, steps),
-               what=f"{evals:,} evaluations of {t.eval_batches:,} batches", **timed)
-    check_cost("train.sample_tokens", t.sample_tokens,
-               lambda v: cost({"train.sample_tokens": v}, steps), minimum=0,
-               what=f"{t.sample_tokens:,} tokens sampled at each of {evals:,} evaluations",
-               **timed)
+    minimum = session.start + 1 if key == "train.max_steps" else MINIMUM.get(key, 1)
+    check_cost(key, value, cost_of, device=device, setting=True, limit_s=TRAIN_LIMIT_S,
+               limit_what="a training session may take", basis=basis, minimum=minimum,
+               what=f"{steps:,} steps of {t.batch_size:,} x {m.block_size:,} tokens and "
+               f"{steps // t.eval_interval + 1:,} evaluations of {t.eval_batches:,} batches, "
+               f"a model of {m.n_layer:,} layers x {m.n_embd:,} wide (vocabulary "
+               f"{m.vocab_size:,})", none_fit=f"even {minimum} does not fit: lower {others}")
