@@ -32,6 +32,7 @@ CONTEXT = {
     "train": ["--set", "data.corpus=no-such-corpus.txt"],
     "curves": ["no-such-run", "--out", "c.png"],
     "export": ["--out", "out"],
+    "features train": ["--layer", "0"],  # a later --layer=VALUE replaces it
 }
 
 
@@ -168,6 +169,10 @@ TRAINING_BOUNDS = ("train.max_steps", "train.eval_batches", "train.sample_tokens
                    "model.block_size")
 
 
+# what else a value needs to reach the bound (a row of more positions than distinct ids)
+BOUND_CONTEXT = {"model.block_size": ["--set", "data.induction_distinct=false"]}
+
+
 @pytest.mark.parametrize("key", TRAINING_BOUNDS)
 def test_every_training_bound_is_hit(tmp_path, key):
     assert key in {k for k, _ in numeric_settings()}
@@ -175,7 +180,8 @@ def test_every_training_bound_is_hit(tmp_path, key):
         what = f"minigpt train --config induction --set {key}={value}"
         with deadline(PER_CASE_S, what):
             r = in_process(["train", "--config", "induction", "--device", "cpu", "--out",
-                            tmp_path / "run", "--set", f"{key}={value}"], cwd=tmp_path,
+                            tmp_path / "run", *BOUND_CONTEXT.get(key, []), "--set",
+                            f"{key}={value}"], cwd=tmp_path,
                            MINIGPT_CACHE=str(tmp_path))
         line = one_line(r, what)
         assert line.startswith(f"error: {key}={value}: ") and "--force" in line, (what, line)
