@@ -235,9 +235,9 @@ JsonOpt = Annotated[bool, typer.Option(
     "--json", help="Print the result as one JSON document on stdout instead of the table(s).")]
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Run even when the work is estimated to take longer than its bound (an "
-    "hour for inspect-heads and circuit, a week for train and features train) or more memory "
-    "than is free: refused otherwise, in one line naming the estimate and the largest value "
-    "that fits (docs/cli.md#cost-bounds).")]
+    "hour for an analysis, a week for train and features train) or more memory than is free: "
+    "refused otherwise, in one line naming the estimate and the largest value that fits "
+    "(docs/cli.md#cost-bounds).")]
 FilesOutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", help="Directory for the files. Default: <run>/heads/.")]
 

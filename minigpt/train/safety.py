@@ -64,18 +64,17 @@ def _with(cfg: Config, changes: dict[str, int]) -> Config:
     return cfg
 
 
-def training_bytes(cfg: Config, world: int = 1, micro: int | None = None,
-                   evals: bool = True) -> float:
+def training_bytes(cfg: Config, world: int = 1) -> float:
     """A rough fp32 estimate of what a session holds: weights, gradients and two AdamW
     moments (4 copies of the parameters); per micro-batch token, ~16 n_embd floats of
     activations per layer plus ~3 vocab-sized rows (logits, softmax, gradient); every
-    evaluation's offsets (drawn at once; with `evals`)."""
+    evaluation's offsets (drawn at once)."""
     m, t = cfg.model, cfg.train
-    micro = micro if micro is not None else t.micro_batch_size or max(1, t.batch_size // world)
+    micro = t.micro_batch_size or max(1, t.batch_size // world)
     params = (m.vocab_size * m.n_embd * (1 if m.tie_weights else 2)
               + m.n_layer * 12 * m.n_embd ** 2 + m.block_size * m.n_embd)
     acts = 4 * micro * m.block_size * (m.n_layer * 16 * m.n_embd + 3 * m.vocab_size)
-    return 16.0 * params + acts + (8.0 * t.eval_batches * t.batch_size if evals else 0.0)
+    return 16.0 * params + acts + 8.0 * t.eval_batches * t.batch_size
 
 
 def training_flops(cfg: Config, steps: int) -> float:
