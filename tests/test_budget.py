@@ -383,6 +383,22 @@ def test_features_train_refuses_each_huge_number_before_the_work(run_dir, tmp_pa
         assert not out.exists()
 
 
+def test_features_show_tokens_are_bounded(run_dir):
+    """features.show.check_show_cost, the check `features show --tokens` makes: a huge count
+    refused naming the largest that fits, which passes; --force passes anything."""
+    from minigpt.core.sae import TopKSAE
+    from minigpt.features.show import check_show_cost
+    from minigpt.run import load_run
+
+    loaded, sae = load_run(run_dir, "cpu"), TopKSAE(24, 48, 4)
+    with pytest.raises(ArgumentError) as e:
+        check_show_cost(loaded, sae, 2**63)
+    fits = int(re.search(r"largest that fits is \{name\} (\d+)", e.value.problem)[1])
+    check_show_cost(loaded, sae, fits)
+    check_show_cost(loaded, sae, 2**63, force=True)
+
+
+@pytest.mark.slow
 def test_features_show_refuses_a_huge_tokens_before_the_work(run_dir, tmp_path):
     """`features show --tokens`: one line naming it and the largest that fits (an SAE of a
     few steps on the tiny run: the bound does not depend on its weights)."""
