@@ -412,3 +412,30 @@ def test_features_show_refuses_a_huge_tokens_before_the_work(run_dir, tmp_path):
                                       "--device", "cpu", "--tokens", value]))
         assert line.startswith(f"error: --tokens {value}: ") and "--force" in line, line
         assert re.search(r"largest that fits is --tokens \d+", line), line
+
+
+# -- sample: the samples asked for -----------------------------------------------------------
+
+
+def test_sample_refuses_what_cannot_end_in_an_hour_and_force_runs_it(tmp_path, monkeypatch):
+    """On a machine slow enough (patched) that 3 samples of 20 tokens take 2 h, `sample` is
+    refused in one line naming --num-samples and the largest that fits (1); --force samples."""
+    from conftest import save_tiny_run
+
+    from minigpt.infer import sample as smp
+    from minigpt.run import load_run
+
+    run = save_tiny_run(tmp_path / "run")
+    loaded = load_run(run, "cpu")
+    prompt = len(loaded.tokenizer.encode("ab"))
+    flops = smp.sample_flops(loaded.model.cfg, prompt, 20, 3)
+    monkeypatch.setattr(smp, "matmul_rate", lambda *a, **k: flops / 7200)
+    monkeypatch.setattr(smp, "FLOOR_RATE", 1e-9)  # always measured
+    args = ["sample", "--run", run, "--device", "cpu", "-p", "ab", "-n", "20",
+            "--num-samples", "3", "--seed", "1"]
+    line = error_line(in_process(args))
+    assert line.startswith("error: --num-samples 3: 3 sample(s) of 20 tokens would take about "
+                           "2 h") and "the largest that fits is --num-samples 1" in line, line
+    forced = in_process([*args, "--force", "--json"])
+    assert forced.returncode == 0, forced.stderr
+    assert len(forced.stdout.strip().splitlines()) == 3

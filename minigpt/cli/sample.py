@@ -13,7 +13,16 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import DeviceOpt, ModelOpt, RunOpt, ThreadsOpt, app, latest_run, say
+from minigpt.cli.main import (
+    DeviceOpt,
+    ForceOpt,
+    ModelOpt,
+    RunOpt,
+    ThreadsOpt,
+    app,
+    latest_run,
+    say,
+)
 from minigpt.display import printable
 
 PromptOpt = Annotated[str | None, typer.Option(
@@ -56,6 +65,7 @@ def sample_command(
     stop: StopOpt = None, stream: StreamOpt = None, no_kv_cache: NoKvCacheOpt = False,
     device: DeviceOpt = "auto", json_out: JsonOpt = False,
     allow_special: AllowSpecialOpt = False, model: ModelOpt = None, threads: ThreadsOpt = 0,
+    force: ForceOpt = False,
 ) -> None:
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""
@@ -83,6 +93,8 @@ def sample_command(
         size = f"{p.n_tokens} tokens" if p.file_bytes is None else f"{p.file_bytes:,} bytes"
         say(f"note: the prompt is {size}, longer than the model's context ({block}); using its "
             f"last {block} tokens")
+    with decoding_threads(loaded.model, threads):
+        smp.check_sample_cost(loaded.model, len(p.ids), how, not no_kv_cache, force)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     dev = loaded.device
     say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}")

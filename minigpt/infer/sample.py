@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minigpt.core.budget import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.core.generate import sampling_loop
-from minigpt.core.gpt import device_of
+from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.core.sampling import Sampling
 
 # --------------------------------------------------------------------------------------------
@@ -173,3 +174,44 @@ def sample(model: torch.nn.Module, prompt_ids: Sequence[int],
         if on_done is not None:
             on_done(result)
     return results
+
+
+# --------------------------------------------------------------------------------------------
+# What a sampling costs, before it starts.
+
+
+def sample_flops(cfg, prompt_len: int, new_tokens: int, samples: int,
+                 kv_cache: bool = True) -> float:
+    """The FLOPs of `samples` samples of `new_tokens` tokens after a `prompt_len`-token prompt
+    from a model of `cfg` (a ModelConfig): a forward pass is a third of
+    core.gpt.flops_per_token per token at its context; with the KV cache the prompt once and
+    one token per step, at the mean context; without it, the whole context every step."""
+    block = cfg.block_size
+    context = min(block, prompt_len + new_tokens // 2) or 1
+    per = flops_per_token(cfg, context) / 3
+    step = per if kv_cache else per * context
+    return samples * (min(prompt_len, block) * per + new_tokens * step)
+
+
+def check_sample_cost(model, prompt_len: int, how: Sampling, kv_cache: bool = True,
+                      force: bool = False) -> None:
+    """`sample_flops` checked by core.budget's rule (an hour, at this machine's measured
+    matmul rate, a lower bound: decoding is slower than its FLOPs; measured only when the FLOPs
+    could take an hour at FLOOR_RATE): refused naming `max_new_tokens` or `num_samples`,
+    whichever is further above its default (200, 1), and the largest that fits, unless
+    `force`. Sampling streams its text and may end early at a stop: the bound is on what was
+    asked for."""
+    cfg, device = model.cfg, device_of(model)
+    n, k = how.max_new_tokens, how.num_samples
+    if force or sample_flops(cfg, prompt_len, n, k, kv_cache) <= TIME_LIMIT_S * FLOOR_RATE:
+        return
+    rate = matmul_rate(device, next(model.parameters()).dtype)
+    name = "num_samples" if k >= n / 200 else "max_new_tokens"
+
+    def cost_of(v: int) -> Cost:
+        new, samples = (n, v) if name == "num_samples" else (v, k)
+        return Cost(sample_flops(cfg, prompt_len, new, samples, kv_cache) / rate, 0.0)
+
+    check_cost(name, getattr(how, name), cost_of, device=device,
+               what=f"{k:,} sample(s) of {n:,} tokens", basis=f"the model's FLOPs at this "
+               f"machine's measured matmul rate, {rate / 1e9:.3g} GFLOP/s: a lower bound")
