@@ -86,14 +86,18 @@ def test_a_clean_log_gets_no_note(stopped, tmp_path):
 
 
 @pytest.mark.slow
-def test_installed_resume_keeps_a_damaged_line_and_says_so(stopped, tmp_path):
+@pytest.mark.parametrize("how", ["not-json", "not-utf8", "note-after", "random"])
+def test_installed_resume_keeps_a_damaged_line_and_says_so(stopped, tmp_path, how):
+    """Issue 50's cause 3, each way it was seen, as typed: `train --resume` keeps every line
+    it cannot read, byte for byte, and says so in one note naming the file."""
     run = Path(shutil.copytree(stopped, tmp_path / "run", symlinks=True))
     metrics = run / "metrics.jsonl"
-    bad = _damage(metrics, "not-json")
+    bad = _damage(metrics, how)
     r = subprocess.run([shutil.which("minigpt"), "train", "--out", str(run), "--resume"],
                        capture_output=True, text=True, timeout=600, check=False,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
-    assert bad[0] in metrics.read_bytes().split(b"\n")
-    notes = [x for x in r.stderr.splitlines() if x.startswith("note: ") and "kept 1 line" in x]
+    assert [x for x in metrics.read_bytes().split(b"\n") if x in bad] == bad, how
+    kept = f"kept {len(bad)} line{'s' if len(bad) != 1 else ''} "
+    notes = [x for x in r.stderr.splitlines() if x.startswith("note: ") and kept in x]
     assert len(notes) == 1 and str(metrics) in notes[0], r.stderr
