@@ -548,6 +548,66 @@ def test_logit_softcap_squashes_logits_for_loss_and_sampling():
     assert torch.allclose(last[0, 0], logits[0, 9], atol=1e-6)
 
 
+def written_out(z: torch.Tensor, t: torch.Tensor, cap: float):
+    logits = torch.tanh(z / cap) * cap
+    return logits, torch.nn.functional.cross_entropy(logits, t, ignore_index=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_softcap_cross_entropy_in_one_pass_equals_the_written_out_formula(dtype):
+    """The one-pass loss (one autograd node) gives the capped logits, the loss and the gradient
+    of raw logits that cap * tanh(z / cap) then F.cross_entropy give, with ignored targets and
+    with a gradient arriving through the logits as well as through the loss."""
+    from minigpt.core.gpt import softcap_cross_entropy
+
+    gen = torch.Generator().manual_seed(3)
+    z = (20 * torch.randn(37, 11, generator=gen, dtype=dtype)).requires_grad_()
+    t = torch.randint(0, 11, (37,), generator=gen)
+    t[[3, 10]] = -1
+    w = torch.randn(37, 11, generator=gen, dtype=dtype)  # a use of the logits besides the loss
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for through_logits in (False, True):
+        got, want = [], []
+        for fn, out in ((softcap_cross_entropy, got), (written_out, want)):
+            logits, loss = fn(z, t, 5.0)
+            (loss + (logits * w).sum() if through_logits else loss).backward()
+            out += [logits.detach(), loss.detach(), z.grad]
+            z.grad = None
+        for a, b in zip(got, want):
+            assert a.dtype == dtype and torch.allclose(a, b, atol=tol, rtol=tol)
+    assert torch.autograd.gradcheck(lambda a: softcap_cross_entropy(a, t[:6], 2.0),
+                                    (z.detach()[:6, :5].clone().requires_grad_(),))
+
+
+def test_qk_norm_folded_into_the_rope_tables_equals_norm_then_rope():
+    """`QKNorm.with_rope` (the gains multiplied into the tables) = RoPE of the QK-norm's output,
+    values and gradients (of the input and both gains); a hook on the QK-norm module takes the
+    module's own path and fires, with the same logits."""
+    from minigpt.core.gpt import QKNorm, Rotary, apply_rope
+
+    gen = torch.Generator().manual_seed(5)
+    norm, rotary = QKNorm(8, 1e-6), Rotary(8, 16, 10000.0)
+    with torch.no_grad():
+        norm.q_weight.copy_(torch.randn(8, generator=gen))
+        norm.k_weight.copy_(torch.randn(8, generator=gen))
+    qk = torch.randn(2, 2, 3, 5, 8, generator=gen, requires_grad=True)
+    cos, sin = rotary.tables(2, 5)
+    grads = []
+    for out in (norm.with_rope(qk, cos, sin), apply_rope(norm(qk), cos, sin)):
+        grads.append((out, *torch.autograd.grad((out * qk.detach()).sum(),
+                                                (qk, norm.q_weight, norm.k_weight))))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5)
+    model = build(**OPTIONS).eval()
+    idx = tokens(2, 12)
+    plain = model(idx)[0]
+    fired = []
+    handle = model.blocks[1].attn.qk_norm.register_forward_hook(lambda *a: fired.append(1))
+    hooked = model(idx)[0]
+    handle.remove()
+    assert fired == [1] and torch.allclose(hooked, plain, atol=1e-5)
+
+
 def test_zero_head_starts_uniform_and_leaves_the_other_weights_alone():
     zero, normal = build(tie_weights=False, head_init="zero"), build(tie_weights=False)
     assert not zero.lm_head.weight.any() and normal.lm_head.weight.std() > 0.01

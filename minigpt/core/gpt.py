@@ -285,9 +285,73 @@ class QKNorm(nn.Module):
         """qk: queries and keys stacked on the first axis, (2, B, H, T, D). Returns the
         normalised qk, same shape and dtype (under autocast the fp32 gains would otherwise
         promote a bf16 q and k away from v's dtype)."""
-        gains = torch.stack((self.q_weight, self.k_weight)).view(2, 1, 1, 1, -1)  # (2,1,1,1,D)
-        out = F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gains
+        out = F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * self._gains()
         return out if out.dtype == qk.dtype else out.to(qk.dtype)
+
+    def _gains(self) -> Tensor:
+        return torch.stack((self.q_weight, self.k_weight)).view(2, 1, 1, 1, -1)  # (2,1,1,1,D)
+
+    def with_rope(self, qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """`apply_rope(self(qk), cos, sin)` with the gains folded into the (T, D) tables: the
+        rotation of g * x is x * (g * cos) + swap_pairs(x) * (swap_pairs(g) * sin), so the
+        (2, B, H, T, D) tensor is multiplied twice, not three times. Same shape and dtype."""
+        g = self._gains()
+        out = apply_rope(F.rms_norm(qk, (qk.shape[-1],), eps=self.eps), g * cos,
+                         swap_pairs(g) * sin)  # tables (2, 1, 1, T, D)
+        return out if out.dtype == qk.dtype else out.to(qk.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# The loss with soft-capped logits, in one pass.
+
+
+def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """The soft-capped logits `cap * tanh(z / cap)` of raw logits z (N, V) float and their mean
+    cross-entropy against targets (N,) (-1 = ignored): the numbers of
+    `F.cross_entropy(cap * tanh(z / cap), targets, ignore_index=-1)`, both differentiable.
+
+    Eager, one autograd node that keeps the capped logits and a log-sum-exp per row instead of
+    the four (N, V) tensors the written-out formula saves; its backward recomputes the softmax
+    and tanh's derivative 1 - (logits / cap)^2 from the saved logits, in place. Under
+    torch.compile the written-out formula, which inductor fuses on its own."""
+    if torch.compiler.is_compiling():
+        logits = torch.tanh(z / cap) * cap
+        return logits, F.cross_entropy(logits, targets, ignore_index=-1)
+    return _SoftcapCrossEntropy.apply(z, targets, cap)
+
+
+class _SoftcapCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z: Tensor, targets: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+        logits = torch.tanh(z * (1.0 / cap)).mul_(cap)  # (N, V)
+        lse = torch.logsumexp(logits, dim=-1)  # (N,)
+        keep = targets != -1
+        rows = targets.clamp(min=0)  # ignored rows read column 0, weighted 0
+        picked = logits.gather(1, rows[:, None]).squeeze(1)  # (N,)
+        weight = keep.to(logits.dtype) / keep.sum()  # 1 / n_kept on kept rows, 0 elsewhere
+        loss = ((lse - picked) * weight).sum()
+        ctx.save_for_backward(logits, lse, rows, weight)
+        ctx.cap = cap
+        ctx.set_materialize_grads(False)
+        return logits, loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_logits: Tensor | None, d_loss: Tensor | None):
+        logits, lse, rows, weight = ctx.saved_tensors
+        if d_loss is not None:  # d loss / d logits = (softmax - one_hot) * weight per row
+            g = torch.sub(logits, lse[:, None]).exp_()
+            g.scatter_add_(1, rows[:, None], torch.full_like(lse[:, None], -1.0))
+            g.mul_((weight * d_loss)[:, None])
+            if d_logits is not None:
+                g.add_(d_logits)
+        elif d_logits is not None:
+            g = d_logits.clone()
+        else:
+            return None, None, None
+        # through the cap: d logits / d z = 1 - tanh^2 = 1 - (logits / cap)^2
+        g.addcmul_(g * logits, logits, value=-1.0 / (ctx.cap * ctx.cap))
+        return g, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -437,10 +501,14 @@ class CausalSelfAttention(nn.Module):
         else:  # q and k are normalised and rotated together (one op each); v is left alone
             # split, not slicing: its backward is one cat instead of zero-fill + copy per slice
             qk, v = qkv.split([2, 1])  # (2, B, H, T, D), (1, B, H, T, D)
-            if self.qk_norm is not None:  # before RoPE: the rotation keeps the norm
-                qk = self.qk_norm(qk)
-            if rope is not None:  # positions live in q and k only; v stays position-free
-                qk = apply_rope(qk, *rope)  # tables (T, D) broadcast over (2, B, H)
+            n = self.qk_norm
+            if n is not None and rope is not None and n.__class__ is QKNorm and not hooked(n):
+                qk = n.with_rope(qk, *rope)  # the gains ride on the RoPE tables
+            else:
+                if n is not None:  # before RoPE: the rotation keeps the norm
+                    qk = n(qk)
+                if rope is not None:  # positions live in q and k only; v stays position-free
+                    qk = apply_rope(qk, *rope)  # tables (T, D) broadcast over (2, B, H)
             q, k = qk.unbind(0)  # 2 x (B, H, T, D)
             v = v.squeeze(0)  # (B, H, T, D)
         if spec.intervention is not None:  # the queries and keys the scores read
@@ -483,8 +551,26 @@ class CausalSelfAttention(nn.Module):
 
 
 def relu2(x: Tensor) -> Tensor:
-    """ReLU squared, max(x, 0)^2 (So et al., Primer, 2021)."""
-    return F.relu(x).square()
+    """ReLU squared, max(x, 0)^2 (So et al., Primer, 2021). Eager, one autograd node that
+    keeps r = max(x, 0) for its backward, 2 r * grad (the written-out relu then square keep
+    both x and r and make four passes back); under torch.compile written out, for inductor."""
+    if torch.compiler.is_compiling():
+        return F.relu(x).square()
+    return _ReLU2.apply(x)
+
+
+class _ReLU2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        r = F.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (r,) = ctx.saved_tensors
+        return torch.mul(r, grad).mul_(2.0)
 
 
 # model.activation -> the function; elementwise, so any shape in, the same shape out
@@ -637,7 +723,14 @@ class GPT(nn.Module):
         token at a time this is the decode step of generation, where the one query sees every
         cached key and no mask is built. Training, sampling, inspection and imported models
         all run this pass."""
-        logits, _ = self._run(idx, kv_cache, attn or self._spec)
+        x, _ = self._stream(idx, kv_cache, attn or self._spec)
+        cap = self.cfg.logit_softcap
+        if targets is not None and cap:  # soft-cap and cross-entropy in one pass
+            raw = self.raw_logits(x)  # (B, T, V)
+            logits, loss = softcap_cross_entropy(raw.view(-1, raw.shape[-1]),
+                                                 targets.reshape(-1), cap)
+            return logits.view(raw.shape), loss
+        logits = self.unembed(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1),
@@ -658,6 +751,13 @@ class GPT(nn.Module):
              ) -> tuple[Tensor, list[Tensor]]:
         """Embed -> blocks -> final norm -> LM head: logits (B, T, V) float32 and, when
         `spec.return_probs`, each layer's attention probabilities."""
+        x, all_probs = self._stream(idx, kv_cache, spec)
+        return self.unembed(x), all_probs
+
+    def _stream(self, idx: Tensor, kv_cache: KVCache | None, spec: ForwardSpec
+                ) -> tuple[Tensor, list[Tensor]]:
+        """Embed -> blocks: the residual stream leaving the last block (B, T, C), as the final
+        norm reads it, and, when `spec.return_probs`, each layer's attention probabilities."""
         B, T = idx.shape
         start = 0
         if kv_cache is not None:
@@ -672,7 +772,7 @@ class GPT(nn.Module):
         x, all_probs = self._blocks(x, 0, start, kv_cache, spec)
         if kv_cache is not None:
             kv_cache.advance(T)
-        return self.unembed(x), all_probs
+        return x, all_probs
 
     def _blocks(self, x: Tensor, first: int, start: int, kv_cache: KVCache | None,
                 spec: ForwardSpec, stream: list[Tensor] | None = None
@@ -698,8 +798,11 @@ class GPT(nn.Module):
     def unembed(self, x: Tensor) -> Tensor:
         """Final norm -> LM head (-> soft-cap) on the residual stream leaving the last block:
         (..., C) -> logits (..., V) float32."""
-        logits = linear(self.lm_head, norm(self.ln_f, x))  # (..., C) -> (..., V)
-        return self._softcap(logits.float())
+        return self._softcap(self.raw_logits(x))
+
+    def raw_logits(self, x: Tensor) -> Tensor:
+        """Final norm -> LM head, before the soft-cap: (..., C) -> raw logits (..., V) float32."""
+        return linear(self.lm_head, norm(self.ln_f, x)).float()  # (..., C) -> (..., V)
 
     def residual_stream(self, idx: Tensor, *, attn: ForwardSpec | None = None) -> list[Tensor]:
         """The residual stream of the forward pass on idx (B, T) (no cache): n_layer + 1
