@@ -566,17 +566,21 @@ def test_softcap_cross_entropy_in_one_pass_equals_the_written_out_formula(dtype)
     t[[3, 10]] = -1
     w = torch.randn(37, 11, generator=gen, dtype=dtype)  # a use of the logits besides the loss
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    for through_logits in (False, True):
+    # caps 5 and 60: both sides of the cap up to which exp(c) needs no max pass
+    for cap, through_logits in ((5.0, False), (5.0, True), (60.0, False), (60.0, True)):
         got, want = [], []
         for fn, out in ((softcap_cross_entropy, got), (written_out, want)):
-            logits, loss = fn(z, t, 5.0)
+            logits, loss = fn(z * (cap / 5.0), t, cap)
             (loss + (logits * w).sum() if through_logits else loss).backward()
             out += [logits.detach(), loss.detach(), z.grad]
             z.grad = None
         for a, b in zip(got, want):
-            assert a.dtype == dtype and torch.allclose(a, b, atol=tol, rtol=tol)
-    assert torch.autograd.gradcheck(lambda a: softcap_cross_entropy(a, t[:6], 2.0),
-                                    (z.detach()[:6, :5].clone().requires_grad_(),))
+            assert a.dtype == dtype and torch.allclose(a, b, atol=tol * cap, rtol=tol)
+    small = z.detach()[:6].double().requires_grad_()  # gradcheck wants float64
+    assert torch.autograd.gradcheck(lambda a: softcap_cross_entropy(a, t[:6], 2.0), (small,))
+    loss = softcap_cross_entropy(small, t[:6], 2.0)[1]
+    first = torch.autograd.grad(loss, small, retain_graph=True)[0]
+    assert torch.equal(torch.autograd.grad(loss, small)[0], first)  # a retained graph again
 
 
 def test_qk_norm_folded_into_the_rope_tables_equals_norm_then_rope():
