@@ -583,35 +583,6 @@ def test_softcap_cross_entropy_in_one_pass_equals_the_written_out_formula(dtype)
     assert torch.equal(torch.autograd.grad(loss, small)[0], first)  # a retained graph again
 
 
-def test_qk_norm_folded_into_the_rope_tables_equals_norm_then_rope():
-    """`QKNorm.with_rope` (the gains multiplied into the tables) = RoPE of the QK-norm's output,
-    values and gradients (of the input and both gains); a hook on the QK-norm module takes the
-    module's own path and fires, with the same logits."""
-    from minigpt.core.gpt import QKNorm, Rotary, apply_rope
-
-    gen = torch.Generator().manual_seed(5)
-    norm, rotary = QKNorm(8, 1e-6), Rotary(8, 16, 10000.0)
-    with torch.no_grad():
-        norm.q_weight.copy_(torch.randn(8, generator=gen))
-        norm.k_weight.copy_(torch.randn(8, generator=gen))
-    qk = torch.randn(2, 2, 3, 5, 8, generator=gen, requires_grad=True)
-    cos, sin = rotary.tables(2, 5)
-    grads = []
-    for out in (norm.with_rope(qk, cos, sin), apply_rope(norm(qk), cos, sin)):
-        grads.append((out, *torch.autograd.grad((out * qk.detach()).sum(),
-                                                (qk, norm.q_weight, norm.k_weight))))
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, atol=1e-5)
-    model = build(**OPTIONS).eval()
-    idx = tokens(2, 12)
-    plain = model(idx)[0]
-    fired = []
-    handle = model.blocks[1].attn.qk_norm.register_forward_hook(lambda *a: fired.append(1))
-    hooked = model(idx)[0]
-    handle.remove()
-    assert fired == [1] and torch.allclose(hooked, plain, atol=1e-5)
-
-
 def test_zero_head_starts_uniform_and_leaves_the_other_weights_alone():
     zero, normal = build(tie_weights=False, head_init="zero"), build(tie_weights=False)
     assert not zero.lm_head.weight.any() and normal.lm_head.weight.std() > 0.01

@@ -285,19 +285,8 @@ class QKNorm(nn.Module):
         """qk: queries and keys stacked on the first axis, (2, B, H, T, D). Returns the
         normalised qk, same shape and dtype (under autocast the fp32 gains would otherwise
         promote a bf16 q and k away from v's dtype)."""
-        out = F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * self._gains()
-        return out if out.dtype == qk.dtype else out.to(qk.dtype)
-
-    def _gains(self) -> Tensor:
-        return torch.stack((self.q_weight, self.k_weight)).view(2, 1, 1, 1, -1)  # (2,1,1,1,D)
-
-    def with_rope(self, qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """`apply_rope(self(qk), cos, sin)` with the gains folded into the (T, D) tables: the
-        rotation of g * x is x * (g * cos) + swap_pairs(x) * (swap_pairs(g) * sin), so the
-        (2, B, H, T, D) tensor is multiplied twice, not three times. Same shape and dtype."""
-        g = self._gains()
-        out = apply_rope(F.rms_norm(qk, (qk.shape[-1],), eps=self.eps), g * cos,
-                         swap_pairs(g) * sin)  # tables (2, 1, 1, T, D)
+        gains = torch.stack((self.q_weight, self.k_weight)).view(2, 1, 1, 1, -1)  # (2,1,1,1,D)
+        out = F.rms_norm(qk, (qk.shape[-1],), eps=self.eps) * gains
         return out if out.dtype == qk.dtype else out.to(qk.dtype)
 
 
@@ -513,14 +502,10 @@ class CausalSelfAttention(nn.Module):
         else:  # q and k are normalised and rotated together (one op each); v is left alone
             # split, not slicing: its backward is one cat instead of zero-fill + copy per slice
             qk, v = qkv.split([2, 1])  # (2, B, H, T, D), (1, B, H, T, D)
-            n = self.qk_norm
-            if n is not None and rope is not None and n.__class__ is QKNorm and not hooked(n):
-                qk = n.with_rope(qk, *rope)  # the gains ride on the RoPE tables
-            else:
-                if n is not None:  # before RoPE: the rotation keeps the norm
-                    qk = n(qk)
-                if rope is not None:  # positions live in q and k only; v stays position-free
-                    qk = apply_rope(qk, *rope)  # tables (T, D) broadcast over (2, B, H)
+            if self.qk_norm is not None:  # before RoPE: the rotation keeps the norm
+                qk = self.qk_norm(qk)
+            if rope is not None:  # positions live in q and k only; v stays position-free
+                qk = apply_rope(qk, *rope)  # tables (T, D) broadcast over (2, B, H)
             q, k = qk.unbind(0)  # 2 x (B, H, T, D)
             v = v.squeeze(0)  # (B, H, T, D)
         if spec.intervention is not None:  # the queries and keys the scores read
