@@ -1,6 +1,10 @@
 """The GPT, top to bottom in one file: the lecture's attention, the position encodings, the
-KV cache, then the transformer that uses them (CausalSelfAttention, MLP, Block, GPT), like
-nanoGPT's model.py. Tensors of attention are `[batch, head, query, key]`.
+soft-capped loss, the KV cache, then the transformer that uses them (CausalSelfAttention, MLP,
+Block, GPT), like nanoGPT's model.py. Tensors of attention are `[batch, head, query, key]`.
+
+Two functions are one autograd node each in eager mode, for speed on CPU (the same numbers as
+written out, tested in tests/test_model.py): `softcap_cross_entropy` (the soft-cap and the
+cross-entropy) and `relu2`; under torch.compile they are written out, for inductor to fuse.
 
 `attention()` is the one attention function of the project. Two paths, one result:
 
