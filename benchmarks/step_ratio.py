@@ -3,6 +3,7 @@
     python benchmarks/step_ratio.py                      # ~60 s on 2 busy CPU cores
     python benchmarks/step_ratio.py --learned --profile 10 --json step_ratio.json
     python benchmarks/step_ratio.py --compile --profile 0 # + both models under torch.compile
+    python benchmarks/step_ratio.py --config speedrun --shape config  # the speedrun's step
 
 The shape of issue 18: n_layer 4, n_embd 128, n_head 4, block_size 64, batch 12, fp32, the
 default BPE (1024 merges + <|endoftext|> = 1025 ids) on the bundled Shakespeare, AdamW lr 1e-3,
@@ -21,6 +22,9 @@ weight decay 0.1 on matrices, betas (0.9, 0.99), global-norm clip 1.0.
   the default (foreach) kernel: row `reference`. Row `reference+fused` is the same model with
   fused AdamW (what minigpt uses), so the optimizer kernel can be told apart from the rest.
 
+- `--config NAME`: minigpt's model and optimizer options from that config instead of the
+  default's (speedrun: Muon, ReLU^2, QK-norm, soft-cap, dropout, weight average), at the shape;
+  `--shape config` takes that config's block_size and batch_size for both models.
 - `--learned`: also minigpt with learned positions (the reference's), to show what RoPE
   costs; `--compile`: also minigpt with `train.compile: true` and the reference under
   torch.compile (nanoGPT compiles by default), each compiled before timing starts.
