@@ -583,6 +583,19 @@ def test_softcap_cross_entropy_in_one_pass_equals_the_written_out_formula(dtype)
     assert torch.equal(torch.autograd.grad(loss, small)[0], first)  # a retained graph again
 
 
+def test_relu2_as_one_node_equals_relu_then_square():
+    from minigpt.core.gpt import relu2
+
+    x = torch.randn(7, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x[0, :3] = 0.0  # the kink: both give gradient 0 there
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(7, 9, dtype=torch.float64)
+    (ga,) = torch.autograd.grad(relu2(a), a, g)
+    (gb,) = torch.autograd.grad(torch.relu(b).square(), b, g)
+    assert torch.equal(relu2(x), torch.relu(x).square()) and torch.allclose(ga, gb)
+    assert torch.autograd.gradcheck(relu2, (x[1:].clone().requires_grad_(),))
+
+
 def test_zero_head_starts_uniform_and_leaves_the_other_weights_alone():
     zero, normal = build(tie_weights=False, head_init="zero"), build(tie_weights=False)
     assert not zero.lm_head.weight.any() and normal.lm_head.weight.std() > 0.01
