@@ -3,6 +3,7 @@
     python benchmarks/step_ratio.py                      # ~60 s on 2 busy CPU cores
     python benchmarks/step_ratio.py --learned --profile 10 --json step_ratio.json
     python benchmarks/step_ratio.py --compile --profile 0 # + both models under torch.compile
+    python benchmarks/step_ratio.py --config speedrun --shape config  # the speedrun's step
 
 The shape of issue 18: n_layer 4, n_embd 128, n_head 4, block_size 64, batch 12, fp32, the
 default BPE (1024 merges + <|endoftext|> = 1025 ids) on the bundled Shakespeare, AdamW lr 1e-3,
@@ -21,6 +22,9 @@ weight decay 0.1 on matrices, betas (0.9, 0.99), global-norm clip 1.0.
   the default (foreach) kernel: row `reference`. Row `reference+fused` is the same model with
   fused AdamW (what minigpt uses), so the optimizer kernel can be told apart from the rest.
 
+- `--config NAME`: minigpt's model and optimizer options from that config instead of the
+  default's (speedrun: Muon, ReLU^2, QK-norm, soft-cap, dropout, weight average), at the shape;
+  `--shape config` takes that config's block_size and batch_size for both models.
 - `--learned`: also minigpt with learned positions (the reference's), to show what RoPE
   costs; `--compile`: also minigpt with `train.compile: true` and the reference under
   torch.compile (nanoGPT compiles by default), each compiled before timing starts.
@@ -157,9 +161,10 @@ class RefStep:
 # minigpt: its own trainer and step.
 
 
-def minigpt_step(root: Path, pos: str, cache: Path, compile_: bool = False):
+def minigpt_step(root: Path, pos: str, cache: Path, compile_: bool = False,
+                 config: str = "default"):
     s = SHAPE
-    cfg = load_config("default", [
+    cfg = load_config(config, [
         f"model.n_layer={s['n_layer']}", f"model.n_head={s['n_head']}",
         f"model.n_embd={s['n_embd']}", f"model.block_size={s['block_size']}",
         f"train.batch_size={s['batch_size']}", f"train.learning_rate={LR}",
@@ -235,22 +240,32 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=10, help="steps profiled per model; 0 = off")
     ap.add_argument("--rows", type=int, default=15, help="ops listed per profile")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--config", default="default",
+                    help="minigpt's model and optimizer options from this config (e.g. "
+                         "speedrun: Muon, ReLU^2, QK-norm, soft-cap, dropout), at the shape")
+    ap.add_argument("--shape", choices=("issue18", "config"), default="issue18",
+                    help="issue18: T 64, batch 12 (both models); config: --config's "
+                         "block_size and batch_size")
     args = ap.parse_args()
+    if args.shape == "config":
+        c = load_config(args.config, [])
+        SHAPE.update(block_size=c.model.block_size, batch_size=c.train.batch_size)
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()
     started = time.perf_counter()
     cache = Path(tempfile.gettempdir()) / "minigpt-step-ratio-cache"  # tokenizer, tokens
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, mg = minigpt_step(Path(tmp), "rope", cache)
+        trainer, mg = minigpt_step(Path(tmp), "rope", cache, config=args.config)
         b = trainer.batches
         tokens, vocab = np.asarray(b.rows.data.train), b.tokenizer.n_vocab
         steps = {"minigpt": mg, "reference": RefStep(tokens, vocab, fused=False),
                  "reference+fused": RefStep(tokens, vocab, fused=True)}
         if args.learned:
-            steps["minigpt-learned"] = minigpt_step(Path(tmp), "learned", cache)[1]
+            steps["minigpt-learned"] = minigpt_step(Path(tmp), "learned", cache,
+                                                    config=args.config)[1]
         compile_s = {}
         if args.compile:
-            _, cstep = minigpt_step(Path(tmp), "rope", cache, compile_=True)
+            _, cstep = minigpt_step(Path(tmp), "rope", cache, compile_=True, config=args.config)
             ref = RefStep(tokens, vocab, fused=True)
             ref.model = torch.compile(ref.model)  # same Parameters: clip and AdamW unchanged
             for name, fn in (("minigpt+compile", cstep), ("reference+compile", ref)):
@@ -267,7 +282,8 @@ def main() -> None:
         load1 = os.getloadavg()
         ms, cms = _median_ms(wall), _median_ms(cpu)
         paired, cpaired = _paired(wall), _paired(cpu)
-        print(f"torch {torch.__version__}, {args.threads} threads, vocab {vocab}, params "
+        print(f"torch {torch.__version__}, {args.threads} threads, minigpt config {args.config}, "
+              f"shape {SHAPE}, vocab {vocab}, params "
               f"{params}, {len(wall['minigpt'])} rounds x {args.block} steps, load average "
               f"{'/'.join(f'{x:.2f}' for x in load0)} before, "
               f"{'/'.join(f'{x:.2f}' for x in load1)} after"
@@ -287,7 +303,8 @@ def main() -> None:
         print(f"total run time {time.perf_counter() - started:.0f} s")
         if args.json:
             args.json.write_text(json.dumps({
-                "shape": SHAPE, "threads": args.threads, "vocab": vocab, "params": params,
+                "shape": SHAPE, "config": args.config, "threads": args.threads, "vocab": vocab,
+                "params": params,
                 "load_before": load0, "load_after": load1, "block": args.block,
                 "wall_ms_per_round": wall, "cpu_ms_per_round": cpu, "wall_ms": ms,
                 "cpu_ms": cms, "steps_per_s": {n: 1000 / v for n, v in ms.items()},

@@ -548,6 +548,54 @@ def test_logit_softcap_squashes_logits_for_loss_and_sampling():
     assert torch.allclose(last[0, 0], logits[0, 9], atol=1e-6)
 
 
+def written_out(z: torch.Tensor, t: torch.Tensor, cap: float):
+    logits = torch.tanh(z / cap) * cap
+    return logits, torch.nn.functional.cross_entropy(logits, t, ignore_index=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_softcap_cross_entropy_in_one_pass_equals_the_written_out_formula(dtype):
+    """The one-pass loss (one autograd node) gives the capped logits, the loss and the gradient
+    of raw logits that cap * tanh(z / cap) then F.cross_entropy give, with ignored targets and
+    with a gradient arriving through the logits as well as through the loss."""
+    from minigpt.core.gpt import softcap_cross_entropy
+
+    gen = torch.Generator().manual_seed(3)
+    z = (20 * torch.randn(37, 11, generator=gen, dtype=dtype)).requires_grad_()
+    t = torch.randint(0, 11, (37,), generator=gen)
+    t[[3, 10]] = -1
+    w = torch.randn(37, 11, generator=gen, dtype=dtype)  # a use of the logits besides the loss
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    # caps 5 and 60: both sides of the cap up to which exp(c) needs no max pass
+    for cap, through_logits in ((5.0, False), (5.0, True), (60.0, False), (60.0, True)):
+        got, want = [], []
+        for fn, out in ((softcap_cross_entropy, got), (written_out, want)):
+            logits, loss = fn(z * (cap / 5.0), t, cap)
+            (loss + (logits * w).sum() if through_logits else loss).backward()
+            out += [logits.detach(), loss.detach(), z.grad]
+            z.grad = None
+        for a, b in zip(got, want):
+            assert a.dtype == dtype and torch.allclose(a, b, atol=tol * cap, rtol=tol)
+    small = z.detach()[:6].double().requires_grad_()  # gradcheck wants float64
+    assert torch.autograd.gradcheck(lambda a: softcap_cross_entropy(a, t[:6], 2.0), (small,))
+    loss = softcap_cross_entropy(small, t[:6], 2.0)[1]
+    first = torch.autograd.grad(loss, small, retain_graph=True)[0]
+    assert torch.equal(torch.autograd.grad(loss, small)[0], first)  # a retained graph again
+
+
+def test_relu2_as_one_node_equals_relu_then_square():
+    from minigpt.core.gpt import relu2
+
+    x = torch.randn(7, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x[0, :3] = 0.0  # the kink: both give gradient 0 there
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(7, 9, dtype=torch.float64)
+    (ga,) = torch.autograd.grad(relu2(a), a, g)
+    (gb,) = torch.autograd.grad(torch.relu(b).square(), b, g)
+    assert torch.equal(relu2(x), torch.relu(x).square()) and torch.allclose(ga, gb)
+    assert torch.autograd.gradcheck(relu2, (x[1:].clone().requires_grad_(),))
+
+
 def test_zero_head_starts_uniform_and_leaves_the_other_weights_alone():
     zero, normal = build(tie_weights=False, head_init="zero"), build(tie_weights=False)
     assert not zero.lm_head.weight.any() and normal.lm_head.weight.std() > 0.01

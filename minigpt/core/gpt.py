@@ -1,6 +1,10 @@
 """The GPT, top to bottom in one file: the lecture's attention, the position encodings, the
-KV cache, then the transformer that uses them (CausalSelfAttention, MLP, Block, GPT), like
-nanoGPT's model.py. Tensors of attention are `[batch, head, query, key]`.
+soft-capped loss, the KV cache, then the transformer that uses them (CausalSelfAttention, MLP,
+Block, GPT), like nanoGPT's model.py. Tensors of attention are `[batch, head, query, key]`.
+
+Two functions are one autograd node each in eager mode, for speed on CPU (the same numbers as
+written out, tested in tests/test_model.py): `softcap_cross_entropy` (the soft-cap and the
+cross-entropy) and `relu2`; under torch.compile they are written out, for inductor to fuse.
 
 `attention()` is the one attention function of the project. Two paths, one result:
 
@@ -291,6 +295,71 @@ class QKNorm(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
+# The loss with soft-capped logits, in one pass.
+
+
+def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """The soft-capped logits `cap * tanh(z / cap)` of raw logits z (N, V) float and their mean
+    cross-entropy against targets (N,) (-1 = ignored): the numbers of
+    `F.cross_entropy(cap * tanh(z / cap), targets, ignore_index=-1)`, both differentiable.
+
+    Eager, one autograd node instead of five: the capped logits c bound exp(c) by exp(cap), so
+    up to a cap of 40 the log-sum-exp needs no max pass and exp(c) is kept for the backward
+    (the softmax is exp(c) / its row sum); its backward is (softmax - one_hot) / n_kept times
+    tanh's derivative 1 - (c / cap)^2, from the saved c, in three passes over (N, V).
+    Under torch.compile the written-out formula, which inductor fuses on its own."""
+    if torch.compiler.is_compiling():
+        logits = torch.tanh(z / cap) * cap
+        return logits, F.cross_entropy(logits, targets, ignore_index=-1)
+    return _SoftcapCrossEntropy.apply(z, targets, cap)
+
+
+class _SoftcapCrossEntropy(torch.autograd.Function):
+    EXP_CAP = 40.0  # exp(40) * V stays finite in float32 for any vocabulary below 1e21
+
+    @staticmethod
+    def forward(ctx, z: Tensor, targets: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+        logits = torch.tanh(z * (1.0 / cap)).mul_(cap)  # c (N, V), |c| < cap
+        if cap <= _SoftcapCrossEntropy.EXP_CAP:
+            e = torch.exp(logits)  # (N, V), no overflow: exp(c) < exp(cap)
+            total = e.sum(dim=-1)  # (N,)
+            lse = total.log()
+        else:
+            e, total, lse = None, None, torch.logsumexp(logits, dim=-1)
+        keep = targets != -1
+        rows = targets.clamp(min=0)  # ignored rows read column 0, weighted 0
+        picked = logits.gather(1, rows[:, None]).squeeze(1)  # (N,)
+        weight = keep.to(logits.dtype) / keep.sum()  # 1 / n_kept on kept rows, 0 elsewhere
+        loss = ((lse - picked) * weight).sum()
+        ctx.save_for_backward(logits, total, rows, weight)
+        ctx.cap, ctx.exp = cap, e  # exp(c): the backward's buffer (once; recomputed if retained)
+        ctx.set_materialize_grads(False)
+        return logits, loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_logits: Tensor | None, d_loss: Tensor | None):
+        logits, total, rows, weight = ctx.saved_tensors
+        e, ctx.exp = ctx.exp, None
+        if e is None and total is not None:  # a second backward (retain_graph)
+            e = torch.exp(logits)
+        if d_loss is not None:  # d loss / d c = (softmax - one_hot) * weight, row by row
+            w = weight * d_loss  # (N,)
+            g = (e.mul_((w / total)[:, None]) if e is not None
+                 else torch.softmax(logits, dim=-1).mul_(w[:, None]))
+            g.scatter_add_(1, rows[:, None], -w[:, None])
+            if d_logits is not None:
+                g.add_(d_logits)
+        elif d_logits is not None:
+            g = d_logits.clone()
+        else:
+            return None, None, None
+        # through the cap: d c / d z = 1 - tanh^2 = 1 - (c / cap)^2
+        g.addcmul_(g * logits, logits, value=-1.0 / (ctx.cap * ctx.cap))
+        return g, None, None
+
+
+# --------------------------------------------------------------------------------------------
 # The KV cache: keys and values of earlier positions, for decoding.
 
 
@@ -483,8 +552,26 @@ class CausalSelfAttention(nn.Module):
 
 
 def relu2(x: Tensor) -> Tensor:
-    """ReLU squared, max(x, 0)^2 (So et al., Primer, 2021)."""
-    return F.relu(x).square()
+    """ReLU squared, max(x, 0)^2 (So et al., Primer, 2021). Eager, one autograd node that
+    keeps r = max(x, 0) for its backward, 2 r * grad (the written-out relu then square keep
+    both x and r and make four passes back); under torch.compile written out, for inductor."""
+    if torch.compiler.is_compiling():
+        return F.relu(x).square()
+    return _ReLU2.apply(x)
+
+
+class _ReLU2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        r = F.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (r,) = ctx.saved_tensors
+        return torch.mul(r, grad).mul_(2.0)
 
 
 # model.activation -> the function; elementwise, so any shape in, the same shape out
@@ -637,7 +724,14 @@ class GPT(nn.Module):
         token at a time this is the decode step of generation, where the one query sees every
         cached key and no mask is built. Training, sampling, inspection and imported models
         all run this pass."""
-        logits, _ = self._run(idx, kv_cache, attn or self._spec)
+        x, _ = self._stream(idx, kv_cache, attn or self._spec)
+        cap = self.cfg.logit_softcap
+        if targets is not None and cap:  # soft-cap and cross-entropy in one pass
+            raw = self.raw_logits(x)  # (B, T, V)
+            logits, loss = softcap_cross_entropy(raw.view(-1, raw.shape[-1]),
+                                                 targets.reshape(-1), cap)
+            return logits.view(raw.shape), loss
+        logits = self.unembed(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1),
@@ -658,6 +752,13 @@ class GPT(nn.Module):
              ) -> tuple[Tensor, list[Tensor]]:
         """Embed -> blocks -> final norm -> LM head: logits (B, T, V) float32 and, when
         `spec.return_probs`, each layer's attention probabilities."""
+        x, all_probs = self._stream(idx, kv_cache, spec)
+        return self.unembed(x), all_probs
+
+    def _stream(self, idx: Tensor, kv_cache: KVCache | None, spec: ForwardSpec
+                ) -> tuple[Tensor, list[Tensor]]:
+        """Embed -> blocks: the residual stream leaving the last block (B, T, C), as the final
+        norm reads it, and, when `spec.return_probs`, each layer's attention probabilities."""
         B, T = idx.shape
         start = 0
         if kv_cache is not None:
@@ -672,7 +773,7 @@ class GPT(nn.Module):
         x, all_probs = self._blocks(x, 0, start, kv_cache, spec)
         if kv_cache is not None:
             kv_cache.advance(T)
-        return self.unembed(x), all_probs
+        return x, all_probs
 
     def _blocks(self, x: Tensor, first: int, start: int, kv_cache: KVCache | None,
                 spec: ForwardSpec, stream: list[Tensor] | None = None
@@ -698,8 +799,11 @@ class GPT(nn.Module):
     def unembed(self, x: Tensor) -> Tensor:
         """Final norm -> LM head (-> soft-cap) on the residual stream leaving the last block:
         (..., C) -> logits (..., V) float32."""
-        logits = linear(self.lm_head, norm(self.ln_f, x))  # (..., C) -> (..., V)
-        return self._softcap(logits.float())
+        return self._softcap(self.raw_logits(x))
+
+    def raw_logits(self, x: Tensor) -> Tensor:
+        """Final norm -> LM head, before the soft-cap: (..., C) -> raw logits (..., V) float32."""
+        return linear(self.lm_head, norm(self.ln_f, x)).float()  # (..., C) -> (..., V)
 
     def residual_stream(self, idx: Tensor, *, attn: ForwardSpec | None = None) -> list[Tensor]:
         """The residual stream of the forward pass on idx (B, T) (no cache): n_layer + 1

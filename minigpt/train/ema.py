@@ -47,8 +47,9 @@ class WeightAverage:
         self.live, self.ema = live, ema
         self.model = copy.deepcopy(live).eval().requires_grad_(False) if ema else live
         # named_parameters yields a tied Parameter once, in the same order in both models
-        self._pairs = list(zip((p for _, p in self.model.named_parameters()),
-                               (p for _, p in live.named_parameters()), strict=True))
+        self._avgs = [p for _, p in self.model.named_parameters()]
+        self._lives = [p for _, p in live.named_parameters()]
+        assert len(self._avgs) == len(self._lives)
 
     @property
     def train_weights(self) -> GPT | None:
@@ -61,8 +62,8 @@ class WeightAverage:
         if not self.ema:
             return
         weight = 1.0 - ema_decay(self.ema, update)
-        for avg, live in self._pairs:
-            avg.lerp_(live, weight)  # avg + weight * (live - avg)
+        # avg + weight * (live - avg), each pair: one call over every tensor, the same numbers
+        torch._foreach_lerp_(self._avgs, self._lives, weight)
 
     def load(self, ckpt: Checkpoint) -> None:
         """Restore both from a checkpoint (--resume). What it holds says which file is which:

@@ -239,8 +239,10 @@ def forward_module(model: GPT, t: TrainConfig, device: torch.device, info: DistI
 
 
 # `train.compile: auto` per device type, from whole-process measurements (compile included) of
-# the speedrun and default configs: benchmarks/step_ratio.md. On CPU the first compile costs
-# minutes and the compiled step measured no faster, so auto leaves CPU eager.
+# the speedrun and default configs: benchmarks/step_ratio.md. On CPU the compiled step is 3-15%
+# faster, but a first run (an empty compile cache, or any change to the model or the shapes)
+# pays ~100 s of compiling before its first step, more than a 5-minute run wins back, so auto
+# leaves CPU eager.
 AUTO_COMPILE = {"cuda": True, "cpu": False}
 
 
