@@ -583,6 +583,23 @@ def test_softcap_cross_entropy_in_one_pass_equals_the_written_out_formula(dtype)
     assert torch.equal(torch.autograd.grad(loss, small)[0], first)  # a retained graph again
 
 
+def test_softcap_cross_entropy_of_bfloat16_logits_is_computed_in_float32():
+    """bfloat16 logits (autocast on CUDA) give the loss F.cross_entropy gives under autocast:
+    the sum over the vocabulary in float32, not in bfloat16's 8 bits, and a gradient in the
+    logits' own dtype."""
+    from minigpt.core.gpt import softcap_cross_entropy
+
+    gen = torch.Generator().manual_seed(4)
+    z32 = 8 * torch.randn(64, 1025, generator=gen)
+    t = torch.randint(0, 1025, (64,), generator=gen)
+    z = z32.bfloat16().requires_grad_()
+    logits, loss = softcap_cross_entropy(z, t, 30.0)
+    want = written_out(z.detach().float(), t, 30.0)[1]
+    assert loss.dtype == torch.float32 and abs(loss.item() - want.item()) < 1e-5
+    loss.backward()
+    assert z.grad.dtype == torch.bfloat16 and torch.isfinite(z.grad).all()
+
+
 def test_relu2_as_one_node_equals_relu_then_square():
     from minigpt.core.gpt import relu2
 

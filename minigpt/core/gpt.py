@@ -307,7 +307,11 @@ def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float) -> tuple[Tenso
     up to a cap of 40 the log-sum-exp needs no max pass and exp(c) is kept for the backward
     (the softmax is exp(c) / its row sum); its backward is (softmax - one_hot) / n_kept times
     tanh's derivative 1 - (c / cap)^2, from the saved c, in three passes over (N, V).
-    Under torch.compile the written-out formula, which inductor fuses on its own."""
+    Under torch.compile the written-out formula, which inductor fuses on its own. Half- and
+    bfloat16 logits (autocast on CUDA) are computed in float32, as autocast runs
+    F.cross_entropy: a sum of exp over the vocabulary in bfloat16 keeps 8 bits."""
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()  # (N, V) float32
     if torch.compiler.is_compiling():
         logits = torch.tanh(z / cap) * cap
         return logits, F.cross_entropy(logits, targets, ignore_index=-1)
