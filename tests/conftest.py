@@ -137,6 +137,28 @@ def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) 
     return run_dir
 
 
+# Settings neither export format (a Hugging Face GPT-2 / GPT-NeoX directory, a GGUF file) can
+# hold, and the setting each refusal names (tests/test_hf_export.py, tests/test_gguf.py).
+UNEXPORTABLE = [
+    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding"),
+    ({"pos_encoding": "none"}, "model.pos_encoding"),
+    ({"norm": "rmsnorm"}, "model.norm"),
+    ({"activation": "relu2"}, "model.activation"),
+    ({"qk_norm": True}, "model.qk_norm"),
+    ({"logit_softcap": 30.0}, "model.logit_softcap"),
+]
+
+
+def half_matrices_logits(model: torch.nn.Module, ids: list[int]):
+    """The model's logits (float64 numpy, [T, vocab]) of `ids` after its matrices are rounded
+    to float16 in place: what an export with float16 matrices holds (--dtype f16)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(p.half().float())
+        return model(torch.tensor([ids]))[0][0].double().numpy()
+
+
 def kill_trials():
     """benchmarks/kill_trials.py as a module (its trial runner and `minigpt_command`, which
     starts a `minigpt` process that kills itself in the middle of a checkpoint save)."""

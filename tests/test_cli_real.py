@@ -94,7 +94,7 @@ def test_the_documented_commands_were_found():
     assert reasons == {"usage synopsis", "torchrun: not a minigpt command",
                        "pip: not a minigpt command", "pytest: not a minigpt command"} | (
         set() if CUDA else {"needs CUDA, absent here"})
-    assert (["bench", "--device", "cuda", "--json", "bench-cuda.json"] in COMMANDS) == CUDA
+    assert (["bench", "--device", "cuda", "--out", "bench-cuda.json"] in COMMANDS) == CUDA
     assert all("minigpt" in line for line, _ in SKIPPED if "synopsis" in _)
 
 
@@ -140,7 +140,7 @@ USAGE_ERRORS = [
     (["train", "--sett", "x=1"], "(Possible options: --set)"),
     (["runs", "--jsn"], "(Possible options: --json)"),
     (["curves", "runs/default"], "Missing option '--out'"),
-    (["curves", "--out", "x.png"], "Missing argument 'RUN'"),
+    (["curves", "--out", "x.png"], "give the runs to overlay"),
     (["bench", "--suite"], "Option '--suite' requires an argument"),
     (["inspect-heads", "--max-tokens", "many"], "Invalid value for '--max-tokens'"),
 ]
@@ -219,20 +219,14 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
         assert "explicit vs SDPA" in r.stderr + r.stdout
         if "--json" not in argv:  # the table, whatever files were asked for (issue 34)
             assert "head scores" in r.stdout, r.stdout
-        for fmt, name in (("html", "attention.html"), ("png", "attention_grid.png")):
-            if fmt in argv:
-                written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
-                assert written and (cwd / written[0]).is_file(), r.stderr
+        _wrote(argv, r, cwd, {"html": "attention.html", "png": "attention_grid.png"})
     elif argv[0] == "circuit":
         assert "edges recover" in r.stderr, r.stderr
         if "--json" in argv:
             assert json.loads(r.stdout)["edges"]
         else:
             assert "strongest edges" in r.stdout, r.stdout
-        for fmt, name in (("html", "circuit.html"), ("png", "circuit.png")):
-            if fmt in argv:
-                written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
-                assert written and (cwd / written[0]).is_file(), r.stderr
+        _wrote(argv, r, cwd, {"html": "circuit.html", "png": "circuit.png"})
     elif argv[0] == "features":
         if argv[1] == "train":
             assert "of the loss recovered" in r.stderr or "costs nothing" in r.stderr, r.stderr
@@ -254,6 +248,15 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
         else:
             assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
                 p.name for p in out.iterdir()}
+
+
+def _wrote(argv: list[str], r: subprocess.CompletedProcess, cwd: Path,
+           files: dict[str, str]) -> None:
+    """Each format asked for (a word of `argv`) said `wrote PATH` of its file, which exists."""
+    for fmt, name in files.items():
+        if fmt in argv:
+            written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
+            assert written and (cwd / written[0]).is_file(), r.stderr
 
 
 def downloads(argv: list[str]) -> bool:
