@@ -125,7 +125,10 @@ def test_progress_has_an_eta(run_dir, monkeypatch):
         "circuit search", "faithfulness curves"}
 
 
+@pytest.mark.slow
 def test_installed_command_refuses_a_billion_ig_steps(run_dir):
+    """The installed program's one line (the quick tier refuses the same in this process:
+    test_huge_values_are_refused_in_one_line_before_the_work)."""
     program = shutil.which("minigpt")
     assert program is not None
     r = subprocess.run([program, "circuit", "--run", str(run_dir), "--device", "cpu", *PROBE,
