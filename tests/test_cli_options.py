@@ -110,8 +110,8 @@ def test_a_short_flag_means_one_long_one():
 # --------------------------------------------------------------------------------------------
 # The old spellings kept for scripts (issue 47): `runs DIR` / `curves RUN...` beside `--run`,
 # and bench's `--json PATH` beside `--out PATH` (`--json` alone is the flag every command has).
-# What the installed command does with each spelling; bench's real runs in this process (its
-# suites are the same code either way; the slow tier runs them through the program).
+# runs: through the installed command; curves and bench in this process (the same code either
+# way: drawing and timing are their CPU time), through the installed command in the slow tier.
 
 MINIGPT = shutil.which("minigpt")
 
@@ -145,17 +145,30 @@ def test_runs_takes_run_as_it_takes_its_argument(trained_runs, tmp_path):
 
 def test_curves_takes_run_as_it_takes_its_arguments(trained_runs, tmp_path):
     finished, stopped = (trained_runs[k]["dir"] for k in ("finished", "stopped"))
+    drawn = {}
+    for name, args in {"arguments": [finished, stopped], "--run": ["--run", finished, "--run",
+                                                                     stopped],
+                       "mixed": [finished, "--run", stopped]}.items():
+        r = in_process(["curves", *args, "-o", tmp_path / f"{name}.png"])
+        assert r.returncode == 0 and r.stderr == f"wrote {tmp_path / name}.png (2 runs)\n", \
+            r.stderr
+        drawn[name] = (tmp_path / f"{name}.png").read_bytes()
+    assert drawn["arguments"] == drawn["--run"] == drawn["mixed"]
+    none = in_process(["curves", "-o", tmp_path / "none.png"])
+    assert none.returncode == 2 and "--run" in none.stderr and not (tmp_path / "none.png").exists()
+
+
+@pytest.mark.slow
+def test_installed_curves_takes_run_as_it_takes_its_arguments(trained_runs, tmp_path):
+    """The two spellings through the installed program (the quick tier: the test above, in
+    this process)."""
+    finished, stopped = (trained_runs[k]["dir"] for k in ("finished", "stopped"))
     old = installed(["curves", finished, stopped, "-o", tmp_path / "old.png"], tmp_path)
     new = installed(["curves", "--run", finished, "--run", stopped, "-o", tmp_path / "new.png"],
                     tmp_path)
     assert old.returncode == new.returncode == 0, old.stderr + new.stderr
     assert old.stderr.replace("old.png", "new.png") == new.stderr
     assert (tmp_path / "old.png").read_bytes() == (tmp_path / "new.png").read_bytes()
-    mixed = in_process(["curves", finished, "--run", stopped, "-o", tmp_path / "mixed.png"])
-    assert (tmp_path / "mixed.png").read_bytes() == (tmp_path / "old.png").read_bytes(), \
-        mixed.stderr
-    none = in_process(["curves", "-o", tmp_path / "none.png"])
-    assert none.returncode == 2 and "--run" in none.stderr and not (tmp_path / "none.png").exists()
 
 
 TINY_BENCH = ["bench", "--device", "cpu", "--quick", "--suite", "attention", "--seq-lens", "8"]
