@@ -12,10 +12,10 @@ from typing import Annotated
 import typer
 
 import minigpt.cli.options as opt
-from minigpt.cli.main import app, out_console, say
+from minigpt.cli.main import OldSpellingCommand, app, out_console, say
 
 
-@app.command("bench")
+@app.command("bench", cls=OldSpellingCommand)
 def bench_command(
     ctx: typer.Context,
     device: opt.Device = "auto",

@@ -25,7 +25,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from minigpt import __version__
 from minigpt.display import printable
@@ -151,6 +151,18 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             say("interrupted (Ctrl-C); anything already saved is kept")
             raise typer.Exit(130) from None
+
+
+class OldSpellingCommand(TyperCommand):
+    """A command with a hidden argument that keeps an old spelling working for scripts
+    (`bench --json PATH`): the argument stays out of the usage line as it does out of --help."""
+
+    def collect_usage_pieces(self, ctx):
+        rv = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if not getattr(param, "hidden", False):
+                rv.extend(param.get_usage_pieces(ctx))
+        return rv
 
 
 app = typer.Typer(
