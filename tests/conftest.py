@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,20 @@ def no_pictures():
     """pictures_off() for the test."""
     with pictures_off():
         yield
+
+
+@pytest.fixture
+def unrendered_pictures(monkeypatch):
+    """Every picture's bytes (minigpt.display.figure_png, wherever it was imported) are a few
+    placeholder bytes: the figure is built but not rendered, most of a picture's CPU time. For
+    tests that check which files are written, not what they show."""
+    from minigpt import display
+
+    real = display.figure_png
+    monkeypatch.setattr(display, "figure_png", lambda fig: b"unrendered")
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "figure_png", None) is real:
+            monkeypatch.setattr(mod, "figure_png", display.figure_png)
 
 
 @pytest.fixture
