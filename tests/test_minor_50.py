@@ -113,8 +113,9 @@ def _full_disk_at(monkeypatch, name: str) -> None:
      "attention.html", ["attention_grid.png", "attention_L0_H0.png"]),
 ])
 def test_a_full_disk_says_what_was_written_and_what_not(run_dir, tmp_path, monkeypatch,
-                                                        command, args, fails, done):
-    _full_disk_at(monkeypatch, fails)
+                                                        unrendered_pictures, command, args,
+                                                        fails, done):
+    _full_disk_at(monkeypatch, fails)  # (which files: the pictures need not be rendered)
     out = tmp_path / "out"
     r = in_process([command, "--run", run_dir, "--device", "cpu", "--probe", "induction", *args,
                     "--out", out])
