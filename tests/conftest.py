@@ -85,6 +85,19 @@ def unrendered_pictures(monkeypatch):
             monkeypatch.setattr(mod, "figure_png", display.figure_png)
 
 
+@contextlib.contextmanager
+def attention_maps_unrendered():
+    """inspect-heads' attention maps (attention_grid.png, attention_L*_H*.png) are placeholder
+    bytes; its other pictures are drawn as always. For tests that read those others: the maps
+    are drawn and checked in tests/test_inspection.py."""
+    from minigpt.heads import attention_png
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(attention_png, "grid_png", lambda *a: b"unrendered")
+        m.setattr(attention_png, "head_png", lambda *a: b"unrendered")
+        yield
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models decode fastest on one thread (and the CLI sets one): restore afterwards."""
