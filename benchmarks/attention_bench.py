@@ -1,7 +1,7 @@
 """Naive attention vs SDPA on this machine: a thin wrapper over `minigpt bench --suite attention`.
 
     python benchmarks/attention_bench.py                       # T = 256, 512, 1024, 2048
-    python benchmarks/attention_bench.py --seq-lens 512,4096 --json attn.json
+    python benchmarks/attention_bench.py --seq-lens 512,4096 --out attn.json
 
 Any other `minigpt bench` flag passes through (--device, --dtype, --quick, ...). Timings on a
 shared machine are noisy: read the q1-q3 spread next to each median.

@@ -15,6 +15,8 @@ what is shown, so a line can read differently from what it holds). Each is shown
   `L1.H2` (core/edge_graph.py's nodes are spelled the same; tests/test_display.py holds them to it).
 - `visible_token(s, max_len)`: a token's text for labels: whitespace made visible (space ·,
   newline ↵, tab →, CR ␍), every other such character escaped.
+- `figure_png(fig)`: a matplotlib figure as PNG bytes, the one way every picture minigpt
+  draws (curves, heads, circuits, features) becomes bytes to write.
 """
 
 from __future__ import annotations
@@ -44,3 +46,20 @@ def visible_token(s: str, max_len: int = 0) -> str:
 def head_name(layer: int, head: int) -> str:
     """The one spelling of a head: `L{layer}.H{head}`, e.g. L1.H2."""
     return f"L{layer}.H{head}"
+
+
+def figure_png(fig, dpi: int = 100) -> bytes:
+    """The PNG bytes of a matplotlib `Figure`, drawn on the Agg canvas (headless; matplotlib is
+    imported here, lazily). Glyphs missing from the font (CJK, emoji in a token or run name)
+    are drawn as boxes without a warning."""
+    import io
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()

@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,33 @@ def pictures_off(curves: bool = True, heads: bool = True):
 def no_pictures():
     """pictures_off() for the test."""
     with pictures_off():
+        yield
+
+
+@pytest.fixture
+def unrendered_pictures(monkeypatch):
+    """Every picture's bytes (minigpt.display.figure_png, wherever it was imported) are a few
+    placeholder bytes: the figure is built but not rendered, most of a picture's CPU time. For
+    tests that check which files are written, not what they show."""
+    from minigpt import display
+
+    real = display.figure_png
+    monkeypatch.setattr(display, "figure_png", lambda fig: b"unrendered")
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "figure_png", None) is real:
+            monkeypatch.setattr(mod, "figure_png", display.figure_png)
+
+
+@contextlib.contextmanager
+def attention_maps_unrendered():
+    """inspect-heads' attention maps (attention_grid.png, attention_L*_H*.png) are placeholder
+    bytes; its other pictures are drawn as always. For tests that read those others: the maps
+    are drawn and checked in tests/test_inspection.py."""
+    from minigpt.heads import attention_png
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(attention_png, "grid_png", lambda *a: b"unrendered")
+        m.setattr(attention_png, "head_png", lambda *a: b"unrendered")
         yield
 
 
@@ -135,6 +163,28 @@ def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) 
     for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json"):
         shutil.copy(ckpt / name, run_dir / name)
     return run_dir
+
+
+# Settings neither export format (a Hugging Face GPT-2 / GPT-NeoX directory, a GGUF file) can
+# hold, and the setting each refusal names (tests/test_hf_export.py, tests/test_gguf.py).
+UNEXPORTABLE = [
+    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding"),
+    ({"pos_encoding": "none"}, "model.pos_encoding"),
+    ({"norm": "rmsnorm"}, "model.norm"),
+    ({"activation": "relu2"}, "model.activation"),
+    ({"qk_norm": True}, "model.qk_norm"),
+    ({"logit_softcap": 30.0}, "model.logit_softcap"),
+]
+
+
+def half_matrices_logits(model: torch.nn.Module, ids: list[int]):
+    """The model's logits (float64 numpy, [T, vocab]) of `ids` after its matrices are rounded
+    to float16 in place: what an export with float16 matrices holds (--dtype f16)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(p.half().float())
+        return model(torch.tensor([ids]))[0][0].double().numpy()
 
 
 def kill_trials():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import attention_maps_unrendered
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT
@@ -216,9 +217,10 @@ def test_the_command_prints_the_librarys_effects(tiny_run, tmp_path, mode, how):
 @pytest.mark.parametrize("how", HOW)
 def test_table_png_html_and_json_files_carry_the_effects(tiny_run, tmp_path, how):
     out = tmp_path / "out"
-    r = how("inspect-heads", "--run", str(tiny_run), "--text", "To be, or not to be",
-            "--ablate", "zero", "--format", "table,png,html,json", "--out", str(out),
-            cwd=tmp_path)
+    with attention_maps_unrendered():  # ablation.png is read here (in this process)
+        r = how("inspect-heads", "--run", str(tiny_run), "--text", "To be, or not to be",
+                "--ablate", "zero", "--format", "table,png,html,json", "--out", str(out),
+                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "ablate" in r.stdout and "every next-token prediction" in r.stderr
     assert (out / "ablation.png").read_bytes()[:4] == b"\x89PNG"

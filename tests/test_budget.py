@@ -130,7 +130,9 @@ def test_progress_has_an_eta(run_dir, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("flag,value", [("--ig-steps", "1000000000"), ("--pairs", "1000000")])
 def test_installed_command_refuses_a_billion_ig_steps(run_dir, flag, value):
-    """Issue 50's causes 1 and 2, as typed: each refused in one line before the work."""
+    """Issue 50's causes 1 and 2, as typed: each refused in one line before the work (the
+    quick tier refuses the same in this process:
+    test_huge_values_are_refused_in_one_line_before_the_work)."""
     program = shutil.which("minigpt")
     assert program is not None
     r = subprocess.run([program, "circuit", "--run", str(run_dir), "--device", "cpu", *PROBE,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import in_process
+from conftest import attention_maps_unrendered, in_process
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -105,10 +105,13 @@ def test_text_patching_and_the_logit_difference(run_dir):
 def with_files(run_dir, tmp_path_factory):
     """One call with every measurement that draws a picture and the PNG, HTML and JSON files
     (drawing is most of its CPU time), read by the tests of the pictures and of the lens:
-    (result, the --out directory)."""
+    (result, the --out directory). The attention maps unrendered: the tests here read the
+    other pictures."""
     out = tmp_path_factory.mktemp("files")
-    r = invoke(run_dir, "--probe", "induction", "--dla", "--composition", "--patch-from",
-               "corrupted", "--lens", "--json", "--format", "png,html,json", "--out", str(out))
+    with attention_maps_unrendered():
+        r = invoke(run_dir, "--probe", "induction", "--dla", "--composition", "--patch-from",
+                   "corrupted", "--lens", "--json", "--format", "png,html,json", "--out",
+                   str(out))
     assert r.exit_code == 0, r.stderr
     return r, out
 

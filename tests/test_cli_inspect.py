@@ -102,7 +102,8 @@ def test_json_on_stdout(run_dir):
     assert doc["parity_ok"] is True and doc["heads"][0]["induction"] is not None
 
 
-def test_every_file_format_under_out(run_dir, tmp_path):
+def test_every_file_format_under_out(run_dir, tmp_path, unrendered_pictures):
+    """Which files, and where (the pictures unrendered: tests/test_inspection.py draws them)."""
     out = tmp_path / "o"
     r = invoke(run_dir, "--format", "png,html", "--format", "safetensors", "--format", "json",
                "--out", str(out), "--layer", "0", "--head", "1", "--probe", "previous")
@@ -179,9 +180,10 @@ def test_every_destination_is_checked_before_any_work(run_dir, tmp_path):
     assert stat.S_ISFIFO((tmp_path / "attention.html").lstat().st_mode)
 
 
-def test_the_destinations_checked_are_the_files_written(run_dir, tmp_path):
+def test_the_destinations_checked_are_the_files_written(run_dir, tmp_path, unrendered_pictures):
     """`output.file_names` (what is checked before the work) names exactly what `write_files`
-    wrote, with every format and measurement that adds a file."""
+    wrote, with every format and measurement that adds a file (the pictures unrendered: what
+    they show is checked in tests/test_inspection.py and tests/test_cli_circuits.py)."""
     from minigpt.heads import output
 
     r = invoke(run_dir, "--format", "png,html,safetensors,json", "--out", str(tmp_path),

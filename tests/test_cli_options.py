@@ -1,5 +1,5 @@
 """One spelling per option (issue 47): every option two commands share is declared once
-(minigpt/cli/main.py) and reads the same in each: the same flags, type, default and help text.
+(minigpt/cli/options.py) and reads the same in each: the same flags, type, default and help text.
 The walk reads typer's click command tree in-process (what `minigpt COMMAND --help` prints),
 so a command that declares its own copy of a shared option, or drifts from it, fails here.
 
@@ -8,28 +8,37 @@ named may differ."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import typer
+from conftest import in_process
 
 from minigpt.cli import app
 
 # option -> (the commands where it means something of their own, why). Those commands still
 # spell it the same (the same flags); the other commands sharing it agree in everything.
 OWN_MEANING = {
-    "--out": ({"train", "curves", "export"}, (
+    "--out": ({"train", "curves", "export", "bench"}, (
         "what is written is the command's own: a run directory (train), a picture (curves), "
-        "an export (export); inspect-heads and circuit share one --out for their files")),
+        "an export (export), a JSON report (bench); inspect-heads and circuit share one --out "
+        "for their files")),
     "--format": ({"inspect-heads", "circuit", "export"}, (
         "each command writes its own files (export: one format; inspect-heads and circuit: "
         "several, not the same ones)")),
     "--dtype": ({"bench", "export"}, (
         "bench computes in it (auto picks), export stores the matrices in it; the values are "
         "spelled the same (float32, float16)")),
-    "--json": ({"bench", "sample"}, (
-        "bench's --json PATH writes its report to a file, as scripts use it; sample prints "
-        "one document per sample; everywhere else a flag printing the result as one document")),
+    "--json": ({"sample"}, (
+        "sample prints one document per sample; everywhere else a flag printing the result as "
+        "one document")),
+    "--run": ({"runs", "curves"}, (
+        "several runs make sense: repeatable, a run's directory or its name under runs/ (the "
+        "runs given as arguments count the same); every other command reads one run")),
     "--seed": ({"sample"}, (
         "sample draws a fresh seed by default (and prints it); inspect-heads and circuit seed "
         "their synthetic inputs with 0; each help says its default")),
@@ -96,3 +105,123 @@ def test_a_short_flag_means_one_long_one():
                 assert "-o" in what["flags"], cmd
             shorts = [f for f in what["flags"] if not f.startswith("--")]
             assert all(f != "-o" or flag == "--out" for f in shorts), (cmd, flag)
+
+
+# --------------------------------------------------------------------------------------------
+# The old spellings kept for scripts (issue 47): `runs DIR` / `curves RUN...` beside `--run`,
+# and bench's `--json PATH` beside `--out PATH` (`--json` alone is the flag every command has).
+# runs: through the installed command; curves and bench in this process (the same code either
+# way: drawing and timing are their CPU time), through the installed command in the slow tier.
+
+MINIGPT = shutil.which("minigpt")
+
+
+def installed(args: list, cwd: Path) -> subprocess.CompletedProcess:
+    assert MINIGPT is not None, "the `minigpt` console script is not on PATH: pip install -e ."
+    r = subprocess.run([MINIGPT, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def test_runs_takes_run_as_it_takes_its_argument(trained_runs, tmp_path):
+    finished, stopped = (trained_runs[k]["dir"] for k in ("finished", "stopped"))
+    listed = {}
+    for name, args in {"argument": [finished], "--run": ["--run", finished],
+                       "relative argument": ["runs/finished"],
+                       "--run by name": ["--run", "finished"], "directory": ["runs"],
+                       "--run twice": ["--run", "stopped", "--run", "runs/finished"]}.items():
+        argv, cwd = ["runs", *args, "--json"], finished.parent.parent  # cwd holds runs/
+        r = installed(argv, cwd) if name in ("argument", "--run") else in_process(argv, cwd=cwd)
+        assert r.returncode == 0, (name, r.stderr)
+        listed[name] = json.loads(r.stdout)
+    assert listed["argument"] == listed["--run"]
+    assert listed["relative argument"] == listed["--run by name"]
+    assert [x["name"] for x in listed["argument"]["runs"]] == ["finished"]
+    both = sorted(listed["--run twice"]["runs"], key=lambda x: x["name"])
+    assert both == listed["directory"]["runs"] and [x["path"] for x in both] == [
+        "runs/finished", "runs/stopped"] and stopped.is_dir()
+
+
+def test_curves_takes_run_as_it_takes_its_arguments(trained_runs, tmp_path):
+    finished, stopped = (trained_runs[k]["dir"] for k in ("finished", "stopped"))
+    drawn = {}
+    for name, args in {"arguments": [finished, stopped], "--run": ["--run", finished, "--run",
+                                                                     stopped],
+                       "mixed": [finished, "--run", stopped]}.items():
+        r = in_process(["curves", *args, "-o", tmp_path / f"{name}.png"])
+        assert r.returncode == 0 and r.stderr == f"wrote {tmp_path / name}.png (2 runs)\n", \
+            r.stderr
+        drawn[name] = (tmp_path / f"{name}.png").read_bytes()
+    assert drawn["arguments"] == drawn["--run"] == drawn["mixed"]
+    none = in_process(["curves", "-o", tmp_path / "none.png"])
+    assert none.returncode == 2 and "--run" in none.stderr and not (tmp_path / "none.png").exists()
+
+
+@pytest.mark.slow
+def test_installed_curves_takes_run_as_it_takes_its_arguments(trained_runs, tmp_path):
+    """The two spellings through the installed program (the quick tier: the test above, in
+    this process)."""
+    finished, stopped = (trained_runs[k]["dir"] for k in ("finished", "stopped"))
+    old = installed(["curves", finished, stopped, "-o", tmp_path / "old.png"], tmp_path)
+    new = installed(["curves", "--run", finished, "--run", stopped, "-o", tmp_path / "new.png"],
+                    tmp_path)
+    assert old.returncode == new.returncode == 0, old.stderr + new.stderr
+    assert old.stderr.replace("old.png", "new.png") == new.stderr
+    assert (tmp_path / "old.png").read_bytes() == (tmp_path / "new.png").read_bytes()
+
+
+TINY_BENCH = ["bench", "--device", "cpu", "--quick", "--suite", "attention", "--seq-lens", "8"]
+
+
+def _summary_shape(doc: dict) -> dict:
+    """A bench summary without its measured numbers."""
+    return {k: (sorted(v) if isinstance(v, dict) else v) for k, v in doc.items()}
+
+
+def test_bench_json_path_is_the_old_spelling_of_out(tmp_path):
+    old = in_process([*TINY_BENCH, "--json", tmp_path / "old.json"])
+    new = in_process([*TINY_BENCH, "-o", tmp_path / "new.json"])
+    assert old.returncode == new.returncode == 0, old.stderr + new.stderr
+    docs = [json.loads((tmp_path / f).read_text()) for f in ("old.json", "new.json")]
+    assert [sorted(d) for d in docs] == [["environment", "schema", "suites", "summary"]] * 2
+    for r, doc in ((old, docs[0]), (new, docs[1])):  # tables, then the summary line
+        lines = r.stdout.strip().splitlines()
+        assert lines[0].startswith("device cpu") and json.loads(lines[-1]) == doc["summary"]
+    assert _summary_shape(docs[0]["summary"]) == _summary_shape(docs[1]["summary"])
+    assert [len(d["suites"]["attention"]["rows"]) for d in docs] == [4, 4]
+
+
+def test_bench_json_alone_prints_the_report(tmp_path):
+    r = in_process([*TINY_BENCH, "--json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    [line] = r.stdout.splitlines()  # one document, nothing else, no file
+    doc = json.loads(line)
+    assert doc["schema"] == "minigpt-bench/1" and doc["environment"]["quick"] is True
+    assert len(doc["suites"]["attention"]["rows"]) == 4 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--json", "/dev/null"], "--json /dev/null"),  # refused before any suite runs
+    (["--out", "/dev/null"], "--out /dev/null"),
+    (["--out", "a.json", "--json", "b.json"], "given twice"),
+    (["stray.json"], "unexpected extra argument (stray.json)"),
+])
+def test_bench_out_spellings_refused_in_one_line(tmp_path, args, needle):
+    r = in_process([*TINY_BENCH, *args], cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == [] and r.stdout == ""
+
+
+@pytest.mark.slow
+def test_installed_bench_json_path_and_out_write_the_same_report(tmp_path):
+    """The two spellings through the installed program (test_bench_json_path_is_the_old_
+    spelling_of_out runs them in this process)."""
+    runs = [installed([*TINY_BENCH, flag, tmp_path / f"{flag.strip('-')}.json"], tmp_path)
+            for flag in ("--json", "--out")]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    docs = [json.loads((tmp_path / f).read_text()) for f in ("json.json", "out.json")]
+    assert _summary_shape(docs[0]["summary"]) == _summary_shape(docs[1]["summary"])
+    for r, doc in zip(runs, docs, strict=True):
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == doc["summary"]

@@ -94,7 +94,7 @@ def test_the_documented_commands_were_found():
     assert reasons == {"usage synopsis", "torchrun: not a minigpt command",
                        "pip: not a minigpt command", "pytest: not a minigpt command"} | (
         set() if CUDA else {"needs CUDA, absent here"})
-    assert (["bench", "--device", "cuda", "--json", "bench-cuda.json"] in COMMANDS) == CUDA
+    assert (["bench", "--device", "cuda", "--out", "bench-cuda.json"] in COMMANDS) == CUDA
     assert all("minigpt" in line for line, _ in SKIPPED if "synopsis" in _)
 
 
@@ -138,9 +138,9 @@ USAGE_ERRORS = [
     (["inspect-heads", "--layer"], "Option '--layer' requires an argument"),
     (["sample", "--tempreature", "0.5"], "(Possible options: --temperature)"),
     (["train", "--sett", "x=1"], "(Possible options: --set)"),
-    (["runs", "--jsn"], "(Possible options: --json)"),
+    (["runs", "--jsn"], "(Possible options: --json, --run)"),
     (["curves", "runs/default"], "Missing option '--out'"),
-    (["curves", "--out", "x.png"], "Missing argument 'RUN'"),
+    (["curves", "--out", "x.png"], "give the runs to overlay"),
     (["bench", "--suite"], "Option '--suite' requires an argument"),
     (["inspect-heads", "--max-tokens", "many"], "Invalid value for '--max-tokens'"),
 ]
@@ -219,20 +219,14 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
         assert "explicit vs SDPA" in r.stderr + r.stdout
         if "--json" not in argv:  # the table, whatever files were asked for (issue 34)
             assert "head scores" in r.stdout, r.stdout
-        for fmt, name in (("html", "attention.html"), ("png", "attention_grid.png")):
-            if fmt in argv:
-                written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
-                assert written and (cwd / written[0]).is_file(), r.stderr
+        _wrote(argv, r, cwd, {"html": "attention.html", "png": "attention_grid.png"})
     elif argv[0] == "circuit":
         assert "edges recover" in r.stderr, r.stderr
         if "--json" in argv:
             assert json.loads(r.stdout)["edges"]
         else:
             assert "strongest edges" in r.stdout, r.stdout
-        for fmt, name in (("html", "circuit.html"), ("png", "circuit.png")):
-            if fmt in argv:
-                written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
-                assert written and (cwd / written[0]).is_file(), r.stderr
+        _wrote(argv, r, cwd, {"html": "circuit.html", "png": "circuit.png"})
     elif argv[0] == "features":
         if argv[1] == "train":
             assert "of the loss recovered" in r.stderr or "costs nothing" in r.stderr, r.stderr
@@ -256,22 +250,44 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
                 p.name for p in out.iterdir()}
 
 
+def _wrote(argv: list[str], r: subprocess.CompletedProcess, cwd: Path,
+           files: dict[str, str]) -> None:
+    """Each format asked for (a word of `argv`) said `wrote PATH` of its file, which exists."""
+    for fmt, name in files.items():
+        if fmt in argv:
+            written = re.findall(rf"^wrote (\S+{name})$", r.stderr, re.MULTILINE)
+            assert written and (cwd / written[0]).is_file(), r.stderr
+
+
 def downloads(argv: list[str]) -> bool:
     """`--model hf:...` downloads from the Hugging Face hub, which tests never reach."""
     return any(a.startswith("hf:") for a in argv)
+
+
+# The quick tier runs these documented commands with the work cut down (the same flags parsed,
+# the same run read, the same kind of files written), in this process (the installed `features`
+# command: tests/test_features.py); the slow tier runs them as documented, installed:
+# `features train` trains 500 steps on 65,536 tokens and measures 32,768 held-out ones (~10 s);
+# its SAE goes beside the documented one, which the documented `features show` reads.
+CHEAPER = {("features", "train"): ["--steps", "20", "--tokens", "4096", "--held-out", "2048",
+                                   "--out", "runs/induction/features/cheaper"]}
 
 
 def first_of_each_kind(commands: list[list[str]]) -> list:
     """Each command as a pytest param: the first of each kind (command name) in the quick tier,
     the others slow (each is a process that imports torch; the in-process CLI tests cover their
     flags). The downloading ones are slow too: in this process in the quick tier
-    (test_documented_hub_command_offline_in_process)."""
+    (test_documented_hub_command_offline_in_process). A command in CHEAPER runs in the quick
+    tier with those flags added, and as documented in the slow tier."""
     seen, params = set(), []
     for argv in commands:
         kind = "hf:" if downloads(argv) else argv[0]
+        quick = kind not in seen and kind != "hf:"
+        cheaper = CHEAPER.get(tuple(argv[:2]))
+        if quick and cheaper:
+            params.append(pytest.param([*argv, *cheaper], id=" ".join([*argv, "(cheaper)"])))
         params.append(pytest.param(argv, id=" ".join(argv),
-                                   marks=[pytest.mark.slow] if kind in seen or kind == "hf:"
-                                   else []))
+                                   marks=[] if quick and not cheaper else [pytest.mark.slow]))
         seen.add(kind)
     return params
 
@@ -290,6 +306,12 @@ def test_documented_command_works_on_a_trained_run(program, env, place, argv):
                                          ok=False))
         return
     _sae_first(program, env, place, argv)
+    cheaper = CHEAPER.get(tuple(argv[:2]))
+    if cheaper and argv[-len(cheaper):] == cheaper:  # the quick tier's cut-down run
+        r = in_process(argv, cwd=place, MINIGPT_CACHE=env["MINIGPT_CACHE"])
+        assert "Traceback" not in r.stderr and r.returncode == 0, r.stderr
+        check_output(argv, r, place)
+        return
     check_output(argv, minigpt(program, argv, place, env), place)
 
 

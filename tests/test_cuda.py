@@ -250,7 +250,7 @@ def test_resume_on_cuda(tmp_path):
 
 
 def test_bench_on_cuda_reports_mfu_from_the_gpu_table(tmp_path):
-    """`minigpt bench --device cuda --json` in a real process: the attention suite forces each
+    """`minigpt bench --device cuda --out FILE` in a real process: the attention suite forces each
     SDPA backend, the train suite's MFU divides by the GPU's datasheet peak (or --peak-tflops
     when the GPU is not in the table) and equals flops_per_token x tokens/s / peak."""
     from minigpt.bench.train import FP16_ONLY, gpu_peak_tflops
@@ -260,7 +260,7 @@ def test_bench_on_cuda_reports_mfu_from_the_gpu_table(tmp_path):
     in_table = hit is not None and native_bf16(CUDA) and hit[0] not in FP16_ONLY
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "minigpt", "bench", "--device", "cuda", "--suite", "attention",
-           "--suite", "train", "--seq-lens", "256,1024", "--json", str(out)]
+           "--suite", "train", "--seq-lens", "256,1024", "--out", str(out)]
     if not in_table:
         cmd += ["--peak-tflops", "100"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -6,6 +6,7 @@ Whatever happens, the last committed checkpoint loads, nothing already saved cha
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -362,38 +363,40 @@ def test_run_dir_with_only_a_stale_lock_can_be_started(tmp_path, corpus, no_pict
     assert r.exit_code == 0, r.stderr
 
 
-def _spawn_trainer(run: Path, corpus, tmp_path: Path, every: int) -> subprocess.Popen:
+@contextlib.contextmanager
+def _trainer(run: Path, corpus, tmp_path: Path, every: int):
     """A real `minigpt train` that checkpoints every `every` steps and runs until stopped;
-    its stderr is a pipe (kill_trials.read_until reads it)."""
+    its stderr is a pipe (kill_trials.read_until reads it). Killed, if still running, and
+    reaped when the block ends."""
     env = {**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")}
-    return subprocess.Popen([sys.executable, "-m", "minigpt", "train", "--out", str(run),
-                             *sets(corpus, tmp_path, max_steps=100000, every=every)], env=env,
-                            cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True)
+    p = subprocess.Popen([sys.executable, "-m", "minigpt", "train", "--out", str(run),
+                          *sets(corpus, tmp_path, max_steps=100000, every=every)], env=env,
+                         cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         text=True)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stderr.close()
 
 
 @pytest.mark.slow
 def test_two_real_trainers_on_one_run_dir(tmp_path, corpus):
     run = tmp_path / "run"
     env = {**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")}
-    a = _spawn_trainer(run, corpus, tmp_path, every=5)
-    try:
+    with _trainer(run, corpus, tmp_path, every=5) as a:
         found, seen = kt.read_until(a, r"^checkpoint step 5:", 300)
         assert found, "".join(seen)
         b = subprocess.run([sys.executable, "-m", "minigpt", "train", "--out", str(run),
                             "--resume"], check=False, env=env, cwd=tmp_path, capture_output=True,
-                           text=True,
-                           timeout=300)
+                           text=True, timeout=300)
         assert b.returncode == 2, b.stderr
         assert b.stderr.strip() == b.stderr.strip().splitlines()[0]  # one line
         assert f"in use by process {a.pid}" in b.stderr
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=60)
-    finally:
-        if a.poll() is None:
-            a.kill()
-            a.wait()
-        a.stderr.close()
     step = load_run(run, "cpu").step
     r = invoke("--out", str(run), "--resume", "--set", f"train.max_steps={step + 3}")
     assert r.exit_code == 0, r.stderr
@@ -407,8 +410,7 @@ def test_two_real_trainers_on_one_run_dir(tmp_path, corpus):
 @pytest.mark.slow
 def test_double_sigint_exits_130_and_keeps_a_loadable_run(tmp_path, corpus):
     run = tmp_path / "run"
-    p = _spawn_trainer(run, corpus, tmp_path, every=3)
-    try:
+    with _trainer(run, corpus, tmp_path, every=3) as p:
         found, seen = kt.read_until(p, r"^checkpoint step 6:", 300)
         assert found, "".join(seen)
         p.send_signal(signal.SIGINT)
@@ -416,11 +418,6 @@ def test_double_sigint_exits_130_and_keeps_a_loadable_run(tmp_path, corpus):
         p.send_signal(signal.SIGINT)
         err = p.stderr.read()
         p.wait(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        p.stderr.close()
     assert p.returncode == 130, err
     assert "Traceback" not in err, err
     step = load_run(run, "cpu").step

@@ -6,7 +6,6 @@ as the hf export does, root or not; a config-name typo gets a did-you-mean."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -56,15 +55,14 @@ def test_a_read_only_out_is_refused_without_a_probe(tmp_path):
 
 def test_gguf_export_refuses_a_read_only_directory(run_dir, tmp_path):
     """As root the directory could be written; the hf export refuses it by its mode, and so
-    does gguf now (through the installed command)."""
+    does gguf now (in this process: the refusal is the library's; a real process's one error
+    line is tests/test_gguf.py's test_a_write_that_fails_mid_file_leaves_nothing)."""
     pytest.importorskip("gguf")
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        r = subprocess.run([shutil.which("minigpt"), "export", "--format", "gguf", "--run",
-                            str(run_dir), "--out", str(ro / "m.gguf")], capture_output=True,
-                           text=True, timeout=300, check=False)
+        r = in_process(["export", "--format", "gguf", "--run", run_dir, "--out", ro / "m.gguf"])
         line = one_line(r)
         assert f"{ro} is a read-only directory (mode 555)" in line and "--out" in line
         assert list(ro.iterdir()) == []
@@ -111,11 +109,13 @@ def _full_disk_at(monkeypatch, name: str) -> None:
 @pytest.mark.parametrize("command,args,fails,done", [
     ("circuit", ["--patch-from", "corrupted", "--format", "png,html,json"], "circuit.html",
      ["circuit.png", "faithfulness.png"]),
-    ("inspect-heads", ["--format", "png,html,json"], "attention.html", ["attention_grid.png"]),
+    ("inspect-heads", ["--format", "png,html,json", "--layer", "0", "--head", "0"],
+     "attention.html", ["attention_grid.png", "attention_L0_H0.png"]),
 ])
 def test_a_full_disk_says_what_was_written_and_what_not(run_dir, tmp_path, monkeypatch,
-                                                        command, args, fails, done):
-    _full_disk_at(monkeypatch, fails)
+                                                        unrendered_pictures, command, args,
+                                                        fails, done):
+    _full_disk_at(monkeypatch, fails)  # (which files: the pictures need not be rendered)
     out = tmp_path / "out"
     r = in_process([command, "--run", run_dir, "--device", "cpu", "--probe", "induction", *args,
                     "--out", out])

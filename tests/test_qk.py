@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import in_process
+from conftest import attention_maps_unrendered, in_process
 from test_cli_circuits import error_line, make_run
 from typer.testing import CliRunner
 
@@ -213,8 +213,9 @@ def test_the_files(run_dir, tmp_path):
     r = invoke(run_dir, "--probe", "induction", "--qk", "L0.H1,L1.H2", "--format",
                "safetensors", "--out", str(tmp_path))
     assert r.exit_code == 0, r.stderr
-    r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--format", "png", "--out",
-               str(tmp_path / "png"))
+    with attention_maps_unrendered():  # qk_L1_H2.png is read here, not the attention maps
+        r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--format", "png", "--out",
+                   str(tmp_path / "png"))
     assert r.exit_code == 0, r.stderr
     assert (tmp_path / "png" / "qk_L1_H2.png").read_bytes()[:4] == b"\x89PNG"
     grids = load_file(tmp_path / "qk.safetensors")

@@ -79,7 +79,10 @@ def test_runs_notes_an_unreadable_config(two_runs, tmp_path):
     assert read_row(root / "runs" / "good").problem is None
 
 
+@pytest.mark.slow
 def test_installed_curves_on_a_config_that_is_not_utf8(two_runs, tmp_path):
+    """Through the installed program (the quick tier: the same damage in this process,
+    test_curves_notes_the_file_and_concludes_nothing[not-utf8])."""
     root = Path(shutil.copytree(two_runs, tmp_path / "w"))
     (root / "runs" / "other" / "config.yaml").write_bytes(DAMAGES["not-utf8"])
     r = subprocess.run([shutil.which("minigpt"), "curves", "runs/good", "runs/other", "--out",

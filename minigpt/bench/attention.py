@@ -207,8 +207,10 @@ def _fill_ratios(rows: list[AttentionRow]) -> None:
             continue
         r.speedup_vs_naive = n.timing.median_ms / r.timing.median_ms
         if n.peak_mem_mib is not None and r.peak_mem_mib is not None:
-            # RSS moves in 4 KiB pages: a fused kernel can show 0, so floor at one page.
-            r.mem_ratio_vs_naive = n.peak_mem_mib / max(r.peak_mem_mib, 4 / 1024)
+            # RSS moves in 4 KiB pages: either kernel can show 0 (naive too, at a tiny T,
+            # which made the verdict divide by zero), so floor both at one page.
+            page = 4 / 1024
+            r.mem_ratio_vs_naive = max(n.peak_mem_mib, page) / max(r.peak_mem_mib, page)
 
 
 def _times(x: float) -> str:

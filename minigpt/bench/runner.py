@@ -4,7 +4,7 @@
 attention.py (naive vs SDPA), train.py (train step, MFU peak) and sample.py (decoding);
 timing and memory primitives in timing.py.
 
-JSON (`--json PATH`, `BenchResult.as_dict()`), schema "minigpt-bench/1":
+JSON (`--out PATH`, or `--json` on stdout: `BenchResult.as_dict()`), schema "minigpt-bench/1":
 - `environment`: device, device_name, torch, minigpt, python, platform, cpu_count, threads,
   interop_threads, dtype, quick, load_avg, timestamp (+ cuda, cudnn on CUDA).
 - `suites.attention`: config {batch, n_head, head_dim, seq_lens, dtype, warmup, repeats, causal},
@@ -112,6 +112,7 @@ class BenchOptions:
     model: str | None = None  # the sample suite decodes this Hugging Face model (hf.load_model)
     threads: int = 0  # CPU threads, as train.threads (0: each suite as its command runs)
     json_path: str | Path | None = None  # where the caller will write the report: checked first
+    json_param: str = "out"  # the flag that named it (errors name it: `--out`, or the old `--json`)
 
 
 @dataclass
@@ -216,7 +217,7 @@ def run_bench(opts: BenchOptions, on_event: OnEvent | None = None,
     """Resolve the options (ArgumentError for bad ones, the JSON path included) and run the
     chosen suites."""
     if opts.json_path is not None:
-        check_json_path(opts.json_path)
+        check_json_path(opts.json_path, opts.json_param)
     device = resolve_device(opts.device)
     dtype = resolve_dtype(opts.dtype, device)
     suites = parse_suites(opts.suites)
@@ -309,18 +310,19 @@ def _json_safe(obj):
     return obj
 
 
-def check_json_path(path: str | Path) -> Path:
-    """The JSON target, checked before any benchmark runs (ArgumentError if unwritable)."""
+def check_json_path(path: str | Path, param: str = "out") -> Path:
+    """The JSON target, checked before any benchmark runs (ArgumentError of `param`, the flag
+    that named it, if unwritable)."""
     path = Path(path)
     if path.is_dir():
-        raise ArgumentError("json", f"{path} is a directory; give a file name, e.g. "
+        raise ArgumentError(param, f"{path} is a directory; give a file name, e.g. "
                             f"{path / 'bench.json'}")
     if not path.parent.is_dir():
-        raise ArgumentError("json", f"directory {path.parent} does not exist; create it first")
+        raise ArgumentError(param, f"directory {path.parent} does not exist; create it first")
     if not os.access(path.parent, os.W_OK):
-        raise ArgumentError("json", f"directory {path.parent} is not writable")
+        raise ArgumentError(param, f"directory {path.parent} is not writable")
     if (why := not_replaceable(path)) is not None:  # a FIFO, /dev/null: never replaced
-        raise ArgumentError("json", why, subject=path)
+        raise ArgumentError(param, why, subject=path)
     return path
 
 

@@ -1,5 +1,6 @@
-"""The `minigpt` command line: `main.py` (the app, the one error path, shared options) and one
-module per command. Importing this package registers every command on `app`.
+"""The `minigpt` command line: `main.py` (the app, the one error path), `options.py` (the
+options several commands share) and one module per command. Importing this package registers
+every command on `app`.
 
 Before any command module is imported (they import torch, whose MKL dies with "Intel oneMKL
 FATAL ERROR" and no word of why when the working directory was deleted): the working

@@ -1,20 +1,24 @@
 """`minigpt bench`: tables of the attention, train and sample suites on stdout; the last
-stdout line is one compact JSON object (the contract for scripts)."""
+stdout line is one compact JSON object (the contract for scripts: the summary, or with
+`--json` the whole report instead of the tables); `-o/--out` writes the report to a file."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import DeviceOpt, ModelOpt, ThreadsOpt, app, out_console, say
+import minigpt.cli.options as opt
+from minigpt.cli.main import OldSpellingCommand, app, out_console, say
 
 
-@app.command("bench")
+@app.command("bench", cls=OldSpellingCommand)
 def bench_command(
-    device: DeviceOpt = "auto",
+    ctx: typer.Context,
+    device: opt.Device = "auto",
     suite: Annotated[list[str] | None, typer.Option(
         "--suite", help="attention, train, sample or all; repeatable. Default: all.")] = None,
     seq_lens: Annotated[str | None, typer.Option(
@@ -25,26 +29,38 @@ def bench_command(
         "float16.")] = "auto",
     quick: Annotated[bool, typer.Option(
         "--quick", help="Small sizes and few repeats: under a minute on 2 CPU cores.")] = False,
-    json_path: Annotated[str | None, typer.Option(
-        "--json", help="Also write every figure and the environment to this JSON file.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", metavar="FILE.json",
+        help="Also write every figure and the environment to this JSON file.")] = None,
+    json_out: opt.Json = False,
     compile_: Annotated[bool, typer.Option(
         "--compile", help="Also time the train step under torch.compile (slow to warm up on "
         "CPU: about a minute per shape).")] = False,
     peak_tflops: Annotated[float | None, typer.Option(
         "--peak-tflops", help="Peak TFLOP/s for MFU (default: measured matmul rate on CPU, "
         "datasheet table on known GPUs).")] = None,
-    model: ModelOpt = None,
-    threads: ThreadsOpt = 0,
+    model: opt.Model = None,
+    threads: opt.Threads = 0,
+    old_json_path: Annotated[str | None, typer.Argument(hidden=True)] = None,
 ) -> None:
     """Time attention kernels (naive vs SDPA), a training step (MFU) and decoding (KV cache)
     on this machine. Tables on stdout; the last stdout line is a JSON summary."""
     from minigpt.bench import runner as bench
 
+    out, param, json_out = _json_spelling(ctx, out, json_out, old_json_path)
     opts = bench.BenchOptions(device=device, suites=list(suite or []), seq_lens=seq_lens,
                               dtype=dtype, quick=quick, compile=compile_,
-                              peak_tflops=peak_tflops, model=model, json_path=json_path,
-                              threads=threads)
+                              peak_tflops=peak_tflops, model=model, json_path=out,
+                              json_param=param, threads=threads)
     result = bench.run_bench(opts, on_event=lambda e: say(f"[bench] {e.suite}: {e.message}"))
+    if out is not None:
+        bench.write_json(out, result)
+        say(f"wrote {out}")
+    if json_out:  # the whole report as one document (its "summary" is the line printed last)
+        sys.stdout.write(json.dumps(result.as_dict(), separators=(",", ":"), allow_nan=False)
+                         + "\n")
+        sys.stdout.flush()
+        return
     _print_environment(result.environment)
     for table, lines in (_attention_table(result.attention), _train_table(result.train),
                          _sample_table(result.sample)):
@@ -52,12 +68,26 @@ def bench_command(
             out_console.print(table)
             for line in lines:
                 out_console.print(line, markup=False, soft_wrap=True)
-    if json_path is not None:
-        bench.write_json(json_path, result)
-        say(f"wrote {json_path}")
     # The contract for scripts: the LAST stdout line is one compact JSON object.
     sys.stdout.write(json.dumps(result.summary(), separators=(",", ":"), allow_nan=False) + "\n")
     sys.stdout.flush()
+
+
+def _json_spelling(ctx, out: Path | None, json_out: bool, old_path: str | None):
+    """(the JSON file, the flag that named it, whether stdout carries the JSON document).
+    `--json PATH`, the old spelling of `--out PATH` that scripts use, reads as it always did:
+    the tables, the summary line and the file (the word after the flag `--json` is the hidden
+    argument `old_path`)."""
+    if old_path is None:
+        return out, "out", json_out
+    if not json_out:
+        ctx.fail(f"Got unexpected extra argument ({old_path})")
+    if out is not None:
+        from minigpt.errors import ArgumentError
+
+        raise ArgumentError("out", f"the file is given twice ({out} and --json {old_path}); "
+                            "give it once, as --out PATH")
+    return Path(old_path), "json", False
 
 
 def _print_environment(env: dict) -> None:

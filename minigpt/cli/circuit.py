@@ -11,32 +11,8 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import (
-    AnswerOpt,
-    CheckpointOpt,
-    DeviceOpt,
-    EtaLines,
-    FilesOutOpt,
-    ForceOpt,
-    JsonOpt,
-    LensOpt,
-    MaxTokensOpt,
-    ModelOpt,
-    PatchDirectionOpt,
-    PatchFromOpt,
-    ProbeOpt,
-    ProbeSeedOpt,
-    RunOpt,
-    TargetOpt,
-    TextFileOpt,
-    TextOpt,
-    ThreadsOpt,
-    WrongOpt,
-    app,
-    load_inspected,
-    out_console,
-    say,
-)
+import minigpt.cli.options as opt
+from minigpt.cli.main import EtaLines, app, load_inspected, out_console, say
 from minigpt.display import printable
 from minigpt.files import shown
 
@@ -69,15 +45,15 @@ FormatOpt = Annotated[list[str] | None, typer.Option(
 
 @app.command("circuit")
 def circuit_command(
-    run: RunOpt = None, model: ModelOpt = None, checkpoint: CheckpointOpt = None,
-    text: TextOpt = None, text_file: TextFileOpt = None, probe: ProbeOpt = None,
-    patch_from: PatchFromOpt = None, patch_direction: PatchDirectionOpt = None,
-    metric: MetricOpt = "loss", target: TargetOpt = None, answer: AnswerOpt = None,
-    wrong: WrongOpt = None, ig_steps: IgStepsOpt = 5, edges: EdgesOpt = None,
+    run: opt.Run = None, model: opt.Model = None, checkpoint: opt.Checkpoint = None,
+    text: opt.Text = None, text_file: opt.TextFile = None, probe: opt.Probe = None,
+    patch_from: opt.PatchFrom = None, patch_direction: opt.PatchDirection = None,
+    metric: MetricOpt = "loss", target: opt.Target = None, answer: opt.Answer = None,
+    wrong: opt.Wrong = None, ig_steps: IgStepsOpt = 5, edges: EdgesOpt = None,
     recover: RecoverOpt = None, pairs: PairsOpt = 1, curve: CurveOpt = True, top: TopOpt = 20,
-    max_tokens: MaxTokensOpt = None, seed: ProbeSeedOpt = 0, formats: FormatOpt = None,
-    out: FilesOutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
-    threads: ThreadsOpt = 0, lens: LensOpt = False, force: ForceOpt = False,
+    max_tokens: opt.MaxTokens = None, seed: opt.ProbeSeed = 0, formats: FormatOpt = None,
+    out: opt.FilesOut = None, json_out: opt.Json = False, device: opt.Device = "auto",
+    threads: opt.Threads = 0, lens: opt.Lens = False, force: opt.Force = False,
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
     from minigpt.core.edge_args import check_search

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import RunOpt, app, latest_run, say
+import minigpt.cli.options as opt
+from minigpt.cli.main import app, latest_run, say
 from minigpt.errors import ArgumentError
 
 FORMATS = ("hf", "gguf")
@@ -20,7 +21,7 @@ def export_command(
     out: Annotated[Path, typer.Option(
         "--out", "-o", help="hf: a directory to create (missing or empty); gguf: a new file "
         "(FILE.gguf). Never overwritten.")],
-    run: RunOpt = None,
+    run: opt.Run = None,
     fmt: Annotated[str, typer.Option(
         "--format", help="hf: a directory AutoModelForCausalLM / AutoTokenizer.from_pretrained "
         "load (learned positions -> GPT-2, RoPE -> GPT-NeoX). gguf: one file llama.cpp loads "

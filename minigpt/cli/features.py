@@ -12,21 +12,8 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import (
-    CheckpointOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ModelOpt,
-    RunOpt,
-    TextFileOpt,
-    ThreadsOpt,
-    _Group,
-    app,
-    err_console,
-    out_console,
-    say,
-)
+import minigpt.cli.options as opt
+from minigpt.cli.main import _Group, app, err_console, out_console, say
 from minigpt.display import printable
 from minigpt.errors import ArgumentError
 
@@ -74,13 +61,13 @@ ShowOutOpt = Annotated[Path | None, typer.Option(
 
 @features_app.command("train")
 def train_command(
-    run: RunOpt = None, model: ModelOpt = None, checkpoint: CheckpointOpt = None,
-    layer: LayerOpt = None, text_file: TextFileOpt = None, activations: ActivationsOpt = None,
+    run: opt.Run = None, model: opt.Model = None, checkpoint: opt.Checkpoint = None,
+    layer: LayerOpt = None, text_file: opt.TextFile = None, activations: ActivationsOpt = None,
     width: WidthOpt = None, k: KOpt = 16, steps: StepsOpt = 2000, batch_size: BatchOpt = 1024,
     lr: LrOpt = 0.0, tokens: TokensOpt = 262_144, held_out: HeldOutOpt = 32_768,
     seed: SeedOpt = 0, out: OutOpt = None, resume: ResumeOpt = False,
-    json_out: JsonOpt = False, device: DeviceOpt = "auto", threads: ThreadsOpt = 0,
-    force: ForceOpt = False,
+    json_out: opt.Json = False, device: opt.Device = "auto", threads: opt.Threads = 0,
+    force: opt.Force = False,
 ) -> None:
     """Train a sparse autoencoder on one layer's head outputs (or on --activations)."""
     from minigpt.errors import ConflictError
@@ -208,11 +195,11 @@ class _Bar:
 
 @features_app.command("show")
 def show_command(
-    sae: SaeOpt, run: RunOpt = None, model: ModelOpt = None, checkpoint: CheckpointOpt = None,
-    feature: FeatureOpt = None, top: TopOpt = 10, text_file: TextFileOpt = None,
+    sae: SaeOpt, run: opt.Run = None, model: opt.Model = None, checkpoint: opt.Checkpoint = None,
+    feature: FeatureOpt = None, top: TopOpt = 10, text_file: opt.TextFile = None,
     tokens: TokensOpt = 16_384, seed: SeedOpt = 0, formats: FormatOpt = None,
-    out: ShowOutOpt = None, json_out: JsonOpt = False, device: DeviceOpt = "auto",
-    threads: ThreadsOpt = 0, force: ForceOpt = False,
+    out: ShowOutOpt = None, json_out: opt.Json = False, device: opt.Device = "auto",
+    threads: opt.Threads = 0, force: opt.Force = False,
 ) -> None:
     """An SAE's features: density, top contexts, the heads that write each, its tokens."""
     from minigpt.heads.flags import parse_formats

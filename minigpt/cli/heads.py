@@ -10,32 +10,8 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import (
-    AnswerOpt,
-    CheckpointOpt,
-    DeviceOpt,
-    EtaLines,
-    FilesOutOpt,
-    ForceOpt,
-    JsonOpt,
-    LensOpt,
-    MaxTokensOpt,
-    ModelOpt,
-    PatchDirectionOpt,
-    PatchFromOpt,
-    ProbeOpt,
-    ProbeSeedOpt,
-    RunOpt,
-    TargetOpt,
-    TextFileOpt,
-    TextOpt,
-    ThreadsOpt,
-    WrongOpt,
-    app,
-    load_inspected,
-    out_console,
-    say,
-)
+import minigpt.cli.options as opt
+from minigpt.cli.main import EtaLines, app, load_inspected, out_console, say
 from minigpt.cli.shading import shade as _shade
 from minigpt.display import head_name, printable
 from minigpt.errors import ArgumentError
@@ -79,16 +55,16 @@ FeaturesOpt = Annotated[Path | None, typer.Option(
 
 @app.command("inspect-heads")
 def inspect_heads_command(
-    run: RunOpt = None, text: TextOpt = None, text_file: TextFileOpt = None,
-    probe: ProbeOpt = None, layer: LayerOpt = None, head: HeadOpt = None,
-    formats: FormatOpt = None, out: FilesOutOpt = None, max_tokens: MaxTokensOpt = None,
-    seed: ProbeSeedOpt = 0, json_out: JsonOpt = False, device: DeviceOpt = "auto",
-    model: ModelOpt = None, checkpoint: CheckpointOpt = None, ablate: AblateOpt = None,
-    dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: PatchFromOpt = None,
-    patch_direction: PatchDirectionOpt = None, target: TargetOpt = None,
-    answer: AnswerOpt = None, wrong: WrongOpt = None, threads: ThreadsOpt = 0,
-    lens: LensOpt = False, qk: QkOpt = None, qk_pairs: QkPairsOpt = None,
-    features: FeaturesOpt = None, force: ForceOpt = False,
+    run: opt.Run = None, text: opt.Text = None, text_file: opt.TextFile = None,
+    probe: opt.Probe = None, layer: LayerOpt = None, head: HeadOpt = None,
+    formats: FormatOpt = None, out: opt.FilesOut = None, max_tokens: opt.MaxTokens = None,
+    seed: opt.ProbeSeed = 0, json_out: opt.Json = False, device: opt.Device = "auto",
+    model: opt.Model = None, checkpoint: opt.Checkpoint = None, ablate: AblateOpt = None,
+    dla: DlaOpt = False, composition: CompositionOpt = False, patch_from: opt.PatchFrom = None,
+    patch_direction: opt.PatchDirection = None, target: opt.Target = None,
+    answer: opt.Answer = None, wrong: opt.Wrong = None, threads: opt.Threads = 0,
+    lens: opt.Lens = False, qk: QkOpt = None, qk_pairs: QkPairsOpt = None,
+    features: FeaturesOpt = None, force: opt.Force = False,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
     from minigpt.heads.flags import check_early, check_patch_direction

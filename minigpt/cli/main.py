@@ -1,4 +1,5 @@
-"""The `minigpt` application: the one error path, the shared options and the entry point.
+"""The `minigpt` application: the one error path and the entry point (the options several
+commands share are declared in options.py).
 
 The only package that imports typer and rich. Library modules return data and report progress
 through callbacks; the command modules (train.py, sample.py, heads.py, bench.py) render it.
@@ -24,7 +25,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from minigpt import __version__
 from minigpt.display import printable
@@ -152,6 +153,18 @@ class _Group(TyperGroup):
             raise typer.Exit(130) from None
 
 
+class OldSpellingCommand(TyperCommand):
+    """A command with a hidden argument that keeps an old spelling working for scripts
+    (`bench --json PATH`): the argument stays out of the usage line as it does out of --help."""
+
+    def collect_usage_pieces(self, ctx):
+        rv = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if not getattr(param, "hidden", False):
+                rv.extend(param.get_usage_pieces(ctx))
+        return rv
+
+
 app = typer.Typer(
     name="minigpt",
     cls=_Group,
@@ -175,71 +188,6 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Train tiny GPT models on a laptop and look inside their attention heads."""
-
-
-# Options several commands share: declared once, here, with one spelling, type, default and
-# help text (tests/test_cli_options.py walks every command's options and holds them to it).
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
-RunOpt = Annotated[Path | None, typer.Option(
-    "--run", help="Run directory. Default: the latest finished run under runs/ that the command "
-    "can use (named on stderr, with any newer run it passed over).")]
-ThreadsOpt = Annotated[int, typer.Option(
-    "--threads", help="CPU threads to compute on (torch intra-op), as train.threads: 0 = "
-    "automatic, else 1 to the CPUs this process may use.")]
-ModelOpt = Annotated[str | None, typer.Option(
-    "--model", metavar="PATH|hf:REPO_ID[@REV]",
-    help="A Hugging Face GPT-2 / GPT-NeoX model instead of a run: a local model directory, or "
-    "hf:REPO_ID[@REVISION] from the Hub (needs pip install 'minigpt-lab[hf]').")]
-
-# inspect-heads and circuit: the input, the checkpoint, the metric and the corrupted input.
-CheckpointOpt = Annotated[int | None, typer.Option(
-    "--checkpoint", metavar="STEP", help="Inspect the run's kept checkpoint of this step "
-    "(train.keep_checkpoints sets how many are kept). Default: the latest.")]
-TextOpt = Annotated[str | None, typer.Option(
-    "--text", help="Text to run through the model. Default: a built-in passage.")]
-TextFileOpt = Annotated[Path | None, typer.Option(
-    "--text-file", help="Read the text from this UTF-8 file.")]
-ProbeOpt = Annotated[str | None, typer.Option(
-    "--probe", help="Built-in synthetic input instead of text: induction (random tokens "
-    "repeated twice), previous (no repeats), duplicate (8 ids, many repeats).")]
-MaxTokensOpt = Annotated[int | None, typer.Option(
-    "--max-tokens", help="Inspect at most this many tokens (2..block_size; longer text is "
-    "cut). Default: block_size.")]
-ProbeSeedOpt = Annotated[int, typer.Option(
-    "--seed", help="Seed of the synthetic probes and corrupted inputs (the same seed, the same "
-    "input; default 0).")]
-TargetOpt = Annotated[str | None, typer.Option(
-    "--target", metavar="TOKEN", help="Score this token at every scored position instead of "
-    "the actual next token. One token of the vocabulary.")]
-AnswerOpt = Annotated[str | None, typer.Option(
-    "--answer", metavar="TOKEN", help="With --wrong: the metric is logit[answer] - "
-    "logit[wrong] at the last position (e.g. --answer ' Mary' --wrong ' John').")]
-WrongOpt = Annotated[str | None, typer.Option(
-    "--wrong", metavar="TOKEN", help="The token --answer is compared with (one token).")]
-PatchFromOpt = Annotated[str | None, typer.Option(
-    "--patch-from", metavar="TEXT|corrupted-second|corrupted-first", help="The corrupted "
-    "input (circuit needs it): a text of the same length (with --text / --text-file), or, "
-    "with --probe induction, `corrupted-second` (alias `corrupted`: its second copy's tokens "
-    "replaced) or `corrupted-first` (its first copy's tokens replaced: what the previous-token "
-    "head carries shows here).")]
-PatchDirectionOpt = Annotated[str | None, typer.Option(
-    "--patch-direction", help="With --patch-from. noising (the default): the clean run with "
-    "a head's or an edge's input from the corrupted run (what it destroys); denoising: the "
-    "corrupted run with the clean one (what it restores; TransformerLens's sign).")]
-LensOpt = Annotated[bool, typer.Option(
-    "--lens", help="Also the logit lens of the (first) input: the residual stream after the "
-    "embedding and after each layer read through the final norm and the unembedding, at the "
-    "scored positions (tables, and `lens` in the JSON; inspect-heads draws lens.png with --format "
-    "png).")]
-JsonOpt = Annotated[bool, typer.Option(
-    "--json", help="Print the result as one JSON document on stdout instead of the table(s).")]
-ForceOpt = Annotated[bool, typer.Option(
-    "--force", help="Run even when the work is estimated to take longer than its bound (an "
-    "hour for an analysis, a week for train and features train) or more memory than is free: "
-    "refused otherwise, in one line naming the estimate and the largest value that fits "
-    "(docs/cli.md#cost-bounds).")]
-FilesOutOpt = Annotated[Path | None, typer.Option(
-    "--out", "-o", help="Directory for the files. Default: <run>/heads/.")]
 
 
 def latest_run(fits=None, *, require_fit: bool = True, wanted: str = "a run",

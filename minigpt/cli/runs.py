@@ -1,5 +1,6 @@
-"""`minigpt runs [DIR]`: the runs in a directory as a rich table (or `--json`), from
-`minigpt.run.listing` (its docstring says where each column comes from)."""
+"""`minigpt runs [DIR]`, `minigpt runs --run RUN [--run RUN...]`: the runs in a directory, or
+the runs named, as a rich table (or `--json`), from `minigpt.run.listing` (its docstring says
+where each column comes from)."""
 
 from __future__ import annotations
 
@@ -10,46 +11,52 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import JsonOpt, app, out_console, say
+import minigpt.cli.options as opt
+from minigpt.cli.main import app, out_console, say
 from minigpt.display import printable
 
 
 @app.command("runs")
 def runs_command(
-    directory: Annotated[Path, typer.Argument(
-        help="Directory holding run directories (or one run directory).",
-        metavar="DIR")] = Path("runs"),
-    json_out: JsonOpt = False,
+    directory: Annotated[Path | None, typer.Argument(
+        help="Directory holding run directories (or one run directory). Default: runs/, "
+        "unless --run names the runs.", metavar="DIR", show_default=False)] = None,
+    run: opt.Runs = None,
+    json_out: opt.Json = False,
 ) -> None:
     """List runs: status, step, best and last val bits/byte, parameters, wall time, last
     change."""
-    from minigpt.run.listing import list_runs
+    from minigpt.run.layout import DEFAULT_RUNS
+    from minigpt.run.listing import find_run, list_runs
 
-    rows = list_runs(directory)
+    places = [*([directory] if directory is not None else []), *map(find_run, run or [])]
+    places = places or [DEFAULT_RUNS]
+    rows = [r for place in places for r in list_runs(place)]
     for r in rows:
         if r.problem:
             say(f"note: {r.problem}")
         if r.skipped_lines:
             say(f"note: {r.path / 'metrics.jsonl'}: skipped {r.skipped_lines} damaged "
                 f"line{'s' if r.skipped_lines != 1 else ''}")
+    where = str(places[0]) if len(places) == 1 else ", ".join(map(str, places))
     if json_out:
-        doc = {"directory": str(directory), "runs": [r.to_json() for r in rows]}
+        doc = {"directory": where, "runs": [r.to_json() for r in rows]}
         out_console.out(json.dumps(doc), highlight=False)
         return
     from rich.console import Console
 
     # Off a terminal rich assumes 80 columns and would fold every row in two.
     console = out_console if out_console.is_terminal else Console(highlight=False, width=160)
-    console.print(_runs_table(rows, directory))
+    console.print(_runs_table(rows, where))
 
 
-def _runs_table(rows, directory: Path):
+def _runs_table(rows, where: str):
     """One row per run. Names come from the file system: shown with controls escaped, never
     read as markup."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=Text(printable(f"runs in {directory}"), style="table.title"))
+    table = Table(title=Text(printable(f"runs in {where}"), style="table.title"))
     for name, justify in (("name", "left"), ("status", "left"), ("step", "right"),
                           ("val bits/byte: best (step), last", "right"),
                           ("parameters", "right"), ("wall time", "right"),

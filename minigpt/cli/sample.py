@@ -13,16 +13,8 @@ from typing import Annotated
 
 import typer
 
-from minigpt.cli.main import (
-    DeviceOpt,
-    ForceOpt,
-    ModelOpt,
-    RunOpt,
-    ThreadsOpt,
-    app,
-    latest_run,
-    say,
-)
+import minigpt.cli.options as opt
+from minigpt.cli.main import app, latest_run, say
 from minigpt.display import printable
 
 PromptOpt = Annotated[str | None, typer.Option(
@@ -59,13 +51,13 @@ AllowSpecialOpt = Annotated[bool, typer.Option(
 
 @app.command("sample")
 def sample_command(
-    run: RunOpt = None, prompt: PromptOpt = None, prompt_file: PromptFileOpt = None,
+    run: opt.Run = None, prompt: PromptOpt = None, prompt_file: PromptFileOpt = None,
     max_new_tokens: MaxNewOpt = 200, temperature: TemperatureOpt = 1.0, top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0, seed: SeedOpt = None, num_samples: NumSamplesOpt = 1,
     stop: StopOpt = None, stream: StreamOpt = None, no_kv_cache: NoKvCacheOpt = False,
-    device: DeviceOpt = "auto", json_out: JsonOpt = False,
-    allow_special: AllowSpecialOpt = False, model: ModelOpt = None, threads: ThreadsOpt = 0,
-    force: ForceOpt = False,
+    device: opt.Device = "auto", json_out: JsonOpt = False,
+    allow_special: AllowSpecialOpt = False, model: opt.Model = None, threads: opt.Threads = 0,
+    force: opt.Force = False,
 ) -> None:
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""

@@ -12,8 +12,9 @@ from typing import Annotated, ClassVar
 
 import typer
 
+import minigpt.cli.options as opt
 from minigpt import events
-from minigpt.cli.main import ForceOpt, app, err_console, out_console
+from minigpt.cli.main import app, err_console, out_console
 from minigpt.display import head_name, printable
 
 
@@ -40,7 +41,7 @@ def train_command(
     stop_after: Annotated[int | None, typer.Option(
         "--stop-after", min=1, help="Stop cleanly after this step (checkpoint saved; continue "
         "later with --resume).")] = None,
-    force: ForceOpt = False,
+    force: opt.Force = False,
 ) -> None:
     """Train a model; progress on stderr, everything saved in the run directory."""
     from minigpt.config import load_config, to_yaml

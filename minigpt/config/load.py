@@ -1,6 +1,6 @@
 """Configuration files: a config read from strict YAML, overridden by `--set`, checked, and
 written back. What each setting is (the dataclasses, one line per field) lives in settings.py,
-which the maths imports without this file's loaders; this module re-exports those names, so
+which the maths imports without this file's loaders; the package re-exports both, so
 `from minigpt.config import Config, load_config` is the one import a caller needs.
 
 One name per setting everywhere: dataclass field = YAML key = `--set section.key` path. A
@@ -23,24 +23,14 @@ from typing import Any
 import yaml
 
 from minigpt.config.fields import build_section, describe, parse_value, unknown
-from minigpt.config.settings import (
-    HEAD_KINDS,
-    SECTIONS,
-    Config,
-    DataConfig,
-    ModelConfig,
-    RunConfig,
-    TokenizerConfig,
-    TrainConfig,
-)
+from minigpt.config.settings import SECTIONS, Config, ModelConfig, TrainConfig
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.files import parse_yaml, read_text
 from minigpt.paths import CONFIGS_DIR, resolve_path
 
-__all__ = ["HEAD_KINDS", "SECTIONS", "Config", "ConfigError", "DataConfig", "MinigptError",
-           "ModelConfig", "RunConfig", "TokenizerConfig", "TrainConfig", "apply_overrides",
-           "config_from", "describe_fields", "from_dict", "load_config", "model_hash",
-           "parse_override", "parse_yaml", "read_config", "to_dict", "to_yaml"]
+__all__ = ["ConfigError", "MinigptError", "apply_overrides", "check_run_name", "config_from",
+           "describe_fields", "find_config", "from_dict", "head_scores_every", "load_config",
+           "model_hash", "parse_override", "parse_yaml", "read_config", "to_dict", "to_yaml"]
 
 
 def check_run_name(name: str) -> None:

@@ -6,11 +6,9 @@ API with the Agg canvas only, imported lazily; files written durably (minigpt.fi
 from __future__ import annotations
 
 import html
-import io
-import warnings
 from pathlib import Path
 
-from minigpt.display import visible_token
+from minigpt.display import figure_png, visible_token
 from minigpt.features.show import FeaturesView
 from minigpt.files import atomic_write_bytes, atomic_write_text
 
@@ -20,7 +18,6 @@ HTML_FILE = "features.html"
 
 def png_bytes(view: FeaturesView) -> bytes:
     """Features (rows) x heads (columns): each feature's share of decoder norm per head."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     n = len(view.features)
@@ -34,12 +31,7 @@ def png_bytes(view: FeaturesView) -> bytes:
     ax.set_title(f"which heads write each feature (layer {view.layer})", fontsize=10)
     fig.colorbar(im, ax=ax, label="share of decoder norm")
     fig.tight_layout()
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def write_png(view: FeaturesView, out: Path) -> Path:

@@ -6,15 +6,13 @@ matplotlib is imported lazily, and only its object-oriented API with the Agg can
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from minigpt.display import head_name, visible_token
+from minigpt.display import figure_png, head_name, visible_token
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.inspection import Inspection
 
@@ -33,17 +31,6 @@ def _label(s: str) -> str:
     return visible_token(s, 12).replace("$", r"\$")
 
 
-def _png_bytes(fig) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    with warnings.catch_warnings():  # glyphs missing from the font (CJK, emoji) become boxes
-        warnings.simplefilter("ignore")
-        fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
-
-
 def _cmap():
     import matplotlib
 
@@ -52,7 +39,7 @@ def _cmap():
 
 def grid_png(insp: Inspection) -> bytes:
     """`grid_figure` as PNG bytes."""
-    return _png_bytes(grid_figure(insp))
+    return figure_png(grid_figure(insp))
 
 
 def grid_figure(insp: Inspection):
@@ -142,7 +129,7 @@ def head_figure(insp: Inspection, layer: int, head: int):
 
 def head_png(insp: Inspection, layer: int, head: int) -> bytes:
     """`head_figure` as PNG bytes."""
-    return _png_bytes(head_figure(insp, layer, head))
+    return figure_png(head_figure(insp, layer, head))
 
 
 def ablation_png(insp: Inspection) -> bytes:
@@ -174,7 +161,7 @@ def ablation_png(insp: Inspection) -> bytes:
                  "cell = loss ADDED when that head alone is ablated (red: the head helps)",
                  fontsize=8, wrap=True)
     fig.colorbar(im, ax=ax, shrink=0.8, label="loss added (nats/token)")
-    return _png_bytes(fig)
+    return figure_png(fig)
 
 
 def write_pngs(insp: Inspection, out_dir: Path, heads: Sequence[tuple[int, int]]) -> list[Path]:

@@ -8,8 +8,7 @@ ranking, with each curve's area)."""
 from __future__ import annotations
 
 from minigpt.core.edge_graph import FRACTIONS, Circuit
-from minigpt.display import head_name
-from minigpt.heads.attention_png import _png_bytes
+from minigpt.display import figure_png, head_name
 
 BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
 RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching"}
@@ -101,7 +100,7 @@ def circuit_png(result: Circuit, title: str = "") -> bytes:
     ax.set_ylim(-0.7, rows - 0.3)
     ax.axis("off")
     ax.set_title(_title(result, title), fontsize=9, wrap=True)
-    return _png_bytes(fig)
+    return figure_png(fig)
 
 
 def _title(result: Circuit, title: str) -> str:
@@ -133,4 +132,4 @@ def faithfulness_png(result: Circuit, title: str = "") -> bytes:
     ax.set_title((f"{title}: " if title else "") + "faithfulness: (m_circuit - m_corrupted) / "
                  "(m_clean - m_corrupted); area: trapezoids over the fraction of edges, "
                  "0.001..1 (MIB's CPR, best 0.999)", fontsize=8, wrap=True)
-    return _png_bytes(fig)
+    return figure_png(fig)

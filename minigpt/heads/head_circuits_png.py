@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from minigpt.core.head_circuits import KINDS, Composition
-from minigpt.display import head_name
+from minigpt.display import figure_png, head_name
 from minigpt.files import atomic_write_bytes
-from minigpt.heads.attention_png import _png_bytes
 from minigpt.heads.inspection import PATCH_READING, Inspection
 
 KIND_TITLE = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
@@ -49,7 +48,7 @@ def composition_png(comp: Composition, title: str = "") -> bytes:
     fig.colorbar(im, ax=axes.tolist(), shrink=0.8, label="composition score")
     if title:
         fig.suptitle(title, fontsize=10)
-    return _png_bytes(fig)
+    return figure_png(fig)
 
 
 def _table(ax, values: np.ndarray, title: str, label: str, top: float,
@@ -86,7 +85,7 @@ PATCH_SCALE = 1.0  # patching's colour scale: a fraction of 1 is the whole clean
 
 def circuits_png(insp: Inspection) -> bytes:
     """`circuits_figure` as PNG bytes."""
-    return _png_bytes(circuits_figure(insp))
+    return figure_png(circuits_figure(insp))
 
 
 def circuits_figure(insp: Inspection):

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minigpt.display import visible_token
+from minigpt.display import figure_png, visible_token
 from minigpt.files import atomic_write_bytes
-from minigpt.heads.attention_png import _png_bytes
 from minigpt.heads.inspection import Inspection
 
 MAX_CELL_TEXT = 48 * 16  # cells (positions x points) up to which each names its top token
@@ -49,7 +48,7 @@ def lens_png(insp: Inspection) -> bytes:
                  "(bold: it is the target)", fontsize=9, wrap=True)
     fig.colorbar(im, ax=ax, shrink=0.8, label="target probability")
     _summary(side, lens)
-    return _png_bytes(fig)
+    return figure_png(fig)
 
 
 def _short(s: str) -> str:

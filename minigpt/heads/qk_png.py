@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from minigpt.core.qk import QKHead
+from minigpt.display import figure_png
 from minigpt.files import atomic_write_bytes
-from minigpt.heads.attention_png import _png_bytes
 
 MAX_CELL_TEXT = 16 * 16  # writers x writers up to which each cell prints its number
 PAIRS_SHOWN = 12  # pairs named in the title (their count is always given)
@@ -52,7 +52,7 @@ def qk_png(h: QKHead, pairs_what: str = "") -> bytes:
                  f"margin {float(h.margins.mean()):+.3f}, closure {h.closure:.1e}"
                  + (f"\npairs: {pairs_what}" if pairs_what else ""), fontsize=8, wrap=True)
     fig.colorbar(im, ax=ax, shrink=0.8, label="margin (score minus its mean over the keys)")
-    return _png_bytes(fig)
+    return figure_png(fig)
 
 
 def write_qk_pngs(heads: list[QKHead] | None, out: Path, pairs_what: str = "") -> list[Path]:

@@ -31,9 +31,7 @@ drawn from the global generators, so a run with head scores trains exactly like 
 from __future__ import annotations
 
 import functools
-import io
 import time
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -48,7 +46,7 @@ from minigpt.core.head_circuits import (
 from minigpt.core.heads import score_heads
 from minigpt.core.patching import make_metric, run_value
 from minigpt.core.qk import induction_pairs, qk_attribution
-from minigpt.display import head_name
+from minigpt.display import figure_png, head_name
 from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent, circuit_check
 from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
 
@@ -223,7 +221,6 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     recs = sorted((r for r in records if r.get("kind") == "heads"), key=lambda r: r["step"])
     if not recs:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     n_layer = len(recs[-1]["scores"]["induction"])
@@ -259,12 +256,7 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     fig.legend(handles, [*labels], loc="outside lower center", ncol=3, fontsize=8,
                title=f"dotted line: {FORMED} (formed)", title_fontsize=8)
     axes[-1][0].set_xlabel("step")
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _draw_circuit(ax, recs: Sequence[dict]) -> None:

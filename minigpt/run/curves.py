@@ -11,13 +11,12 @@ canvas is used (Figure + FigureCanvasAgg: no pyplot, no display, no global backe
 
 from __future__ import annotations
 
-import io
 import math
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minigpt.display import figure_png
 from minigpt.errors import ArgumentError, MinigptError, WriteError
 from minigpt.files import atomic_file, atomic_write_bytes, not_replaceable
 from minigpt.run.layout import METRICS_FILE
@@ -92,14 +91,6 @@ def read_series(run_dir: Path, name: str | None = None) -> Series:
     return s
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    with warnings.catch_warnings():  # glyphs missing from the font (a CJK run name) are boxes
-        warnings.simplefilter("ignore")
-        fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
-
-
 def _figure(rows: int, cols: int, size: tuple[float, float], layout: str | None = None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -166,7 +157,7 @@ def _copies_panel(ax, s: Series) -> None:
 def write_curves(s: Series) -> Path:
     """Rewrite `curves.png` in the run directory of `s` with `curves_figure(s)` (atomically: a
     reader sees the old picture or the new one). Raises WriteError if it cannot be written."""
-    return atomic_write_bytes(s.run_dir / CURVES_FILE, _png(curves_figure(s)))
+    return atomic_write_bytes(s.run_dir / CURVES_FILE, figure_png(curves_figure(s)))
 
 
 def comparable(runs: list[Series]) -> str:
@@ -240,7 +231,7 @@ def write_overlay(runs: list[Series], out: Path) -> Path:
         raise ArgumentError("out", why, subject=out)
     try:
         with atomic_file(out) as fh:  # the temp file first: an unwritable place fails at once
-            fh.write(_png(overlay_figure(runs, note)))
+            fh.write(figure_png(overlay_figure(runs, note)))
     except WriteError as e:
         reason = os.strerror(e.errno) if e.errno else "write failed"
         raise ArgumentError("out", f"cannot write it ({reason}); choose a writable place",

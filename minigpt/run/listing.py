@@ -46,6 +46,7 @@ from minigpt.files import ReadError, load_json, open_regular, parse_yaml, read_p
 from minigpt.run.layout import (
     CKPT_DIR,
     CONFIG_FILE,
+    DEFAULT_RUNS,
     LATEST,
     LOCK_NAME,
     MANIFEST_FILE,
@@ -108,6 +109,18 @@ def is_run_dir(path: Path) -> bool:
         return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
     except OSError:
         return True
+
+
+def find_run(text: str) -> Path:
+    """A run named as `--run` names one where several runs are taken (`minigpt runs`,
+    `minigpt curves`): its directory, else its name under runs/. MinigptError saying where it
+    looked when there is none."""
+    for candidate in (Path(text), DEFAULT_RUNS / text):
+        if is_run_dir(candidate):
+            return candidate
+    looked = f"{text}" + ("" if Path(text).is_absolute() else f" or {DEFAULT_RUNS / text}")
+    raise MinigptError(f"unknown run '{text}': no run directory at {looked}; `minigpt runs` "
+                       "lists the runs")
 
 
 def list_runs(root: Path) -> list[RunRow]:
