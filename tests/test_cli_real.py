@@ -274,20 +274,25 @@ CHEAPER = {("features", "train"): ["--steps", "20", "--tokens", "4096", "--held-
 
 
 def first_of_each_kind(commands: list[list[str]]) -> list:
-    """Each command as a pytest param: the first of each kind (command name) in the quick tier,
-    the others slow (each is a process that imports torch; the in-process CLI tests cover their
-    flags). The downloading ones are slow too: in this process in the quick tier
-    (test_documented_hub_command_offline_in_process). A command in CHEAPER runs in the quick
-    tier with those flags added, and as documented in the slow tier."""
+    """Each command as a pytest param (argv, how): the very first through the installed
+    `minigpt` in the quick tier; the first of each other kind (command name) in the quick tier
+    by the app in this process (a process adds only its start-up, ~2 CPU-s of importing torch);
+    every command through the installed `minigpt` in the slow tier. The downloading ones are
+    slow too: in this process in the quick tier (test_documented_hub_command_offline_in_process).
+    A command in CHEAPER runs in the quick tier with those flags added."""
     seen, params = set(), []
     for argv in commands:
         kind = "hf:" if downloads(argv) else argv[0]
         quick = kind not in seen and kind != "hf:"
         cheaper = CHEAPER.get(tuple(argv[:2]))
         if quick and cheaper:
-            params.append(pytest.param([*argv, *cheaper], id=" ".join([*argv, "(cheaper)"])))
-        params.append(pytest.param(argv, id=" ".join(argv),
-                                   marks=[] if quick and not cheaper else [pytest.mark.slow]))
+            params.append(pytest.param([*argv, *cheaper], "in-process",
+                                       id=" ".join([*argv, "(cheaper)"])))
+        elif quick and seen:
+            params.append(pytest.param(argv, "in-process", id=" ".join([*argv, "(in process)"])))
+        first = quick and not seen
+        params.append(pytest.param(argv, "installed", id=" ".join(argv),
+                                   marks=[] if first else [pytest.mark.slow]))
         seen.add(kind)
     return params
 
@@ -299,15 +304,14 @@ def _download_failed_offline(r: subprocess.CompletedProcess) -> None:
     assert lines[0].startswith("error: --model hf:") and "download failed" in lines[0]
 
 
-@pytest.mark.parametrize("argv", first_of_each_kind(QUICK))
-def test_documented_command_works_on_a_trained_run(program, env, place, argv):
+@pytest.mark.parametrize("argv, how", first_of_each_kind(QUICK))
+def test_documented_command_works_on_a_trained_run(program, env, place, argv, how):
     if downloads(argv):  # offline: the real download path fails in one line, nothing else
         _download_failed_offline(minigpt(program, argv, place, {**env, "HF_HUB_OFFLINE": "1"},
                                          ok=False))
         return
     _sae_first(program, env, place, argv)
-    cheaper = CHEAPER.get(tuple(argv[:2]))
-    if cheaper and argv[-len(cheaper):] == cheaper:  # the quick tier's cut-down run
+    if how == "in-process":  # the quick tier: the same app, without a process's start-up
         r = in_process(argv, cwd=place, MINIGPT_CACHE=env["MINIGPT_CACHE"])
         assert "Traceback" not in r.stderr and r.returncode == 0, r.stderr
         check_output(argv, r, place)

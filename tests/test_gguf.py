@@ -497,6 +497,7 @@ def tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "locked" not in p.parts)
 
 
+@pytest.mark.slow  # a process under RLIMIT_FSIZE (~2 CPU-s); quick: test_a_full_disk_leaves_nothing
 def test_a_write_that_fails_mid_file_leaves_nothing(small_run, tmp_path):
     """The file-size limit (RLIMIT_FSIZE, 64 KiB) makes the kernel refuse the write part way
     through the tensors, as a full disk does: one line, no file, no temporary file."""
@@ -570,6 +571,7 @@ def test_a_full_disk_leaves_nothing(small_run, tmp_path, monkeypatch):
     assert names(tmp_path / "out") == []
 
 
+@pytest.mark.slow  # two processes (~1.5 CPU-s), kill -9 needs one
 def test_a_killed_export_leaves_a_temp_file_the_next_export_deletes(small_run, tmp_path):
     """kill -9 in the middle of writing: the hidden temporary sibling stays (nothing can run
     at a SIGKILL); the next export to the same name deletes it and writes the file."""

@@ -374,6 +374,7 @@ def test_an_empty_read_only_out_is_refused_not_filled(exported, tmp_path, export
         line = one_error_line(export("--run", str(run_dir), "--out", str(ro)))
         assert "read-only directory (mode 755)" in line and list(ro.iterdir()) == []
 
+@pytest.mark.slow  # two processes (~1.8 CPU-s), kill -9 needs one
 def test_a_killed_export_leaves_a_temp_directory_the_next_export_deletes(exported, tmp_path):
     """Issue 26: a killed export left a hidden full copy nothing cleaned up. kill -9 after
     the first file: the hidden `.NAME.PID-XXXXXXXX.tmp/` stays (nothing runs at a SIGKILL);

@@ -114,8 +114,9 @@ def test_inspect_heads_takes_any_finished_run_and_says_its_kind(place, minigpt):
     assert "runs/killed" not in r.stderr  # older than the pick: not passed over
 
 
+@pytest.mark.slow  # a process (~3 CPU-s); quick: test_a_run_still_training_is_used_only_with_a_word
 def test_sample_passes_over_a_run_still_training(place):
-    """Through the installed command in the quick tier: the lock is another process's."""
+    """Through the installed command: the lock is another process's."""
     minigpt = installed
     r = minigpt(place, "sample", "-n", "4", "--seed", "1")
     assert "sampling from the latest finished run trained on text, runs/speed (step 4)" \

@@ -58,7 +58,9 @@ def test_data_kind_never_guesses(tmp_path, damage):
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_curves_notes_the_file_and_concludes_nothing(two_runs, tmp_path, damage):
+def test_curves_notes_the_file_and_concludes_nothing(two_runs, tmp_path, damage,
+                                                     unrendered_pictures):
+    """The note, not the picture (drawn and checked in tests/test_curves.py)."""
     root = Path(shutil.copytree(two_runs, tmp_path / "w"))
     bad = root / "runs" / "other" / "config.yaml"
     bad.write_bytes(DAMAGES[damage])
