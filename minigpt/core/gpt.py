@@ -308,8 +308,9 @@ def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float) -> tuple[Tenso
     (the softmax is exp(c) / its row sum); its backward is (softmax - one_hot) / n_kept times
     tanh's derivative 1 - (c / cap)^2, from the saved c, in three passes over (N, V).
     Under torch.compile the written-out formula, which inductor fuses on its own. Half- and
-    bfloat16 logits (autocast on CUDA) are computed in float32, as autocast runs
-    F.cross_entropy: a sum of exp over the vocabulary in bfloat16 keeps 8 bits."""
+    bfloat16 logits are computed in float32, as autocast runs F.cross_entropy (a sum of exp
+    over the vocabulary in bfloat16 keeps 8 bits); the model's own `raw_logits` are float32
+    already, so this guards other callers."""
     if z.dtype in (torch.float16, torch.bfloat16):
         z = z.float()  # (N, V) float32
     if torch.compiler.is_compiling():
