@@ -203,6 +203,23 @@ def test_training_refuses_each_setting_naming_the_largest_that_fits(slow_machine
     check_training(_cfg(**{key: value}), Session(force=True), cpu)  # forced: not checked
 
 
+def test_a_huge_micro_batch_is_refused_with_a_batch_that_fits(slow_machine):
+    """train.batch_size and train.micro_batch_size both huge: the refusal names a batch size
+    that fits (its micro-batches no larger than it), not "even 1 does not fit", and blames no
+    setting at its usual value (the default's vocabulary, 1024 BPE tokens + end-of-text)."""
+    from minigpt.errors import ConfigError
+    from minigpt.train.safety import Session, check_training
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError) as e:
+        check_training(_cfg(**{"train.batch_size": 2 * 10**8,
+                               "train.micro_batch_size": 10**8}), Session(), cpu)
+    text = str(e.value)
+    fits = int(re.search(r"largest that fits is train.batch_size=(\d+)", text).group(1))
+    assert 1 <= fits < 10**8 and "vocab_size" not in text, text
+    check_training(_cfg(**{"train.batch_size": fits}), Session(), cpu)
+
+
 def test_training_length_is_the_sessions(slow_machine):
     """--stop-after and a resume's first step bound the session: a huge max_steps with
     --stop-after 10 trains 10 steps; the largest max_steps named counts from the resumed step."""

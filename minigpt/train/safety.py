@@ -92,7 +92,7 @@ def training_flops(cfg: Config, steps: int) -> float:
 # The settings that set a session's memory and length, and the values the bundled configs use:
 # a refusal names the one furthest above its usual value (the one to change), and the largest
 # value of it that fits with every other setting as given.
-USUAL = {"model.n_layer": 4, "model.n_embd": 128, "model.vocab_size": 1024,
+USUAL = {"model.n_layer": 4, "model.n_embd": 128, "model.vocab_size": 1025,  # BPE 1024 + EOT
          "model.block_size": 128, "train.batch_size": 16, "train.eval_batches": 20,
          "train.max_steps": 2000, "train.sample_tokens": 100}
 MINIMUM = {"model.block_size": 2, "train.sample_tokens": 0}
@@ -135,7 +135,10 @@ def check_training(cfg: Config, session: Session, device: torch.device) -> None:
     whole = (lambda v: -(-v // step) * step) if key == "model.n_embd" else (lambda v: v)
 
     def cost_of(v: int) -> Cost:
-        c = _with(cfg, {key: whole(v)})
+        changes = {key: whole(v)}
+        if key == "train.batch_size" and t.micro_batch_size:  # micro-batches within the batch
+            changes["train.micro_batch_size"] = min(t.micro_batch_size, whole(v))
+        c = _with(cfg, changes)
         seconds = training_flops(c, session.steps(c.train.max_steps)) / rate if rate else 0.0
         return Cost(seconds, training_bytes(c, session.world))
 
