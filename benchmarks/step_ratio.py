@@ -42,6 +42,8 @@ by self CPU time).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import math
 import os
@@ -56,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minigpt.config import load_config
+from minigpt.device import amp_dtype
 from minigpt.events import no_events
 from minigpt.train.distributed import DistInfo
 from minigpt.train.loop import set_up
@@ -128,8 +131,13 @@ class RefGPT(nn.Module):
 class RefStep:
     """nanoGPT's training step on the same training tokens."""
 
-    def __init__(self, tokens: np.ndarray, vocab: int, fused: bool, seed: int = 0):
+    def __init__(self, tokens: np.ndarray, vocab: int, fused: bool, seed: int = 0,
+                 bf16: bool = False):
         torch.manual_seed(seed)
+        # nanoGPT's train.py runs the forward under bf16/fp16 autocast on CUDA and in plain
+        # fp32 on CPU (`nullcontext` there); `bf16` = the same model under CPU bf16 autocast
+        self.ctx = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if bf16
+                    else contextlib.nullcontext)
         s = SHAPE
         self.model = RefGPT(vocab, s["n_layer"], s["n_head"], s["n_embd"], s["block_size"])
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -149,7 +157,8 @@ class RefStep:
 
     def __call__(self) -> float:
         x, y = self.get_batch()
-        _, loss = self.model(x, y)
+        with self.ctx():
+            _, loss = self.model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
         self.opt.step()
@@ -162,17 +171,17 @@ class RefStep:
 
 
 def minigpt_step(root: Path, pos: str, cache: Path, compile_: bool = False,
-                 config: str = "default"):
+                 config: str = "default", precision: str = "auto"):
     s = SHAPE
     cfg = load_config(config, [
         f"model.n_layer={s['n_layer']}", f"model.n_head={s['n_head']}",
         f"model.n_embd={s['n_embd']}", f"model.block_size={s['block_size']}",
         f"train.batch_size={s['batch_size']}", f"train.learning_rate={LR}",
         f"train.min_lr={LR / 10}", f"train.weight_decay={WD}", f"train.beta1={BETAS[0]}",
-        f"train.beta2={BETAS[1]}", f"train.grad_clip={CLIP}", "train.precision=fp32",
+        f"train.beta2={BETAS[1]}", f"train.grad_clip={CLIP}", f"train.precision={precision}",
         f"train.compile={'true' if compile_ else 'false'}", "train.head_scores_interval=off",
         "train.max_steps=1000000", f"model.pos_encoding={pos}", f"data.cache_dir={cache}"])
-    run_dir = root / f"minigpt-{pos}{'-compiled' if compile_ else ''}"
+    run_dir = root / f"minigpt-{pos}-{precision}{'-compiled' if compile_ else ''}"
     trainer = set_up(cfg, Saving(run_dir, DistInfo(), resume=False), None, torch.device("cpu"),
                      DistInfo(), no_events)
     trainer.weights.model.train()
@@ -243,6 +252,10 @@ def main() -> None:
     ap.add_argument("--config", default="default",
                     help="minigpt's model and optimizer options from this config (e.g. "
                          "speedrun: Muon, ReLU^2, QK-norm, soft-cap, dropout), at the shape")
+    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="minigpt's train.precision (auto: bf16 autocast on a CPU with "
+                         "AVX512-BF16 or AMX, fp32 elsewhere); when it is bf16, rows minigpt-fp32 "
+                         "and reference+bf16 are added")
     ap.add_argument("--shape", choices=("issue18", "config"), default="issue18",
                     help="issue18: T 64, batch 12 (both models); config: --config's "
                          "block_size and batch_size")
@@ -255,17 +268,25 @@ def main() -> None:
     started = time.perf_counter()
     cache = Path(tempfile.gettempdir()) / "minigpt-step-ratio-cache"  # tokenizer, tokens
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, mg = minigpt_step(Path(tmp), "rope", cache, config=args.config)
+        trainer, mg = minigpt_step(Path(tmp), "rope", cache, config=args.config,
+                                   precision=args.precision)
         b = trainer.batches
         tokens, vocab = np.asarray(b.rows.data.train), b.tokenizer.n_vocab
         steps = {"minigpt": mg, "reference": RefStep(tokens, vocab, fused=False),
                  "reference+fused": RefStep(tokens, vocab, fused=True)}
+        precision = amp_dtype(args.precision, torch.device("cpu")) or torch.float32
+        if precision == torch.bfloat16:
+            steps["minigpt-fp32"] = minigpt_step(Path(tmp), "rope", cache, config=args.config,
+                                                 precision="fp32")[1]
+            steps["reference+bf16"] = RefStep(tokens, vocab, fused=True, bf16=True)
         if args.learned:
             steps["minigpt-learned"] = minigpt_step(Path(tmp), "learned", cache,
-                                                    config=args.config)[1]
+                                                    config=args.config,
+                                                    precision=args.precision)[1]
         compile_s = {}
         if args.compile:
-            _, cstep = minigpt_step(Path(tmp), "rope", cache, compile_=True, config=args.config)
+            _, cstep = minigpt_step(Path(tmp), "rope", cache, compile_=True, config=args.config,
+                                    precision=args.precision)
             ref = RefStep(tokens, vocab, fused=True)
             ref.model = torch.compile(ref.model)  # same Parameters: clip and AdamW unchanged
             for name, fn in (("minigpt+compile", cstep), ("reference+compile", ref)):
@@ -283,6 +304,7 @@ def main() -> None:
         ms, cms = _median_ms(wall), _median_ms(cpu)
         paired, cpaired = _paired(wall), _paired(cpu)
         print(f"torch {torch.__version__}, {args.threads} threads, minigpt config {args.config}, "
+              f"minigpt precision {args.precision} = {str(precision).removeprefix('torch.')}, "
               f"shape {SHAPE}, vocab {vocab}, params "
               f"{params}, {len(wall['minigpt'])} rounds x {args.block} steps, load average "
               f"{'/'.join(f'{x:.2f}' for x in load0)} before, "
@@ -303,7 +325,8 @@ def main() -> None:
         print(f"total run time {time.perf_counter() - started:.0f} s")
         if args.json:
             args.json.write_text(json.dumps({
-                "shape": SHAPE, "config": args.config, "threads": args.threads, "vocab": vocab,
+                "shape": SHAPE, "config": args.config, "precision": args.precision,
+                "precision_dtype": str(precision), "threads": args.threads, "vocab": vocab,
                 "params": params,
                 "load_before": load0, "load_after": load1, "block": args.block,
                 "wall_ms_per_round": wall, "cpu_ms_per_round": cpu, "wall_ms": ms,

@@ -97,6 +97,7 @@ class StartEvent:
     bytes_per_token: float
     threads: int = 0         # CPU intra-op threads training runs on (0: not on CPU)
     data_source: str = "text"  # data.source: text, or induction (synthetic ids, no bytes)
+    precision: str = "fp32"  # what train.precision resolved to here: fp32, or bf16 (autocast)
 
 
 @dataclass

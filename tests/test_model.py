@@ -657,3 +657,72 @@ def test_a_leaf_layer_replaced_by_another_module_is_still_called():
         model.blocks[1].mlp.c_fc, model.blocks[0].ln_1 = old, old_ln
         assert torch.equal(model(idx)[0], before)
     assert (after - before).abs().max() > 1e-3
+
+
+def test_dropout_drops_p_of_the_elements_and_scales_the_rest():
+    """core.gpt.dropout on CPU: about p of the elements are zero (the 16-bit draws round p to a
+    multiple of 2^-16), the kept ones are x / (1 - p), the gradient is the same mask times
+    1 / (1 - p), the seed fixes the mask, and p = 0 returns x itself without drawing."""
+    from minigpt.core.gpt import dropout
+
+    x = torch.randn(64, 128, 129, requires_grad=True)  # odd size: the last int64 draw is cut
+    for p in (0.1, 0.5):
+        torch.manual_seed(3)
+        y = dropout(x, p)
+        kept = y != 0
+        n = x.numel()
+        frac = 1 - kept.float().mean().item()
+        assert abs(frac - p) < 5 * math.sqrt(p * (1 - p) / n)  # 5 sigma of a binomial
+        assert torch.allclose(y[kept], x[kept] / (1 - p))
+        (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
+        assert torch.allclose(g, kept.float() / (1 - p))
+        torch.manual_seed(3)
+        assert torch.equal(dropout(x, p), y)
+    state = torch.get_rng_state()
+    assert dropout(x, 0.0) is x and torch.equal(torch.get_rng_state(), state)
+
+
+def test_dropout_masks_are_independent_across_the_16_bit_lanes():
+    """Four elements share one 64-bit draw: each lane (element index mod 4) drops about p on
+    its own, and the lanes' masks are uncorrelated (no lane copies another)."""
+    from minigpt.core.gpt import dropout
+
+    torch.manual_seed(0)
+    mask = (dropout(torch.ones(1 << 20), 0.25) == 0).float().view(-1, 4)  # (draws, lane)
+    n = mask.shape[0]
+    sigma = math.sqrt(0.25 * 0.75 / n)
+    assert ((mask.mean(0) - 0.25).abs() < 5 * sigma).all()
+    corr = torch.corrcoef(mask.t())  # (4, 4)
+    assert (corr - torch.eye(4)).abs().max() < 5 / math.sqrt(n)
+
+
+def test_sdpa_under_cpu_bf16_autocast_runs_in_float32_and_keeps_the_dtype():
+    """On CPU, bf16 q, k, v (autocast's) go through the fused kernel in float32 (twice as fast
+    there, forward + backward): the result is the float32 attention of the same bf16 values,
+    rounded once to bf16, and gradients reach q, k, v in bf16."""
+    from minigpt.core.gpt import attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).bfloat16().requires_grad_() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attention(q, k, v)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                            is_causal=True)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, want.bfloat16())
+    out.float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 for t in (q, k, v))
+
+
+def test_precision_auto_follows_the_cpus_bf16_instructions(monkeypatch):
+    """train.precision auto is bf16 autocast on a CPU with AVX512-BF16 or AMX and fp32 on one
+    without; fp32 and bf16 are what they say on any CPU."""
+    from minigpt.device import amp_dtype
+
+    cpu = torch.device("cpu")
+    for avx512_bf16, amx, want in ((True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                                   (False, False, None)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda a=avx512_bf16: a)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a)
+        assert amp_dtype("auto", cpu) == want
+        assert amp_dtype("fp32", cpu) is None and amp_dtype("bf16", cpu) == torch.bfloat16

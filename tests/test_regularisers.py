@@ -18,6 +18,7 @@ from test_train import tiny_sets
 from minigpt.config import ModelConfig, load_config
 from minigpt.core.gpt import GPT
 from minigpt.data.rows import rows_for
+from minigpt.device import amp_dtype, forward_context
 from minigpt.events import EvalEvent
 from minigpt.hf import export_hf, load_model
 from minigpt.hf.arch import export_kind
@@ -91,8 +92,9 @@ def _val_loss(model: GPT, run: Path) -> float:
     rows = rows_for(loaded.cfg, loaded.tokenizer)
     offsets = validation_sample(rows, loaded.cfg.train, loaded.cfg.run.seed)
     x, y = to_device(rows.rows("val", offsets), torch.device("cpu"))
-    with torch.no_grad():
-        return model.eval()(x, y)[1].item()
+    cpu = torch.device("cpu")
+    with torch.no_grad(), forward_context(cpu, amp_dtype(loaded.cfg.train.precision, cpu))():
+        return model.eval()(x, y)[1].item()  # in the precision the trainer evaluated in
 
 
 def test_an_ema_run_evaluates_and_saves_the_average(ema_run):

@@ -110,6 +110,7 @@ class _TrainView:
                   + (f" ({e.threads} thread{'s' if e.threads != 1 else ''}: train.threads)"
                      if e.threads else "")
                   + (f" x {e.world_size} processes" if e.world_size > 1 else "")
+                  + (", bf16 autocast (train.precision)" if e.precision == "bf16" else "")
                   + (f", from step {e.start_step}" if e.start_step else ""))
         if self.tty:
             from rich.progress import (

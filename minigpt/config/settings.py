@@ -171,7 +171,8 @@ class TrainConfig:
     sample_prompts: list[str] = setting(  # noqa: RUF009 - a field(default_factory=...)
         [""], "prompts sampled at each evaluation ('' = start of text)")
     precision: str = setting(
-        "auto", "auto = bf16 autocast on CUDA, fp32 elsewhere", choices=("auto", "fp32", "bf16"))
+        "auto", "auto = bf16 autocast where the device computes bf16 natively (CUDA sm80+, a CPU "
+        "with AVX512-BF16 or AMX), fp32 elsewhere", choices=("auto", "fp32", "bf16"))
     compile: str = setting(
         "auto", "torch.compile: auto = on for CUDA only", choices=("auto", "true", "false"))
     threads: int = setting(

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from minigpt.config import Config
-from minigpt.device import resolve_device, training_threads
+from minigpt.device import amp_dtype, resolve_device, training_threads
 from minigpt.errors import ArgumentError, MinigptError, TrainingDiverged
 from minigpt.events import DoneEvent, StartEvent, no_events
 from minigpt.train.batches import Batches, open_batches
@@ -121,7 +121,8 @@ class Trainer:
             self.saving.run_dir, state.step, t.max_steps, self._params(), str(b.device),
             b.world, t.batch_size * self.cfg.model.block_size, b.tokenizer.n_vocab,
             b.rows.bytes_per_token, torch.get_num_threads() if b.device.type == "cpu" else 0,
-            self.cfg.data.source), state.elapsed)
+            self.cfg.data.source, "bf16" if amp_dtype(t.precision, b.device) else "fp32"),
+            state.elapsed)
         reason, signame = "finished", ""
         self.weights.model.train()
         with StopFlag() as flag:
