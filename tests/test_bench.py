@@ -111,6 +111,27 @@ def test_dtype_and_suites():
         bench.parse_suites(["attn"])
 
 
+def test_the_train_suite_times_what_train_precision_auto_trains_in(monkeypatch):
+    """--dtype auto on a CPU: the attention and sample suites in fp32 (as sample decodes), the
+    train suite and its peak in train.precision auto's dtype: bf16 on a CPU with bf16
+    instructions (the environment says so), fp32 on one without; an explicit dtype is
+    every suite's."""
+    for has_bf16, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda a=has_bf16: a)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        assert bench.train_suite_dtype("auto", CPU, torch.float32) == want
+        assert bench.train_suite_dtype("float32", CPU, torch.float32) == torch.float32
+        plan = _tiny_plan()
+        result = bench.run_bench(bench.BenchOptions(device="cpu", suites=["train"]), None,
+                                 bench.Plan(plan.attention, plan.train_shapes, 1, 1, 32,
+                                            plan.sample))
+        env = result.environment
+        assert env["dtype"] == "float32"
+        assert env.get("train_dtype") == ("bfloat16" if has_bf16 else None)
+        assert result.summary().get("train_dtype") == env.get("train_dtype")
+        assert result.train.peak.dtype == str(want).removeprefix("torch.")
+
+
 def _one_line_error(result, flag: str) -> None:
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()

@@ -46,7 +46,7 @@ from minigpt.bench.train import (
     find_peak,
     run_train_shape,
 )
-from minigpt.device import cpu_threads, native_bf16, resolve_device
+from minigpt.device import amp_dtype, cpu_threads, native_bf16, resolve_device
 from minigpt.errors import ArgumentError
 from minigpt.events import BenchEvent, OnEvent
 from minigpt.files import atomic_write_text, not_replaceable
@@ -85,6 +85,16 @@ def parse_suites(names: list[str] | None) -> list[str]:
             else:
                 raise ArgumentError("suite", f"'{part}' is not one of {', '.join(SUITES)}, all")
     return list(dict.fromkeys(out))
+
+
+def train_suite_dtype(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The train suite's dtype: `dtype` (`resolve_dtype`'s), except that `auto` on a CPU is
+    what `train.precision: auto` trains in there, bf16 autocast on a CPU with bf16
+    instructions (`minigpt.device.amp_dtype`), so the suite times the step `minigpt train`
+    runs; the attention and sample suites stay fp32 on a CPU, as sample decodes."""
+    if name == "auto" and device.type == "cpu":
+        return amp_dtype("auto", device) or torch.float32
+    return dtype
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -175,12 +185,15 @@ class BenchResult:
                            "suites": suites, "summary": self.summary()})
 
     def summary(self) -> dict:
-        """Headline figures, one compact JSON object: device, dtype, suites, and per suite
+        """Headline figures, one compact JSON object: device, dtype (and train_dtype where the
+        train suite ran in another, `train_suite_dtype`), suites, and per suite
         attention {seq_len, sdpa_speedup_fwd, sdpa_mem_ratio_fwd, max_abs_diff}, train
         {<shape>[/compile]: {ms_per_step, tokens_per_s, mfu}}, sample {ttft_ms,
         decode_tokens_per_s, decode_tokens_per_s_no_cache, kv_speedup}. Non-finite -> None."""
         s: dict = {"device": self.environment["device"], "dtype": self.environment["dtype"],
                    "suites": [n for n in SUITES if getattr(self, n) is not None]}
+        if "train_dtype" in self.environment:
+            s["train_dtype"] = self.environment["train_dtype"]
         if self.attention is not None:
             fwd = [r for r in self.attention.rows if r.impl == "sdpa" and r.pass_ == "fwd"
                    and r.speedup_vs_naive is not None]
@@ -237,16 +250,19 @@ def _run_suites(opts: BenchOptions, plan: Plan, device: torch.device, dtype: tor
     """The chosen suites, on the threads `run_bench` set (the sample suite: `opts.threads`,
     else as `minigpt sample` decodes)."""
     result = BenchResult(environment(device, dtype, opts.quick))
+    train_dtype = train_suite_dtype(opts.dtype, device, dtype)
+    if train_dtype != dtype and "train" in suites:
+        result.environment["train_dtype"] = str(train_dtype).removeprefix("torch.")
     if "attention" in suites:
         result.attention = run_attention_suite(device, dtype, plan.attention, say)
     if "train" in suites:
-        peak = find_peak(device, dtype, opts.peak_tflops, plan.matmul_n, say)
+        peak = find_peak(device, train_dtype, opts.peak_tflops, plan.matmul_n, say)
         rows = []
         for shape in plan.train_shapes:
             for mode in ("eager", "compile") if opts.compile else ("eager",):
                 say(BenchEvent("train", f"{shape.name} {mode}"
                                + (" (compiling: slow on CPU)" if mode == "compile" else "")))
-                rows.append(run_train_shape(shape, device, dtype, mode, peak,
+                rows.append(run_train_shape(shape, device, train_dtype, mode, peak,
                                             plan.train_warmup, plan.train_repeats))
         result.train = TrainResult(peak, rows, train_verdicts(rows, peak))
     if "sample" in suites:

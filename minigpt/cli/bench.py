@@ -25,8 +25,8 @@ def bench_command(
         "--seq-lens", help="Attention sequence lengths, e.g. 128,256,512. "
         "Default: 256,512,1024,2048 (--quick: 128,256,512).")] = None,
     dtype: Annotated[str, typer.Option(
-        "--dtype", help="auto (bf16 on CUDA, fp32 elsewhere), float32, bfloat16, "
-        "float16.")] = "auto",
+        "--dtype", help="auto (bf16 on CUDA, fp32 elsewhere; the train suite on a CPU: "
+        "what train.precision auto trains in there), float32, bfloat16, float16.")] = "auto",
     quick: Annotated[bool, typer.Option(
         "--quick", help="Small sizes and few repeats: under a minute on 2 CPU cores.")] = False,
     out: Annotated[Path | None, typer.Option(
@@ -94,7 +94,9 @@ def _print_environment(env: dict) -> None:
     load = "/".join(str(x) for x in env.get("load_avg", [])) or "n/a"
     out_console.print(
         f"device {env['device']} ({env['device_name']}) | torch {env['torch']} | threads "
-        f"{env['threads']} of {env['cpu_count']} cpus | dtype {env['dtype']} | load {load}"
+        f"{env['threads']} of {env['cpu_count']} cpus | dtype {env['dtype']}"
+        + (f" (train suite {env['train_dtype']}: train.precision auto)"
+           if "train_dtype" in env else "") + f" | load {load}"
         + (" | quick" if env["quick"] else ""), markup=False, soft_wrap=True)
     out_console.print("note: times are medians after warm-up; IQR = (q3 - q1) / median of the "
                       "repeats (quartiles in --json); on a shared or busy machine timings are "
