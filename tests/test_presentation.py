@@ -366,6 +366,41 @@ def test_the_induction_run_says_what_it_trains_on():
     assert "bits/byte" not in lines[2]
 
 
+def test_the_first_line_says_when_training_runs_under_bf16_autocast():
+    """train.precision resolved to bf16 (auto on a CPU with bf16 instructions, or asked): the
+    first line says so; fp32 adds nothing."""
+    shown = {}
+    for precision in ("bf16", "fp32"):
+        view, lines = train_view()
+        view.on_event(events.StartEvent(Path("r"), 0, 10, 1, "cpu", 1, 64, 256, 1.0, 2, "text",
+                                        precision))
+        shown[precision] = lines[0]
+    assert shown["bf16"].endswith("device cpu (2 threads: train.threads), bf16 autocast "
+                                  "(train.precision)")
+    assert "bf16" not in shown["fp32"] and "autocast" not in shown["fp32"]
+
+
+def test_the_training_loop_reports_the_precision_it_resolved(tmp_path):
+    """The StartEvent carries what train.precision resolved to on this machine."""
+    from test_train import tiny_sets
+
+    from minigpt.config import load_config
+    from minigpt.device import amp_dtype
+    from minigpt.train import train
+
+    got = {}
+    for asked in ("auto", "fp32", "bf16"):
+        seen = []
+        (tmp_path / asked).mkdir()
+        train(load_config(None, [*tiny_sets(tmp_path / asked), "train.max_steps=1",
+                                 f"train.precision={asked}"]), tmp_path / asked / "run",
+              on_event=seen.append)
+        got[asked] = next(e for e in seen if isinstance(e, events.StartEvent)).precision
+    cpu = torch.device("cpu")
+    assert got == {"auto": "bf16" if amp_dtype("auto", cpu) else "fp32", "fp32": "fp32",
+                   "bf16": "bf16"}
+
+
 @pytest.mark.parametrize("threads,load,hint", [(2, 9.1, True), (2, 1.5, False),
                                                 (1, 9.1, False)])
 def test_an_interrupted_run_on_a_busy_machine_hears_of_threads(monkeypatch, threads, load, hint):
