@@ -42,8 +42,6 @@ by self CPU time).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import math
 import os
@@ -58,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minigpt.config import load_config
-from minigpt.device import amp_dtype
+from minigpt.device import amp_dtype, forward_context
 from minigpt.events import no_events
 from minigpt.train.distributed import DistInfo
 from minigpt.train.loop import set_up
@@ -136,8 +134,7 @@ class RefStep:
         torch.manual_seed(seed)
         # nanoGPT's train.py runs the forward under bf16/fp16 autocast on CUDA and in plain
         # fp32 on CPU (`nullcontext` there); `bf16` = the same model under CPU bf16 autocast
-        self.ctx = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if bf16
-                    else contextlib.nullcontext)
+        self.ctx = forward_context(torch.device("cpu"), torch.bfloat16 if bf16 else None)
         s = SHAPE
         self.model = RefGPT(vocab, s["n_layer"], s["n_head"], s["n_embd"], s["block_size"])
         params = [p for p in self.model.parameters() if p.requires_grad]
