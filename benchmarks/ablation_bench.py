@@ -1,5 +1,5 @@
 """What `inspect-heads --ablate` costs: seconds for every head's ablation effect
-(`minigpt.core.heads.ablate_heads`: one clean pass keeps the residual stream, then one batched
+(`minigpt.interp.heads.ablate_heads`: one clean pass keeps the residual stream, then one batched
 pass per layer from that layer on) against one plain forward pass, on the default model's shape
 and on GPT-2 small's (random weights: the cost does not depend on them), on the induction probe
 at a few lengths.
@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT, ForwardSpec
-from minigpt.core.heads import ablate_heads
-from minigpt.core.patching import CHUNK_FLOATS
+from minigpt.interp.heads import ablate_heads
+from minigpt.interp.patching import CHUNK_FLOATS
 
 SHAPES = {
     "default": ("default (4 x 128, V 1024)", ModelConfig(

@@ -1,4 +1,4 @@
-"""What `minigpt circuit` costs (minigpt.core.edge_graph) on GPT-2 small's shape (12 layers x 12
+"""What `minigpt circuit` costs (minigpt.interp.edge_graph) on GPT-2 small's shape (12 layers x 12
 heads, 768 wide, vocabulary 50257, random weights: the cost does not depend on them), 64
 tokens, 8 (clean, corrupted) pairs (an induction probe and its second copy replaced), the
 metric logit[a] - logit[b] at the last position:
@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from minigpt.config import from_dict
-from minigpt.core import edge_graph as G
 from minigpt.core.gpt import GPT
-from minigpt.core.patching import make_metric
+from minigpt.interp import edge_graph as G
+from minigpt.interp.patching import make_metric
 
 SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50257,
          "pos_encoding": "learned", "bias": True, "activation": "gelu_tanh", "tie_weights": True}

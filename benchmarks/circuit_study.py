@@ -1,6 +1,6 @@
 """The induction circuit found, not assumed (issue 37): train an induction recipe per seed (or
 reuse the runs already trained), then find each model's circuit with `minigpt circuit`'s
-library (`minigpt.core.edge_graph.find_circuit`, EAP-IG with 5 steps, noising) on --pairs
+library (`minigpt.interp.edge_graph.find_circuit`, EAP-IG with 5 steps, noising) on --pairs
 induction probes of block_size tokens, and check:
 
 - where the textbook heads formed (a layer-1 head >= 0.9 induction and a layer-0 head >= 0.9
@@ -38,10 +38,10 @@ from pathlib import Path
 import torch
 from induction_demo import parse_seeds
 
-from minigpt.core import edge_graph as G
-from minigpt.core.patching import make_metric
 from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
 from minigpt.heads.timeline import probe_scores
+from minigpt.interp import edge_graph as G
+from minigpt.interp.patching import make_metric
 from minigpt.run import load_run
 
 ROOT = Path(__file__).resolve().parent.parent

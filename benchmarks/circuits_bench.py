@@ -1,4 +1,4 @@
-"""What `inspect-heads --dla / --composition / --patch-from` cost (minigpt.core.head_circuits), on
+"""What `inspect-heads --dla / --composition / --patch-from` cost (minigpt.interp.head_circuits), on
 the default model's shape and on GPT-2 small's (random weights: the cost does not depend on
 them), on the induction probe and its corrupted copy:
 
@@ -24,10 +24,10 @@ import time
 import torch
 
 from minigpt.config import ModelConfig
-from minigpt.core import head_circuits as c
 from minigpt.core.gpt import GPT
-from minigpt.core.heads import ablate_heads
-from minigpt.core.patching import make_metric
+from minigpt.interp import head_circuits as c
+from minigpt.interp.heads import ablate_heads
+from minigpt.interp.patching import make_metric
 
 SHAPES = {
     "default (4 x 128, V 1024)": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=128,

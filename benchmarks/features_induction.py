@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from minigpt.features import collect
-from minigpt.features.build import Source, train_features
+from minigpt.features.fit import SaeSettings
 from minigpt.features.show import head_fractions
-from minigpt.features.train import SaeSettings
+from minigpt.features.train_features import Source, train_features
 from minigpt.infer.inputs import load_run_or_model
 
 

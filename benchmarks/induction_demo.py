@@ -18,7 +18,7 @@ The pass count is also given by the built-in probe alone (what `minigpt train` a
 The ablation check: on the same induction probe, the loss of the predictions inside the second
 copy (the copy loss; positions n..2n-2, whose targets are copies) and what it gains when the
 chosen layer-1 induction head, the chosen layer-0 previous-token head, or any other head is
-zero-ablated (`minigpt.core.heads.ablate_heads`): if pattern and role agree, the two chosen
+zero-ablated (`minigpt.interp.heads.ablate_heads`): if pattern and role agree, the two chosen
 heads cost the most.
 With several seeds the runs go --jobs at a time (default 2), each with one thread
 (OMP_NUM_THREADS=1): two runs on a 2-core machine; --jobs 1 runs them one after another, each
@@ -49,8 +49,8 @@ from pathlib import Path
 
 import yaml
 
-from minigpt.core.heads import ablate_heads
 from minigpt.display import head_name
+from minigpt.interp.heads import ablate_heads
 from minigpt.run import load_run
 from minigpt.run.metrics import read_metrics
 

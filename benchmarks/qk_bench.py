@@ -1,5 +1,5 @@
 """What `inspect-heads --qk all` costs on GPT-2 small's shape: every head's score split into
-(query writer x key writer) terms (minigpt.core.qk) on a random-init model of 12 layers of 12
+(query writer x key writer) terms (minigpt.interp.qk) on a random-init model of 12 layers of 12
 heads, 768 wide (MLPs, learned positions, biases, the GPT-2 vocabulary), at 64 tokens, at each
 query's most attended key (63 pairs a head, the default with text) and at 32 induction targets
 (a probe of two copies), beside one forward pass of the same input.
@@ -26,7 +26,7 @@ import torch
 
 from minigpt.config import load_config
 from minigpt.core.gpt import GPT
-from minigpt.core.qk import induction_pairs, qk_attribution
+from minigpt.interp.qk import induction_pairs, qk_attribution
 
 
 def timed(fn, repeats: int) -> tuple[float, list[float], float]:

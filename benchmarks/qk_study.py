@@ -1,6 +1,6 @@
 """Why the induction head attends where it does, per seed: train `configs/induction.yaml` on
 fresh seeds (or take runs already trained), then split the induction head's attention scores
-into (query writer x key writer) terms (`inspect-heads --qk`, minigpt.core.qk) at the built-in
+into (query writer x key writer) terms (`inspect-heads --qk`, minigpt.interp.qk) at the built-in
 induction probe's induction targets (each query of the second copy and the key one after the
 earlier occurrence of its token) and ask whether the largest-margin term is the textbook one:
 the query's embedding x the key's previous-token head (K-composition).
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from minigpt.core.heads import attention_maps, score_heads
-from minigpt.core.qk import induction_pairs, qk_attribution
 from minigpt.events import circuit_check
 from minigpt.heads.probes import prepare_input
+from minigpt.interp.heads import attention_maps, score_heads
+from minigpt.interp.qk import induction_pairs, qk_attribution
 from minigpt.run import load_run
 
 ROOT = Path(__file__).resolve().parent.parent

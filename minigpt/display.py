@@ -12,7 +12,8 @@ what is shown, so a line can read differently from what it holds). Each is shown
 - `printable(text, keep="")`: every such character escaped except those in `keep` (a sample's
   newlines and tabs, say, which are its layout, not a command).
 - `head_name(layer, head)`: a head as every table, log line, picture and JSON names it,
-  `L1.H2` (core/edge_graph.py's nodes are spelled the same; tests/test_display.py holds them to it).
+  `L1.H2` (interp/edge_graph.py's nodes are spelled the same; tests/test_display.py holds
+  them to it).
 - `visible_token(s, max_len)`: a token's text for labels: whitespace made visible (space ·,
   newline ↵, tab →, CR ␍), every other such character escaped.
 - `figure_png(fig)`: a matplotlib figure as PNG bytes, the one way every picture minigpt

@@ -304,8 +304,8 @@ def induction_inspection(half: int = 16, base: int = 100, strs: list[str] | None
     (0, 0) attends to the previous token, head (1, 1) is an induction head (query half + i ->
     key i + 1), the others are attention sinks. `strs`: the first copy's token strings
     (default `t<id>`)."""
-    from minigpt.core.heads import score_heads
     from minigpt.heads.inspection import Inspection
+    from minigpt.interp.heads import score_heads
 
     T = 2 * half
     prev = torch.zeros(T, T)

@@ -1,4 +1,4 @@
-"""Per-head ablation (minigpt.core.heads) on hand-built models: a head that copies the
+"""Per-head ablation (minigpt.interp.heads) on hand-built models: a head that copies the
 previous token carries the prediction, a dead head carries nothing (exactly 0), and the
 batched pass equals ablating one head at a time by editing the weights."""
 
@@ -17,9 +17,9 @@ from conftest import attention_maps_unrendered
 
 from minigpt.config import ModelConfig
 from minigpt.core.gpt import GPT
-from minigpt.core.heads import ablate_heads
-from minigpt.core.modes import MODES
 from minigpt.errors import ArgumentError
+from minigpt.interp.heads import ablate_heads
+from minigpt.interp.modes import MODES
 
 V, T, C = 8, 16, 64  # vocabulary, positions, width; two heads of 32
 
@@ -130,7 +130,7 @@ def test_scored_positions_and_bad_input():
 
 def test_chunks_give_the_same_effects(monkeypatch):
     """Memory chunking (here one head per pass) changes nothing but the grouping."""
-    from minigpt.core import patching
+    from minigpt.interp import patching
 
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=40)
     model = GPT.from_config(cfg, seed=5).eval()
@@ -261,7 +261,7 @@ def test_from_the_residual_stream_equals_the_whole_pass_per_head(shape):
     from the clean residual stream at their layer, LM head at the scored positions only)
     equals ablating that head alone in a whole forward pass (1e-5)."""
     from minigpt.core.gpt import ForwardSpec
-    from minigpt.core.heads import _resampled_outputs
+    from minigpt.interp.heads import _resampled_outputs
 
     cfg = ModelConfig(n_layer=4, n_head=4, n_embd=32, block_size=24, vocab_size=50, **shape)
     model = GPT.from_config(cfg, seed=6).eval()

@@ -1,8 +1,9 @@
-"""How heads work together (minigpt.core.head_circuits) on hand-built models: a previous-token head
-feeding an induction head gives each number its meaning (direct logit attribution lands on the
-induction head, K-composition links the two heads, patching the induction head moves the whole
-metric); random models check the algebra (the attribution adds up to the logit, the factored
-composition scores equal the dense matrices', batched patching equals patching head by head)."""
+"""How heads work together (minigpt.interp.head_circuits) on hand-built models: a previous-token
+head feeding an induction head gives each number its meaning (direct logit attribution lands on
+the induction head, K-composition links the two heads, patching the induction head moves the
+whole metric); random models check the algebra (the attribution adds up to the logit, the
+factored composition scores equal the dense matrices', batched patching equals patching head by
+head)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import pytest
 import torch
 
 from minigpt.config import ModelConfig
-from minigpt.core import head_circuits as c
-from minigpt.core import patching
 from minigpt.core.gpt import GPT, ForwardSpec
-from minigpt.core.patching import make_metric
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import corrupt_copy, corrupt_second_copy
+from minigpt.interp import head_circuits as c
+from minigpt.interp import patching
+from minigpt.interp.patching import make_metric
 
 V, T, C = 12, 16, 64  # vocabulary, positions, width; two heads of 32
 TOK, POS = slice(0, V), slice(V, V + T)

@@ -1,4 +1,4 @@
-"""`minigpt circuit`: its JSON is the library's (minigpt.core.edge_graph.find_circuit) in the
+"""`minigpt circuit`: its JSON is the library's (minigpt.interp.edge_graph.find_circuit) in the
 issue's shape, its table fits 80 columns, its files are pictures, a page and JSON, and bad
 input is one line, exit 2, before any work (in-process through typer's CliRunner, and through
 the installed `minigpt` command)."""
@@ -18,8 +18,8 @@ from test_cli_circuits import error_line, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
-from minigpt.core import edge_graph as G
 from minigpt.heads.edge_circuit import circuit_pairs
+from minigpt.interp import edge_graph as G
 from minigpt.run import load_run
 
 
@@ -183,9 +183,9 @@ def test_a_model_with_no_head_is_refused_before_any_work(run_dir, monkeypatch):
 
 
 def test_lens_is_inspect_heads_lens_of_the_first_pair(run_dir):
-    """`--lens`: the JSON's `lens` is core.lens.logit_lens of the first clean input at the
+    """`--lens`: the JSON's `lens` is interp.lens.logit_lens of the first clean input at the
     metric's positions (inspect-heads' records), and the terminal prints its tables."""
-    from minigpt.core.lens import logit_lens
+    from minigpt.interp.lens import logit_lens
 
     r = invoke(run_dir, *PROBE, "--ig-steps", "1", "--no-curve", "--lens", "--json")
     assert r.exit_code == 0, r.stderr

@@ -1,5 +1,5 @@
 """`minigpt inspect-heads --dla / --composition / --patch-from`: the numbers the command prints
-are the library's (minigpt.core.head_circuits), the head table shows every row's head and every
+are the library's (minigpt.interp.head_circuits), the head table shows every row's head and every
 number in full at 80 and at 200 columns, and bad input is one line, exit 2 (in-process through
 typer's CliRunner, and a few cases through the installed `minigpt` command)."""
 
@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from minigpt.cli import app
 from minigpt.config import from_dict
-from minigpt.core import head_circuits as c
 from minigpt.core.gpt import GPT
-from minigpt.core.patching import make_metric
 from minigpt.data.tokenizer import bytes_tokenizer
+from minigpt.interp import head_circuits as c
+from minigpt.interp.patching import make_metric
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
 

@@ -59,11 +59,11 @@ def test_train_prints_a_sample_with_its_controls_escaped(capsys):
 
 
 def test_a_head_has_one_spelling_everywhere():
-    """Tables, logs, pictures (display.head_name) and the edge graph's nodes (core/edge_graph.py,
+    """Tables, logs, pictures (display.head_name) and the edge graph's nodes (interp/edge_graph.py,
     which imports no display code) name a head the same way: L1.H2."""
     from minigpt.config import ModelConfig
-    from minigpt.core.edge_graph import graph_of
     from minigpt.display import head_name
+    from minigpt.interp.edge_graph import graph_of
 
     g = graph_of(ModelConfig(n_layer=2, n_head=3, n_embd=12, block_size=8, vocab_size=16))
     heads = {g.writer_name(u) for u in range(g.n_writers)} - {"embed", "L0.MLP", "L1.MLP"}

@@ -285,8 +285,8 @@ def test_the_readme_python_runs(tmp_path, monkeypatch):
 
 
 def test_heads_md_defines_every_score_with_the_codes_thresholds():
-    from minigpt.core import heads as scores
     from minigpt.heads import timeline
+    from minigpt.interp import heads as scores
 
     text = (PROJECT_ROOT / "docs" / "heads.md").read_text()
     table = text[text.index("| score | formula |"):].split("\n\n")[0].splitlines()[2:]

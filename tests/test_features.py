@@ -24,7 +24,7 @@ import pytest
 import torch
 from conftest import in_process, save_tiny_run, shakespeare
 
-from minigpt.core.sae import max_cosines
+from minigpt.interp.sae import max_cosines
 from minigpt.run.safetensors_io import tensors_to_bytes
 
 MINIGPT = shutil.which("minigpt")
@@ -151,9 +151,9 @@ def test_inspect_heads_shows_the_active_features(tiny):
 
 
 def test_a_killed_training_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
-    from minigpt.features import build
-    from minigpt.features.build import Source, train_features
-    from minigpt.features.train import SaeSettings, SaeStep
+    from minigpt.features import train_features as build
+    from minigpt.features.fit import SaeSettings, SaeStep
+    from minigpt.features.train_features import Source, train_features
     from minigpt.infer.inputs import load_run_or_model
 
     loaded = load_run_or_model(tiny["run"], None, "cpu", None)
@@ -168,8 +168,8 @@ def test_a_killed_training_resumes_to_the_same_weights(tiny, tmp_path, monkeypat
         if isinstance(e, SaeStep) and e.step == 30:
             raise Killed
 
-    orig = build.train_sae
-    monkeypatch.setattr(build, "train_sae", lambda *a, **k: orig(*a, **{**k, "save_every": 10}))
+    orig = build.fit_sae
+    monkeypatch.setattr(build, "fit_sae", lambda *a, **k: orig(*a, **{**k, "save_every": 10}))
     with pytest.raises(Killed):
         train_features(src, s, tmp_path / "cut", on_event=kill)
     assert (tmp_path / "cut" / "train_state.safetensors").exists()

@@ -1,4 +1,4 @@
-"""The circuit as a graph (minigpt.core.edge_graph) on tiny random models and on the hand-built
+"""The circuit as a graph (minigpt.interp.edge_graph) on tiny random models and on the hand-built
 induction circuit: edge patching of every edge is the corrupted run and of none the clean run;
 one edge patched equals a hand-written intervention on that one reader; EAP equals the
 gradient of the metric read through a hand-written split of every reader; EAP-IG with one
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from minigpt.config import ModelConfig
-from minigpt.core import edge_graph as G
 from minigpt.core.gpt import GPT, ForwardSpec, Intervention
-from minigpt.core.patching import make_metric, record, run_value
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.interp import edge_graph as G
+from minigpt.interp.patching import make_metric, record, run_value
 
 T = 12
 POS = list(range(6, 11))

@@ -291,7 +291,7 @@ def test_ablation_of_a_gpt2_model_scores_the_copy_after_endoftext(hf_dirs):
     """--ablate on a GPT-2 directory: every head gets an effect, scored on the 9 predictions
     inside the probe's second copy (the input is <|endoftext|> + 10 ids + the same 10), equal to
     the library's."""
-    from minigpt.core.heads import ablate_heads
+    from minigpt.interp.heads import ablate_heads
 
     r = CliRunner().invoke(app, ["inspect-heads", "--model", str(hf_dirs["gpt2"]), "--probe",
                                  "induction", "--max-tokens", "21", "--ablate", "mean",

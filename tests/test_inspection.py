@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from minigpt.config import MinigptError, from_dict
-from minigpt.core import heads as sc
 from minigpt.core.gpt import GPT
 from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.heads import inspection as ins
 from minigpt.heads import output
 from minigpt.heads import probes as prb
+from minigpt.interp import heads as sc
 
 T = 16
 

@@ -21,7 +21,8 @@ FLOORS = [
                 "minigpt.display", "minigpt.threads"}),
     ("config", {"minigpt.config"}),
     ("core", {"minigpt.core"}),
-    ("device", {"minigpt.device"}),
+    ("device", {"minigpt.device", "minigpt.cost"}),
+    ("interp", {"minigpt.interp"}),
     ("data", {"minigpt.data"}),
     ("run", {"minigpt.run"}),
     ("hf", {"minigpt.hf"}),
@@ -77,10 +78,11 @@ def test_the_package_root_holds_only_what_every_room_uses():
     loose = {f"minigpt.{p.stem}" for p in PACKAGE_DIR.glob("*.py")
              if p.stem not in ("__init__", "__main__")}
     assert len(loose) <= MAX_LOOSE_ROOT_MODULES, sorted(loose)
-    assert loose <= FLOORS[0][1] | {"minigpt.device"}, sorted(loose - FLOORS[0][1])
+    policy = {"minigpt.device", "minigpt.cost"}
+    assert loose <= FLOORS[0][1] | policy, sorted(loose - FLOORS[0][1])
     rooms = {m for _, members in FLOORS[1:] for m in members if m != "minigpt.__main__"}
     assert all((PACKAGE_DIR.parent / m.replace(".", "/") / "__init__.py").is_file()
-               for m in rooms - {"minigpt.device"}), rooms
+               for m in rooms - policy), rooms
 
 
 def test_every_module_is_on_a_floor():
@@ -138,26 +140,47 @@ def test_ground_floor_and_config_do_not_import_torch():
 
 
 CORE_MAY_IMPORT = {"torch", "minigpt.config.settings", "minigpt.errors"}
+# the analyses may also read the model and each other, and state their cost as a `Cost`
+INTERP_MAY_IMPORT = CORE_MAY_IMPORT | {"minigpt.cost"}
 
 
-def core_outside_imports(path: Path) -> set[str]:
-    """What a core/ file imports beyond torch, the standard library, the settings
-    dataclasses, the errors and core itself."""
+def outside_imports(path: Path, room: str = "core") -> set[str]:
+    """What a file of `room` (core or interp) imports beyond torch, the standard library, the
+    settings dataclasses, the errors and the rooms it may read: core reads core; interp reads
+    core, interp and the Cost type."""
+    rooms = ("minigpt.core",) if room == "core" else ("minigpt.core", "minigpt.interp")
+    may = CORE_MAY_IMPORT if room == "core" else INTERP_MAY_IMPORT
+
     def allowed(m: str) -> bool:
         top = m.split(".")[0]
-        return (top in sys.stdlib_module_names or top == "torch" or m in CORE_MAY_IMPORT
-                or m == "minigpt.core" or m.startswith("minigpt.core."))
+        return (top in sys.stdlib_module_names or top == "torch" or m in may
+                or any(m == r or m.startswith(r + ".") for r in rooms))
     return {m for m in imports_of(path) if not allowed(m)}
 
 
-def test_core_imports_only_torch_the_standard_library_the_settings_and_the_errors():
-    """The maths room (docs/internals.md: read core/ first) reads no file, sends no event and
-    knows no run directory, tokenizer or CLI: everything else consumes it."""
+def test_core_is_the_model_and_imports_only_torch_the_standard_library_the_settings_and_errors():
+    """The model's room (docs/internals.md: read core/ first) reads no file, sends no event,
+    knows no run directory, tokenizer or CLI, and holds no analysis: everything else consumes
+    it."""
     core = {name: p for name, p in MODULES.items() if name.startswith("minigpt.core")}
-    assert {"minigpt.core.gpt", "minigpt.core.generate", "minigpt.core.heads",
+    assert {"minigpt.core.gpt", "minigpt.core.generate", "minigpt.core.kernels",
             "minigpt.core.step"} <= set(core)
     for name, path in core.items():
-        assert not core_outside_imports(path), f"{name} imports {core_outside_imports(path)}"
+        assert not outside_imports(path), f"{name} imports {outside_imports(path)}"
+
+
+def test_the_maths_of_inspection_sits_on_the_model_and_the_model_never_imports_it():
+    """interp/ (the analyses) reads the model; core/ never reads interp/; neither reads a
+    file, a device policy or a run."""
+    interp = {name: p for name, p in MODULES.items() if name.startswith("minigpt.interp")}
+    assert {"minigpt.interp.heads", "minigpt.interp.qk", "minigpt.interp.sae",
+            "minigpt.interp.edge_graph", "minigpt.interp.patching"} <= set(interp)
+    for name, path in interp.items():
+        extra = outside_imports(path, "interp")
+        assert not extra, f"{name} imports {extra}"
+    for name in MODULES:
+        if name.startswith("minigpt.core"):
+            assert not {m for m in GRAPH[name] if m.startswith("minigpt.interp")}, name
 
 
 def test_the_rules_catch_what_they_look_for(tmp_path):
@@ -170,14 +193,15 @@ def test_the_rules_catch_what_they_look_for(tmp_path):
     src.write_text("import json\nimport torch.nn\nfrom minigpt.config.settings import Config\n"
                    "from minigpt.core.gpt import GPT\nfrom minigpt.files import read_text\n"
                    "import numpy\nfrom minigpt.config import load_config\n")
-    assert core_outside_imports(src) == {"minigpt.files", "numpy", "minigpt.config"}
+    assert outside_imports(src) == {"minigpt.files", "numpy", "minigpt.config"}
+    assert outside_imports(src, "interp") == outside_imports(src)
 
 
 def test_importing_the_core_loads_no_file_code():
     """The maths takes a ModelConfig without the config loader: importing every core module
     loads neither the file door, the YAML parser nor the config loader."""
     code = ("import sys\n"
-            "import minigpt.core.gpt, minigpt.core.heads, minigpt.core.head_circuits\n"
+            "import minigpt.core.gpt, minigpt.interp.heads, minigpt.interp.head_circuits\n"
             "import minigpt.core.generate, minigpt.core.step\n"
             "bad = {'minigpt.files', 'minigpt.config.load', 'minigpt.config.fields', "
             "'minigpt.paths', 'yaml'}\n"

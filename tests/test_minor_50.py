@@ -157,9 +157,9 @@ def test_probe_induction_is_not_suggested_to_who_gave_it(tmp_path):
 def test_circuit_picture_geometry(run_dir):
     """circuit.png's data: no kept edge's curve passes another node (the embed -> L1.H1 value
     edge ran through L0.H1); every label fits its circle; the title names the corruption."""
-    from minigpt.core.edge_graph import find_circuit
     from minigpt.heads import edge_png as C
     from minigpt.heads.edge_circuit import circuit_pairs, circuit_title
+    from minigpt.interp.edge_graph import find_circuit
     from minigpt.run import load_run
 
     loaded = load_run(run_dir, "cpu")

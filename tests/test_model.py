@@ -558,7 +558,7 @@ def test_softcap_cross_entropy_in_one_pass_equals_the_written_out_formula(dtype)
     """The one-pass loss (one autograd node) gives the capped logits, the loss and the gradient
     of raw logits that cap * tanh(z / cap) then F.cross_entropy give, with ignored targets and
     with a gradient arriving through the logits as well as through the loss."""
-    from minigpt.core.gpt import softcap_cross_entropy
+    from minigpt.core.kernels import softcap_cross_entropy
 
     gen = torch.Generator().manual_seed(3)
     z = (20 * torch.randn(37, 11, generator=gen, dtype=dtype)).requires_grad_()
@@ -587,7 +587,7 @@ def test_softcap_cross_entropy_of_bfloat16_logits_is_computed_in_float32():
     """bfloat16 logits (autocast on CUDA) give the loss F.cross_entropy gives under autocast:
     the sum over the vocabulary in float32, not in bfloat16's 8 bits, and a gradient in the
     logits' own dtype."""
-    from minigpt.core.gpt import softcap_cross_entropy
+    from minigpt.core.kernels import softcap_cross_entropy
 
     gen = torch.Generator().manual_seed(4)
     z32 = 8 * torch.randn(64, 1025, generator=gen)
@@ -601,7 +601,7 @@ def test_softcap_cross_entropy_of_bfloat16_logits_is_computed_in_float32():
 
 
 def test_relu2_as_one_node_equals_relu_then_square():
-    from minigpt.core.gpt import relu2
+    from minigpt.core.kernels import relu2
 
     x = torch.randn(7, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     x[0, :3] = 0.0  # the kink: both give gradient 0 there
@@ -660,10 +660,10 @@ def test_a_leaf_layer_replaced_by_another_module_is_still_called():
 
 
 def test_dropout_drops_p_of_the_elements_and_scales_the_rest():
-    """core.gpt.dropout on CPU: about p of the elements are zero (the 16-bit draws round p to a
+    """core.kernels.dropout on CPU: about p of the elements are zero (the 16-bit draws round p to a
     multiple of 2^-16), the kept ones are x / (1 - p), the gradient is the same mask times
     1 / (1 - p), the seed fixes the mask, and p = 0 returns x itself without drawing."""
-    from minigpt.core.gpt import dropout
+    from minigpt.core.kernels import dropout
 
     x = torch.randn(64, 128, 129, requires_grad=True)  # odd size: the last int64 draw is cut
     for p in (0.1, 0.5):
@@ -685,7 +685,7 @@ def test_dropout_drops_p_of_the_elements_and_scales_the_rest():
 def test_dropout_masks_are_independent_across_the_16_bit_lanes():
     """Four elements share one 64-bit draw: each lane (element index mod 4) drops about p on
     its own, and the lanes' masks are uncorrelated (no lane copies another)."""
-    from minigpt.core.gpt import dropout
+    from minigpt.core.kernels import dropout
 
     torch.manual_seed(0)
     mask = (dropout(torch.ones(1 << 20), 0.25) == 0).float().view(-1, 4)  # (draws, lane)

@@ -1,5 +1,5 @@
-"""What a head does at every distance (core.heads' offset profile and lag scores) on hand-built
-attention patterns, the logit lens (core.lens) on tiny models, and how inspect-heads shows
+"""What a head does at every distance (interp.heads' offset profile and lag scores) on hand-built
+attention patterns, the logit lens (interp.lens) on tiny models, and how inspect-heads shows
 both (table, JSON, viewer, lens.png). TransformerLens parity of the lens is in
 test_transformer_lens.py (slow)."""
 
@@ -14,9 +14,9 @@ from conftest import induction_inspection
 from rich.console import Console
 
 from minigpt.config import ModelConfig
-from minigpt.core import heads as h
 from minigpt.core.gpt import GPT
-from minigpt.core.lens import logit_lens, point_names
+from minigpt.interp import heads as h
+from minigpt.interp.lens import logit_lens, point_names
 
 
 def shifted(T: int, back: int) -> torch.Tensor:

@@ -492,7 +492,7 @@ def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
 
 def circuit_inspection(dla_heads, patch_effect, logit: float = 5.0) -> Inspection:
     """The hand-built induction inspection with DLA and patching numbers of our choosing."""
-    from minigpt.core.head_circuits import Attribution, Patching
+    from minigpt.interp.head_circuits import Attribution, Patching
 
     insp = induction_inspection(8)
     insp.dla = Attribution(torch.tensor(dla_heads, dtype=torch.float64), {}, logit,

@@ -1,4 +1,4 @@
-"""QK attribution (minigpt.core.qk): a head's score split into (query writer x key writer)
+"""QK attribution (minigpt.interp.qk): a head's score split into (query writer x key writer)
 terms. The terms add up to the model's own score and margin (float64: <= 1e-5, in fact ~1e-12)
 for every position scheme, norm, QK-norm, MLPs and biases; the scores are the model's (their
 softmax is forward_with_attention's attention); the margins are the scores minus their means
@@ -22,13 +22,13 @@ from typer.testing import CliRunner
 from minigpt.cli import app
 from minigpt.config import load_config
 from minigpt.core.gpt import GPT
-from minigpt.core.qk import (
+from minigpt.errors import ArgumentError
+from minigpt.interp.qk import (
     induction_pairs,
     parse_pairs,
     qk_attribution,
     resolve_heads,
 )
-from minigpt.errors import ArgumentError
 
 CONFIGS = {
     "learned-mlp-bias": ["model.pos_encoding=learned", "model.mlp=true", "model.bias=true"],

@@ -122,7 +122,7 @@ FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "j
               "torch.load", "read_parquet", "fdopen"}
 
 DOOR_EXCEPTIONS = {
-    ("core/budget.py", "open"): "the kernel's /proc/meminfo (MemAvailable), read only; core "
+    ("cost.py", "open"): "the kernel's /proc/meminfo (MemAvailable), read only; core "
                                 "imports no minigpt.files",
     ("data/records.py", "json.loads"): "one JSON Lines record, already cut to MAX_RECORD_BYTES, "
                                   "parsed with files.json_int and RecursionError caught (its "

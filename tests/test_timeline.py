@@ -184,7 +184,7 @@ def test_the_edge_record_finds_the_hand_built_induction_circuit():
     """With the probe's first copy replaced, the hand-built model's two strongest EAP edges (the
     next token's logit) are the induction head into the logits and the embedding into its
     value input (the token it copies). Its key edge from the previous-token head, whose real
-    single-edge effect on the loss is 2.55 nats (core.edge_graph.edge_effects, measured when
+    single-edge effect on the loss is 2.55 nats (interp.edge_graph.edge_effects, measured when
     written), scores ~0 here: the hand-built attention is saturated, so the gradient through
     the keys is ~0 (EAP's known blind spot, which `minigpt circuit --ig-steps` addresses; the
     timeline stays EAP to stay cheap)."""

@@ -22,13 +22,13 @@ import pytest
 import torch
 
 from minigpt.config import from_dict, load_config, to_dict
-from minigpt.core import head_circuits as c
-from minigpt.core.edge_args import DIRECTIONS
 from minigpt.core.gpt import GPT
-from minigpt.core.patching import make_metric
 from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.errors import MinigptError
 from minigpt.hf import export_hf
+from minigpt.interp import head_circuits as c
+from minigpt.interp.edge_args import DIRECTIONS
+from minigpt.interp.patching import make_metric
 from minigpt.run import load_run
 from minigpt.run.checkpoint import save_checkpoint
 
@@ -178,7 +178,7 @@ def test_detect_head_is_minigpts_score_times_rows_over_T(pair):
     has T - 1 rows; the induction score the queries whose token occurred before)."""
     from transformer_lens.head_detector import detect_head
 
-    from minigpt.core.heads import attention_maps, score_heads
+    from minigpt.interp.heads import attention_maps, score_heads
 
     model, bridge = pair
     text = "abcdefghabcdefgh"  # no token twice in a row: TL's induction pattern would then
@@ -236,7 +236,7 @@ def test_value_bias_folding_moves_ablation_and_dla_but_not_patching(exported):
     model without biases (the default config) has nothing to fold and agrees both ways."""
     from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
 
-    from minigpt.core.heads import ablate_heads
+    from minigpt.interp.heads import ablate_heads
 
     model, folded_off, path = exported
     folded = boot(path)  # TransformerLens's defaults: fold_value_biases=True
@@ -288,7 +288,7 @@ def test_logit_lens(exported):
     unembedding, shifting every logit at a position by one constant) the log-probabilities do."""
     from transformer_lens.tools.analysis import logit_lens as tl_lens
 
-    from minigpt.core.lens import logit_lens
+    from minigpt.interp.lens import logit_lens
 
     model, _, path = exported
     ours = logit_lens(model, CLEAN)  # every position, the next token as the target

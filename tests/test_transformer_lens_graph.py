@@ -1,4 +1,4 @@
-"""minigpt's circuit graph (minigpt.core.edge_graph) against TransformerLens 4.3's
+"""minigpt's circuit graph (minigpt.interp.edge_graph) against TransformerLens 4.3's
 `transformer_lens.tools.analysis.attribution_patching`, on models exported with `minigpt
 export --format hf` and opened offline with `TransformerBridge.boot_transformers(dir)` (the
 export and the bridge's settings as tests/test_transformer_lens.py makes them): GPT-2 and
@@ -28,9 +28,9 @@ from test_transformer_lens import (  # noqa: F401 (transformer_lens: the autouse
     transformer_lens,
 )
 
-from minigpt.core import edge_graph as G
-from minigpt.core.edge_args import DIRECTIONS
-from minigpt.core.patching import make_metric
+from minigpt.interp import edge_graph as G
+from minigpt.interp.edge_args import DIRECTIONS
+from minigpt.interp.patching import make_metric
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""minigpt's QK attribution (minigpt.core.qk) against TransformerLens 4.x, on models exported
+"""minigpt's QK attribution (minigpt.interp.qk) against TransformerLens 4.x, on models exported
 with `minigpt export --format hf` and opened offline with `TransformerBridge.boot_transformers`
 (the set-up of tests/test_transformer_lens.py): every score `inspect-heads --qk` reports is
 TransformerLens's `blocks.{l}.attn.hook_attn_scores` (scaled by 1/sqrt(d_head)) within 1e-4,
@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_transformer_lens import CLEAN, MODELS, export_pair
 
-from minigpt.core.qk import induction_pairs, qk_attribution
+from minigpt.interp.qk import induction_pairs, qk_attribution
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4

@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import induction_inspection
 
-from minigpt.core.heads import score_heads
 from minigpt.display import visible_token
 from minigpt.heads.inspection import Inspection
+from minigpt.interp.heads import score_heads
 
 pytestmark = pytest.mark.slow
 
@@ -152,8 +152,8 @@ def induction_probe_inspection() -> Inspection:
 
 
 def test_screenshot_shows_the_colour_scale_and_the_glossary(page, tmp_path):
-    from minigpt.core.heads import SCORE_NAMES
     from minigpt.heads.viewer import GLYPHS
+    from minigpt.interp.heads import SCORE_NAMES
 
     page.set_window_size(1400, 1000)
     shot = page.get_screenshot_as_png()

@@ -148,23 +148,25 @@ def module_list() -> str:
     return "\n".join(lines)
 
 
-CORE_SIZE = re.compile(r"(Read `minigpt/core/` first \()\d+ lines in \d+ files(\))")
+ROOM_SIZES = {room: re.compile(rf"(`minigpt/{room}/`(?: first)? \()\d+ lines in \d+ files(\))")
+              for room in ("core", "interp")}
 
 
-def core_size() -> str:
-    """`N lines in F files`: the size of minigpt/core/, which internals.md opens with."""
-    files = sorted((ROOT / "minigpt" / "core").glob("*.py"))
+def room_size(room: str) -> str:
+    """`N lines in F files`: the size of minigpt/<room>/, which internals.md opens with."""
+    files = sorted((ROOT / "minigpt" / room).glob("*.py"))
     lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in files)
     return f"{lines} lines in {len(files)} files"
 
 
 def internals_with_modules(text: str) -> str:
-    """internals.md with the core's size and the block between the module markers
-    regenerated."""
-    if not CORE_SIZE.search(text):
-        raise SystemExit(f"{INTERNALS_MD}: the opening 'Read `minigpt/core/` first (N lines in "
-                         "F files)' is missing")
-    text = CORE_SIZE.sub(lambda m: f"{m[1]}{core_size()}{m[2]}", text, count=1)
+    """internals.md with the sizes of core/ and interp/ and the block between the module
+    markers regenerated."""
+    for room, pattern in ROOM_SIZES.items():
+        if not pattern.search(text):
+            raise SystemExit(f"{INTERNALS_MD}: the size of `minigpt/{room}/` (N lines in F "
+                             "files) is missing")
+        text = pattern.sub(lambda m, r=room: f"{m[1]}{room_size(r)}{m[2]}", text, count=1)
     head, sep, rest = text.partition(BEGIN_MODULES)
     _, sep2, tail = rest.partition(END_MODULES)
     if not sep or not sep2:

@@ -1,8 +1,9 @@
-"""`minigpt bench`: attention kernels (`attention.py`), the training step and its MFU
-(`train.py`), decoding with and without the KV cache (`sample.py`), the timing and memory
-harness (`timing.py`), and the run of the chosen suites with its JSON report (`runner.py`).
+"""`minigpt bench`: what this machine does with minigpt's own code paths, measured: the attention
+kernels, one training step and its MFU, decoding with and without the KV cache, each suite
+timed by one harness and reported as one JSON document. docs/internals.md lists the modules.
 
-`from minigpt.bench import BenchOptions, run_bench`."""
+`from minigpt.bench import BenchOptions, run_bench`.
+"""
 
 from minigpt.bench.runner import BenchOptions, BenchResult, run_bench, write_json
 

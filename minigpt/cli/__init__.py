@@ -1,10 +1,11 @@
-"""The `minigpt` command line: `main.py` (the app, the one error path), `options.py` (the
-options several commands share) and one module per command. Importing this package registers
-every command on `app`.
+"""The `minigpt` command line: the app with its one error path, the options several commands
+share (declared once), and one module per command, the only code that renders (rich tables,
+progress bars, one `error:` line). Importing this package registers every command on `app`.
 
 Before any command module is imported (they import torch, whose MKL dies with "Intel oneMKL
 FATAL ERROR" and no word of why when the working directory was deleted): the working
-directory must exist, else one `error:` line and exit 2."""
+directory must exist, else one `error:` line and exit 2.
+"""
 
 import os as _os
 import sys as _sys

@@ -1,5 +1,5 @@
 """`minigpt circuit`: the edges of a model's graph that carry the difference between a clean
-input and a corrupted one (EAP or EAP-IG scores, `minigpt.core.edge_graph`), the circuit of the
+input and a corrupted one (EAP or EAP-IG scores, `minigpt.interp.edge_graph`), the circuit of the
 strongest of them checked by running it (the fraction recovered), the faithfulness curve; a
 table of the top edges and one line on stderr, the files asked for, or JSON."""
 
@@ -56,13 +56,12 @@ def circuit_command(
     threads: opt.Threads = 0, lens: opt.Lens = False, force: opt.Force = False,
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
-    from minigpt.core.edge_args import check_search
     from minigpt.heads.flags import CIRCUIT_FORMATS, check_early
+    from minigpt.interp.edge_args import check_search
 
     fmts = check_early(formats, seed, threads, valid=CIRCUIT_FORMATS)  # before torch loads
     patch_direction = patch_direction or "noising"
     check_search(edges, recover, ig_steps, patch_direction)
-    from minigpt.core.edge_graph import graph_of
     from minigpt.device import cpu_threads
     from minigpt.heads import output
     from minigpt.heads.edge_circuit import (
@@ -70,6 +69,7 @@ def circuit_command(
         circuit_pairs,
         circuit_title,
     )
+    from minigpt.interp.edge_graph import graph_of
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
@@ -105,9 +105,10 @@ def circuit_command(
 def _cost_check(loaded, threads: int, pairs: int, ig_steps: int, curve: bool, force: bool,
                 cost: list):
     """circuit_pairs' `check`: the search's cost estimated from the first pair's length and
-    refused when too large (core.edge_graph.check_circuit_cost); the estimate appended to `cost`."""
-    from minigpt.core.edge_graph import check_circuit_cost
+    refused when too large (heads.edge_circuit.check_circuit_cost); the estimate appended to
+    `cost`."""
     from minigpt.device import cpu_threads
+    from minigpt.heads.edge_circuit import check_circuit_cost
 
     def check(n_tokens: int) -> None:
         with cpu_threads(threads, loaded.model):
@@ -134,11 +135,11 @@ def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
 
 
 def _measure(model, p, direction, ig_steps, edges, recover, curve, lens, progress=None):
-    """The circuit of the pairs `p` and, with `lens`, the logit lens (core.lens.Lens) of the
+    """The circuit of the pairs `p` and, with `lens`, the logit lens (interp.lens.Lens) of the
     first clean input at the metric's positions, of the metric's token (with --answer: the
     answer's, at the last position); None without."""
-    from minigpt.core.edge_graph import find_circuit
-    from minigpt.core.lens import logit_lens
+    from minigpt.interp.edge_graph import find_circuit
+    from minigpt.interp.lens import logit_lens
 
     result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets,
                           direction=direction, ig_steps=ig_steps, edges=edges,

@@ -71,7 +71,7 @@ def train_command(
 ) -> None:
     """Train a sparse autoencoder on one layer's head outputs (or on --activations)."""
     from minigpt.errors import ConflictError
-    from minigpt.features.train import SaeSettings
+    from minigpt.features.fit import SaeSettings
     from minigpt.threads import check_threads
 
     settings = SaeSettings(width, k, steps, batch_size, lr, seed)
@@ -85,7 +85,7 @@ def train_command(
         if out is None:
             raise ArgumentError("out", "is needed with --activations: give {name} DIR")
     from minigpt.device import cpu_threads
-    from minigpt.features.build import train_features
+    from minigpt.features.train_features import train_features
 
     src = _source(run, model, checkpoint, device, layer, text_file, activations, tokens,
                   held_out, settings)
@@ -107,7 +107,7 @@ def train_command(
 
 def _source(run, model, checkpoint, device, layer, text_file, activations, tokens, held_out,
             settings):
-    from minigpt.features.build import Source, check_layer
+    from minigpt.features.train_features import Source, check_layer
 
     if activations is not None:
         return Source(activations=activations, tokens=tokens, held_out=held_out)
@@ -154,7 +154,7 @@ class _Bar:
             self.progress.stop()
 
     def __call__(self, e) -> None:
-        from minigpt.features.build import Collecting, Starting
+        from minigpt.features.train_features import Collecting, Starting
 
         if isinstance(e, Starting):
             say(f"features: a TopK SAE on {e.what}; into {e.out}")
@@ -232,7 +232,8 @@ def show_command(
 
 
 def _write_files(view, fmts: list[str], out: Path) -> None:
-    from minigpt.features.pictures import write_html, write_png
+    from minigpt.features.features_html import write_html
+    from minigpt.features.features_png import write_png
 
     for fmt, write in (("png", write_png), ("html", write_html)):
         if fmt in fmts:

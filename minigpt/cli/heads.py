@@ -179,21 +179,21 @@ def _active_features(sae, loaded, tokens: list[int]) -> dict | None:
 
 
 def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
-    """The `--qk` heads' names (checked: core.qk), before any work."""
-    from minigpt.core.qk import resolve_heads
+    """The `--qk` heads' names (checked: interp.qk), before any work."""
+    from minigpt.interp.qk import resolve_heads
 
     return [f"L{la}.H{h}" for la, h in resolve_heads(mcfg, qk)] if qk else []
 
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
                      direction, target, answer, wrong, lens=False, qk=None, qk_pairs=None):
-    """What of core/head_circuits.py and core/qk.py to measure (None: nothing), every token
+    """What of interp/head_circuits.py and interp/qk.py to measure (None: nothing), every token
     checked first."""
-    from minigpt.core.head_circuits import check_composition
-    from minigpt.core.patching import check_same_length
-    from minigpt.core.qk import check_tokens, parse_pairs, resolve_heads
     from minigpt.heads.inspection import CircuitRequest
     from minigpt.heads.probes import corrupted_input, token_id
+    from minigpt.interp.head_circuits import check_composition
+    from minigpt.interp.patching import check_same_length
+    from minigpt.interp.qk import check_tokens, parse_pairs, resolve_heads
 
     uses_metric = dla or patch_from is not None or lens
     for param, value in (("target", target), ("answer", answer), ("wrong", wrong)):
@@ -283,7 +283,7 @@ def _head_columns(insp, layers, heads) -> list[tuple[str, list]]:
 
     from rich.text import Text
 
-    from minigpt.core.heads import SCORE_NAMES
+    from minigpt.interp.heads import SCORE_NAMES
 
     pairs = [(la, h) for la in layers for h in heads]
     cols = []
@@ -312,7 +312,7 @@ LAG_HEADERS = {"previous": "prev@k", "induction": "ind@k"}
 
 def _lag_columns(insp, pairs) -> list[tuple[str, list]]:
     """prev@k and ind@k: each head's best previous-token and induction score over the lags
-    (core.heads' lag scores), with its lag: `0.81@6` = 0.81 at lag 6; `-`: none applies."""
+    (interp.heads' lag scores), with its lag: `0.81@6` = 0.81 at lag 6; `-`: none applies."""
     import math
 
     from rich.text import Text
@@ -330,7 +330,7 @@ def _lag_columns(insp, pairs) -> list[tuple[str, list]]:
 
 def _caption(insp, headers: set[str]) -> str:
     """What the abbreviations of the columns in `headers` mean."""
-    from minigpt.core.heads import LAG_WINDOW
+    from minigpt.interp.heads import LAG_WINDOW
 
     words = {"ind": "ind = induction", "prev": "prev = previous-token",
              "dup": "dup = duplicate-token", "first": "first = attention to token 0",

@@ -1,4 +1,4 @@
-"""The logit lens as terminal tables (`inspect-heads --lens`; any command with a `core.lens.Lens`
+"""The logit lens as terminal tables (`inspect-heads --lens`; any command with a `interp.lens.Lens`
 can print them): a summary per point, then the top token at every point and scored position,
 cut into as many tables as the width needs, like the head table."""
 
@@ -17,7 +17,7 @@ CELL = 8  # a point's column: a token of up to 6 characters and its padding
 
 
 def lens_tables(lens, token_strs, token_str, width: int) -> list[Table]:
-    """The summary table and the per-position tables of `lens` (core.lens.Lens) on an input
+    """The summary table and the per-position tables of `lens` (interp.lens.Lens) on an input
     whose tokens read `token_strs`; `token_str(id)` names any token; `width` the terminal's."""
     return [summary_table(lens), *position_tables(lens, token_strs, token_str, width)]
 

@@ -1,10 +1,10 @@
 """The GPT, top to bottom in one file: the lecture's attention, the position encodings, the
-soft-capped loss, the KV cache, then the transformer that uses them (CausalSelfAttention, MLP,
+KV cache, then the transformer that uses them (CausalSelfAttention, MLP,
 Block, GPT), like nanoGPT's model.py. Tensors of attention are `[batch, head, query, key]`.
 
-Two functions are one autograd node each in eager mode, for speed on CPU (the same numbers as
-written out, tested in tests/test_model.py): `softcap_cross_entropy` (the soft-cap and the
-cross-entropy) and `relu2`; under torch.compile they are written out, for inductor to fuse.
+The hand-written CPU pieces it calls (the fused attention kernel's CPU-bf16 rule, the
+soft-capped loss and ReLU^2 as one autograd node each, the packed dropout mask, the leaf layers
+called without nn.Module's overhead) are in core/kernels.py, each the same numbers as plain torch.
 
 `attention()` is the one attention function of the project. Two paths, one result:
 
@@ -53,9 +53,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.modules import module as _torch_module
 
 from minigpt.config.settings import Config, ModelConfig
+from minigpt.core.kernels import (
+    dropout,
+    embedding,
+    hooked,
+    linear,
+    norm,
+    relu2,
+    sdpa,
+    softcap_cross_entropy,
+)
 
 __all__ = ["GPT", "ForwardSpec", "Intervention", "KVCache", "attention", "device_of",
            "eval_mode", "flops_per_token"]
@@ -69,7 +78,7 @@ IMPLS = ("sdpa", "explicit")
 class Intervention:
     """The forward pass's one intervention point, carried by `ForwardSpec.intervention`: every
     layer calls it where the residual stream is read and where it is written, and goes on with
-    what it returns. Here each method is the identity; core/patching.py and core/edge_graph.py
+    what it returns. Here each method is the identity; interp/patching.py and interp/edge_graph.py
     subclass it (ablation, head patching, edge patching, edge attribution, recording).
 
     Writers (what adds to the residual stream): `embed` (the token embedding plus the position
@@ -82,7 +91,7 @@ class Intervention:
     `final_in` (what the final norm and the LM head read, (B, T, C)). A reader's change
     reaches that reader only: the residual stream itself goes on unchanged.
     Inside a layer: `qk` (every head's queries and keys `[batch, head, position, d_head]` as
-    the scores read them, after QK-norm and RoPE; core/qk.py records them)."""
+    the scores read them, after QK-norm and RoPE; interp/qk.py records them)."""
 
     def embed(self, x: Tensor) -> Tensor:
         return x
@@ -177,19 +186,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, ca
     needs_mask = causal and past_length < t_k - 1
     top_left = needs_mask and t_q == t_k and past_length == 0  # the training case
     if impl == "sdpa":
-        if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
-            # CPU's fused kernel takes twice as long forward + backward in bf16 as in fp32 at
-            # the model's shapes (torch 2.13, (16, 4, 128, 32): 12.5 against 6.0 ms on an
-            # AVX512-BF16 CPU): run it in fp32, outside autocast (which would cast back down),
-            # and round its output once
-            with torch.autocast("cpu", enabled=False):
-                out, _ = attention(q.float(), k.float(), v.float(), scale=scale, causal=causal,
-                                   past_length=past_length, dropout_p=dropout_p)
-            return out.to(q.dtype), None
         mask = causal_mask(t_q, t_k, past_length, q.device) if needs_mask and not top_left else None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                             is_causal=top_left, scale=scale)
-        return out, None
+        return sdpa(q, k, v, mask=mask, is_causal=top_left, scale=scale, dropout_p=dropout_p), None
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk)
     if needs_mask:
         scores = scores.masked_fill(~causal_mask(t_q, t_k, past_length, q.device), float("-inf"))
@@ -304,76 +302,6 @@ class QKNorm(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# The loss with soft-capped logits, in one pass.
-
-
-def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float) -> tuple[Tensor, Tensor]:
-    """The soft-capped logits `cap * tanh(z / cap)` of raw logits z (N, V) float and their mean
-    cross-entropy against targets (N,) (-1 = ignored): the numbers of
-    `F.cross_entropy(cap * tanh(z / cap), targets, ignore_index=-1)`, both differentiable.
-
-    Eager, one autograd node instead of five: the capped logits c bound exp(c) by exp(cap), so
-    up to a cap of 40 the log-sum-exp needs no max pass and exp(c) is kept for the backward
-    (the softmax is exp(c) / its row sum); its backward is (softmax - one_hot) / n_kept times
-    tanh's derivative 1 - (c / cap)^2, from the saved c, in three passes over (N, V).
-    Under torch.compile the written-out formula, which inductor fuses on its own. Half- and
-    bfloat16 logits are computed in float32, as autocast runs F.cross_entropy (a sum of exp
-    over the vocabulary in bfloat16 keeps 8 bits); the model's own `raw_logits` are float32
-    already, so this guards other callers."""
-    if z.dtype in (torch.float16, torch.bfloat16):
-        z = z.float()  # (N, V) float32
-    if torch.compiler.is_compiling():
-        logits = torch.tanh(z / cap) * cap
-        return logits, F.cross_entropy(logits, targets, ignore_index=-1)
-    return _SoftcapCrossEntropy.apply(z, targets, cap)
-
-
-class _SoftcapCrossEntropy(torch.autograd.Function):
-    EXP_CAP = 40.0  # exp(40) * V stays finite in float32 for any vocabulary below 1e21
-
-    @staticmethod
-    def forward(ctx, z: Tensor, targets: Tensor, cap: float) -> tuple[Tensor, Tensor]:
-        logits = torch.tanh(z * (1.0 / cap)).mul_(cap)  # c (N, V), |c| < cap
-        if cap <= _SoftcapCrossEntropy.EXP_CAP:
-            e = torch.exp(logits)  # (N, V), no overflow: exp(c) < exp(cap)
-            total = e.sum(dim=-1)  # (N,)
-            lse = total.log()
-        else:
-            e, total, lse = None, None, torch.logsumexp(logits, dim=-1)
-        keep = targets != -1
-        rows = targets.clamp(min=0)  # ignored rows read column 0, weighted 0
-        picked = logits.gather(1, rows[:, None]).squeeze(1)  # (N,)
-        weight = keep.to(logits.dtype) / keep.sum()  # 1 / n_kept on kept rows, 0 elsewhere
-        loss = ((lse - picked) * weight).sum()
-        ctx.save_for_backward(logits, total, rows, weight)
-        ctx.cap, ctx.exp = cap, e  # exp(c): the backward's buffer (once; recomputed if retained)
-        ctx.set_materialize_grads(False)
-        return logits, loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, d_logits: Tensor | None, d_loss: Tensor | None):
-        logits, total, rows, weight = ctx.saved_tensors
-        e, ctx.exp = ctx.exp, None
-        if e is None and total is not None:  # a second backward (retain_graph)
-            e = torch.exp(logits)
-        if d_loss is not None:  # d loss / d c = (softmax - one_hot) * weight, row by row
-            w = weight * d_loss  # (N,)
-            g = (e.mul_((w / total)[:, None]) if e is not None
-                 else torch.softmax(logits, dim=-1).mul_(w[:, None]))
-            g.scatter_add_(1, rows[:, None], -w[:, None])
-            if d_logits is not None:
-                g.add_(d_logits)
-        elif d_logits is not None:
-            g = d_logits.clone()
-        else:
-            return None, None, None
-        # through the cap: d c / d z = 1 - tanh^2 = 1 - (c / cap)^2
-        g.addcmul_(g * logits, logits, value=-1.0 / (ctx.cap * ctx.cap))
-        return g, None, None
-
-
-# --------------------------------------------------------------------------------------------
 # The KV cache: keys and values of earlier positions, for decoding.
 
 
@@ -436,54 +364,6 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
-
-
-# The leaf layers (nn.Linear, the norms, the embeddings) run as functions of their parameters:
-# the same op and the same numbers as calling the module, without nn.Module.__call__, whose
-# overhead is a fair share of a one-token decode step on CPU (~10% at 4 x 128). A leaf with a
-# hook on it (its own forward, pre-forward or backward hooks, or torch's global ones) is called
-# as a module, so every hook a user registers fires, as in any torch model: `hooked` is the
-# test nn.Module.__call__ itself makes before skipping its hook machinery. A leaf replaced by
-# another kind of module (an adapter, a quantised layer) is called as a module too.
-
-
-# torch's global hook registries (dicts torch fills and empties in place, never rebinds)
-_GLOBAL_FWD = _torch_module._global_forward_hooks
-_GLOBAL_FWD_PRE = _torch_module._global_forward_pre_hooks
-_GLOBAL_BWD = _torch_module._global_backward_hooks
-_GLOBAL_BWD_PRE = _torch_module._global_backward_pre_hooks
-
-
-def hooked(m: nn.Module) -> bool:
-    """Whether calling `m` would run any hook (torch's own fast-path test in Module.__call__)."""
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or m._backward_pre_hooks or _GLOBAL_FWD or _GLOBAL_FWD_PRE or _GLOBAL_BWD
-                or _GLOBAL_BWD_PRE)
-
-
-def linear(m: nn.Module, x: Tensor) -> Tensor:
-    """`m(x)`: x (..., in) -> (..., out); a module put in place of the nn.Linear (a subclass,
-    an adapter), or one with hooks, is called as a module."""
-    if m.__class__ is nn.Linear and not hooked(m):
-        return F.linear(x, m.weight, m.bias)
-    return m(x)
-
-
-def norm(m: nn.Module, x: Tensor) -> Tensor:
-    """`m(x)` for the norms `make_norm` builds (LayerNorm or RMSNorm over the last dim); any
-    other module, or one with hooks, is called as a module."""
-    if m.__class__ is nn.LayerNorm and not hooked(m):
-        return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
-    if m.__class__ is nn.RMSNorm and not hooked(m):
-        return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
-    return m(x)
-
-
-def embedding(m: nn.Module, idx: Tensor) -> Tensor:
-    """`m(idx)` for an nn.Embedding: the rows of its weight; with hooks, the module is called."""
-    if m.__class__ is nn.Embedding and not hooked(m):
-        return F.embedding(idx, m.weight)
-    return m(idx)
 
 
 class CausalSelfAttention(nn.Module):
@@ -562,50 +442,6 @@ class CausalSelfAttention(nn.Module):
         if self.c_attn.bias is not None:
             qkv = qkv + self.c_attn.bias.view(3, H, 1, 1, D)
         return qkv.permute(0, 2, 1, 3, 4)  # (3, B, H, T, D)
-
-
-def relu2(x: Tensor) -> Tensor:
-    """ReLU squared, max(x, 0)^2 (So et al., Primer, 2021). Eager, one autograd node that
-    keeps r = max(x, 0) for its backward, 2 r * grad (the written-out relu then square keep
-    both x and r and make four passes back); under torch.compile written out, for inductor."""
-    if torch.compiler.is_compiling():
-        return F.relu(x).square()
-    return _ReLU2.apply(x)
-
-
-class _ReLU2(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        r = F.relu(x)
-        ctx.save_for_backward(r)
-        return r * r
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor) -> Tensor:
-        (r,) = ctx.saved_tensors
-        return torch.mul(r, grad).mul_(2.0)
-
-
-def dropout(x: Tensor, p: float) -> Tensor:
-    """Inverted dropout: each element zeroed with probability `p`, the rest scaled by 1/(1-p);
-    p = 0 returns x itself and draws nothing.
-
-    On CPU outside torch.compile the mask is drawn four elements per 64-bit random integer
-    (the int64 draws viewed as 16-bit ones; an element is dropped when its 16 bits, read as
-    0..65535, fall below round(p * 65536), so p is exact to 2^-17): F.dropout draws one
-    double per element, 1.6 ms of a (16, 128, 128) mask against 0.3 ms. Elsewhere F.dropout
-    (one fused kernel on CUDA, inductor's under compile). Both use torch's default generator,
-    so `torch.manual_seed` fixes the mask."""
-    if p == 0.0:
-        return x
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
-        return F.dropout(x, p)
-    n = x.numel()
-    draws = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
-    bits = draws.view(torch.int16)[:n].view(x.shape)  # uniform over -32768..32767
-    keep = bits >= -32768 + round(p * 65536)
-    return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
 
 
 # model.activation -> the function; elementwise, so any shape in, the same shape out

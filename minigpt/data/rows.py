@@ -5,6 +5,9 @@ given and reads the rows at them (`rows`), so a batch is a function of its offse
 
 Corpus rows (`TokenRows`): an offset is a start position in the token cache cache.py prepares.
 
+A text file's rows (`TextRows`, `text_rows`: `minigpt features --text-file`): an offset is a
+start position in the file's tokens, its first 90% for training, the rest held out.
+
 Synthetic induction rows (`InductionRows`, `data.source: induction`): no corpus; an offset is a
 per-sequence seed and the row is drawn from it, so a batch is a function of its offsets, as
 the corpus's batches are. Its ids are in [0, data.induction_vocab), in one of two layouts:
@@ -44,16 +47,20 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from minigpt.config import Config
 from minigpt.data.cache import Dataset, prepare_dataset
 from minigpt.data.tokenizer import Tokenizer
-from minigpt.errors import MinigptError
+from minigpt.errors import ArgumentError, MinigptError
 from minigpt.events import DatasetReady, OnEvent, no_events
+from minigpt.files import read_text
 
+HELD_OUT_FRACTION = 0.1  # of a text file's tokens (`text_rows`)
 _SALT = {"train": 0, "val": 1}  # induction: train and val rows come from different streams
 
 
@@ -195,6 +202,40 @@ class InductionRows:
         while len(row) < T1:  # a tail too short for a pair: new ids
             row.append(new())
         return row
+
+
+@dataclass
+class TextRows:
+    """Rows of a text file's tokens, with the interface of data.rows.TokenRows."""
+
+    train: Tensor  # 1-D int64
+    val: Tensor
+    block_size: int
+
+    def _split(self, split: str) -> Tensor:
+        return self.train if split == "train" else self.val
+
+    def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> Tensor:
+        return torch.randint(len(self._split(split)) - self.block_size, (n,),
+                             generator=generator, dtype=torch.long)
+
+    def rows(self, split: str, offsets: Tensor) -> Tensor:
+        arr, T = self._split(split), self.block_size
+        return torch.stack([arr[o:o + T + 1] for o in offsets.tolist()])
+
+
+def text_rows(path: Path, tokenizer, block_size: int) -> TextRows:
+    """The rows of the text file `path` (its tokens, 90% / 10%); an ArgumentError naming
+    --text-file when either part is shorter than one row of block_size + 1 tokens."""
+    ids = torch.tensor(tokenizer.encode(read_text(path, "text_file")), dtype=torch.long)
+    cut = int(len(ids) * (1 - HELD_OUT_FRACTION))
+    need = block_size + 1
+    if len(ids) - cut < need + 1 or cut < need + 1:
+        raise ArgumentError("text_file", f"has {len(ids)} tokens; features need at least "
+                            f"{math.ceil((need + 1) / HELD_OUT_FRACTION)} (a row of "
+                            f"block_size + 1 = {need} held out and 9 times as many to train "
+                            "on); give a longer text", subject=path)
+    return TextRows(ids[:cut], ids[cut:], block_size)
 
 
 def rows_for(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None = None

@@ -6,15 +6,14 @@ a replacement for the cross-entropy loss recovered.
 
 Rows of tokens come from the run's own data (`data.rows.rows_for`: its corpus's token
 cache, train split for training and validation split for the held-out numbers, or fresh
-synthetic induction rows) or from a text file (`TextRows`: its first 90% of tokens for
-training, the rest held out).
+synthetic induction rows) or from a text file (`data.rows.text_rows`: its first 90% of tokens
+for training, the rest held out).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,10 +21,8 @@ from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.files import read_text
 
 BATCH_TOKENS = 8192  # tokens per forward pass while collecting
-HELD_OUT_FRACTION = 0.1  # of a --text-file's tokens
 
 
 def flat_z(z: Tensor) -> Tensor:
@@ -71,44 +68,12 @@ class Splice(Intervention):
         return unflat_z(self.replace(flat_z(z)).to(z.dtype).contiguous(), z.shape[1])
 
 
-@dataclass
-class TextRows:
-    """Rows of a text file's tokens, with the interface of data.rows.TokenRows."""
-
-    train: Tensor  # 1-D int64
-    val: Tensor
-    block_size: int
-
-    def _split(self, split: str) -> Tensor:
-        return self.train if split == "train" else self.val
-
-    def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> Tensor:
-        return torch.randint(len(self._split(split)) - self.block_size, (n,),
-                             generator=generator, dtype=torch.long)
-
-    def rows(self, split: str, offsets: Tensor) -> Tensor:
-        arr, T = self._split(split), self.block_size
-        return torch.stack([arr[o:o + T + 1] for o in offsets.tolist()])
-
-
-def text_rows(path: Path, tokenizer, block_size: int) -> TextRows:
-    """The rows of the text file `path` (its tokens, 90% / 10%); an ArgumentError naming
-    --text-file when either part is shorter than one row of block_size + 1 tokens."""
-    ids = torch.tensor(tokenizer.encode(read_text(path, "text_file")), dtype=torch.long)
-    cut = int(len(ids) * (1 - HELD_OUT_FRACTION))
-    need = block_size + 1
-    if len(ids) - cut < need + 1 or cut < need + 1:
-        raise ArgumentError("text_file", f"has {len(ids)} tokens; features need at least "
-                            f"{math.ceil((need + 1) / HELD_OUT_FRACTION)} (a row of "
-                            f"block_size + 1 = {need} held out and 9 times as many to train "
-                            "on); give a longer text", subject=path)
-    return TextRows(ids[:cut], ids[cut:], block_size)
-
-
 def run_rows(loaded, text_file: Path | None):
     """The rows a loaded run's SAE trains on: `text_file`'s, else the run's own data (an
     imported model has none: --text-file is needed)."""
     if text_file is not None:
+        from minigpt.data.rows import text_rows
+
         return text_rows(text_file, loaded.tokenizer, loaded.cfg.model.block_size)
     if loaded.run_dir is None:
         raise ArgumentError("text_file", "is needed with --model: an imported model has no "

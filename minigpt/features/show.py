@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from minigpt.core.budget import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.core.gpt import flops_per_token
-from minigpt.core.sae import TopKSAE
+from minigpt.cost import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.features import collect
+from minigpt.interp.sae import TopKSAE
 
 CONTEXT_BEFORE = 10  # tokens shown before the one a feature fired on
 
@@ -111,7 +111,7 @@ def pick_features(density: Tensor, feature: int | None, top: int) -> list[int]:
 
 
 def check_show_cost(loaded, sae: TopKSAE, tokens: int, force: bool = False) -> None:
-    """`tokens` bounded by core.budget's rule (an hour, 80% of the free memory; ArgumentError
+    """`tokens` bounded by cost's rule (an hour, 80% of the free memory; ArgumentError
     naming `tokens` and the largest that fits, unless `force`): a forward pass of the model
     per token (a third of core.gpt.flops_per_token), the SAE's encoding (2 x d_in x d_sae
     FLOPs), at this machine's measured matmul rate (a lower bound; measured only when the FLOPs

@@ -11,7 +11,7 @@ opens it: tests/test_features.py's slow test runs SAELens on one):
 - `features.json`, written last (it marks a finished SAE): what minigpt needs beyond SAELens
   (the run or model, the layer, n_head and d_head, the settings, the seeds, the held-out
   quality and loss recovered, seconds).
-- `train_state.safetensors`, while training only: the whole training state (features.train),
+- `train_state.safetensors`, while training only: the whole training state (features.fit),
   for `--resume`; removed once the SAE is finished.
 
 Every file goes through minigpt.files (durable writes); tensors through run.safetensors_io
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from minigpt.core.sae import TopKSAE
 from minigpt.errors import MinigptError
 from minigpt.files import atomic_write_bytes, atomic_write_text, load_json, parse_json
+from minigpt.interp.sae import TopKSAE
 from minigpt.run.safetensors_io import load_tensors, read_header, tensors_to_bytes
 
 CFG_FILE = "cfg.json"

@@ -1,6 +1,6 @@
 """A circuit of a model on its inputs (`minigpt circuit`): the (clean, corrupted) pairs from a
 probe or a text (`circuit_pairs`, through the same input layer as inspect-heads: probes.py),
-the search (`core.edge_graph.find_circuit`) and the files (`write_circuit_files`: circuit.png and
+the search (`interp.edge_graph.find_circuit`) and the files (`write_circuit_files`: circuit.png and
 faithfulness.png from edge_png.py, circuit.html from viewer.py, circuit.json)."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from minigpt.core.edge_graph import Circuit
-from minigpt.core.patching import Metric, check_same_length, make_metric
+from minigpt.cost import Cost, check_cost, timed
 from minigpt.errors import ArgumentError
 from minigpt.files import atomic_write_bytes, shown
 from minigpt.heads.probes import corrupted_input, prepare_input, token_id
+from minigpt.interp.edge_graph import Circuit, attribute_edges, circuit_cost
+from minigpt.interp.patching import Metric, check_same_length, make_metric
 
 
 @dataclass
@@ -33,6 +34,23 @@ class Pairs:
     corrupted_source: str
 
 
+def check_circuit_cost(model, n_tokens: int, pairs: int, ig_steps: int, curves: bool = True,
+                       force: bool = False) -> Cost:
+    """The estimated cost of a circuit search (`interp.edge_graph.circuit_cost`, from one
+    gradient step timed on a pair of `n_tokens` zeros); ArgumentError naming `pairs` or
+    `ig_steps`, the cost and the largest value that fits (cost.check_cost), unless `force`."""
+    cfg, device = model.cfg, next(model.parameters()).device
+    ids = torch.zeros(1, max(2, n_tokens), dtype=torch.long, device=device)
+    metric = make_metric(ids.shape[1])
+    targets = torch.tensor([metric.targets(ids[0].tolist())], device=device)
+    step_s = timed(lambda: attribute_edges(model, ids, ids, metric, targets, 1))
+    check_cost("pairs", pairs, lambda v: circuit_cost(cfg, n_tokens, v, 1, curves, step_s),
+               what=f"{pairs} pairs of {n_tokens} tokens", device=device, force=force)
+    return check_cost("ig_steps", ig_steps,
+                      lambda v: circuit_cost(cfg, n_tokens, pairs, v, curves, step_s),
+                      what=f"{ig_steps} steps on {pairs} pair(s)", device=device, force=force)
+
+
 def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = None,
                   text_file: Path | None = None, probe: str | None = None,
                   max_tokens: int | None = None, seed: int = 0, eot_first: bool = False,
@@ -44,7 +62,7 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
     seed, seed + 1, ...) or one of a text, corrupted as inspect-heads' --patch-from does, and
     the metric (`metric` loss or logit; `answer` and `wrong`: the logit difference; `target`:
     a fixed token), every token checked; ArgumentError naming the flag otherwise. `check`
-    (e.g. core.edge_graph.check_circuit_cost) is called with the tokens of a pair once the first
+    (e.g. check_circuit_cost) is called with the tokens of a pair once the first
     is made, before the others are."""
     if patch_from is None:
         raise ArgumentError("patch_from", "a circuit is what carries the difference between "

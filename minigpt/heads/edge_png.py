@@ -7,8 +7,8 @@ ranking, with each curve's area)."""
 
 from __future__ import annotations
 
-from minigpt.core.edge_graph import FRACTIONS, Circuit
 from minigpt.display import figure_png, head_name
+from minigpt.interp.edge_graph import FRACTIONS, Circuit
 
 BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
 RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minigpt.core.edge_args import check_direction
-from minigpt.core.modes import check_mode
 from minigpt.core.sampling import check_seed
 from minigpt.errors import ArgumentError
+from minigpt.interp.edge_args import check_direction
+from minigpt.interp.modes import check_mode
 from minigpt.threads import check_threads
 
 FORMATS = ("table", "png", "html", "safetensors", "json")
@@ -31,7 +31,7 @@ def parse_formats(values: Sequence[str], valid: Sequence[str] = FORMATS) -> list
 
 
 def check_ablate(mode: str | None) -> None:
-    """`--ablate MODE`: one of core.modes.MODES (None: no ablation)."""
+    """`--ablate MODE`: one of interp.modes.MODES (None: no ablation)."""
     if mode is not None:
         check_mode(mode)
 
@@ -39,7 +39,7 @@ def check_ablate(mode: str | None) -> None:
 def check_patch_direction(patch_from: str | None, direction: str | None) -> str:
     """`--patch-direction` (None: noising) applies to `--patch-from` only: given without it,
     it would change nothing, so it is refused (ArgumentError) instead of ignored; a direction
-    must be one of core.edge_args.DIRECTIONS (`check_direction`, the one rule)."""
+    must be one of interp.edge_args.DIRECTIONS (`check_direction`, the one rule)."""
     if direction is not None and patch_from is None:
         raise ArgumentError("patch_direction", "applies to --patch-from only; give --patch-from "
                             "too, or leave it out")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minigpt.core.head_circuits import KINDS, Composition
 from minigpt.display import figure_png, head_name
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.inspection import PATCH_READING, Inspection
+from minigpt.interp.head_circuits import KINDS, Composition
 
 KIND_TITLE = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 

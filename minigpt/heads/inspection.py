@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.budget import (
+from minigpt.core.gpt import device_of, flops_per_token
+from minigpt.cost import (
     FLOOR_RATE,
     MEMORY_SHARE,
     TIME_LIMIT_S,
@@ -26,8 +27,9 @@ from minigpt.core.budget import (
     free_memory,
     matmul_rate,
 )
-from minigpt.core.gpt import device_of, flops_per_token
-from minigpt.core.head_circuits import (
+from minigpt.errors import ArgumentError, MinigptError
+from minigpt.heads.probes import ProbeInput
+from minigpt.interp.head_circuits import (
     KIND_HELP,
     Attribution,
     Composition,
@@ -36,7 +38,7 @@ from minigpt.core.head_circuits import (
     direct_logit_attribution,
     patch_heads,
 )
-from minigpt.core.heads import (
+from minigpt.interp.heads import (
     LAG_HELP,
     SCORE_HELP,
     SCORE_NAMES,
@@ -49,11 +51,9 @@ from minigpt.core.heads import (
     offset_profile,
     score_heads,
 )
-from minigpt.core.lens import Lens, logit_lens
-from minigpt.core.patching import Progress, make_metric
-from minigpt.core.qk import QKHead, induction_pairs, qk_attribution
-from minigpt.errors import ArgumentError, MinigptError
-from minigpt.heads.probes import ProbeInput
+from minigpt.interp.lens import Lens, logit_lens
+from minigpt.interp.patching import Progress, make_metric
+from minigpt.interp.qk import QKHead, induction_pairs, qk_attribution
 
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
@@ -87,13 +87,13 @@ class Inspection:
     composition: Composition | None = None  # Q/K/V composition from the weights
     copy_start: int | None = None    # induction probe: the position its second copy starts at
     patch_tokens: list[int] | None = None  # the corrupted input `patch` was patched from
-    lens: Lens | None = None  # the logit lens (core.lens), if asked for
+    lens: Lens | None = None  # the logit lens (interp.lens), if asked for
     token_str: Callable[[int], str] | None = None  # any id's text (the lens's top tokens)
-    # what each head does at every offset and lag (core.heads; computed from `attention`):
+    # what each head does at every offset and lag (interp.heads; computed from `attention`):
     # offsets (n_layer, n_head, K + 1); lags {"previous"|"induction": (n_layer, n_head, K)}
     offsets: Tensor | None = None
     lags: dict[str, Tensor] | None = None
-    qk: list[QKHead] | None = None  # scores split by writer (core.qk), if asked for
+    qk: list[QKHead] | None = None  # scores split by writer (interp.qk), if asked for
     qk_pairs: str = ""  # which pairs they were split at, in words
 
     def __post_init__(self) -> None:
@@ -229,10 +229,10 @@ PATCH_READING = (
 
 @dataclass
 class CircuitRequest:
-    """What of core.head_circuits inspect() also measures: `dla`, `composition`, and patching
+    """What of interp.head_circuits inspect() also measures: `dla`, `composition`, and patching
     from `patch_tokens` (described by `patch_source`) in `direction`; the metric's token
     (`target`) or logit difference (`answer` - `wrong`), as token ids. `lens`: the logit lens
-    (core.lens) of the same target (with `answer`: the answer's, at the last position)."""
+    (interp.lens) of the same target (with `answer`: the answer's, at the last position)."""
 
     dla: bool = False
     composition: bool = False
@@ -243,7 +243,7 @@ class CircuitRequest:
     target: int | None = None
     answer: int | None = None
     wrong: int | None = None
-    qk: list[tuple[int, int]] | None = None  # the heads whose scores to split (core.qk)
+    qk: list[tuple[int, int]] | None = None  # the heads whose scores to split (interp.qk)
     qk_pairs: list[tuple[int, int, int]] | None = None  # at these pairs (None: qk_pairs_for)
 
 
@@ -270,7 +270,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
             progress: Progress | None = None) -> Inspection:
     """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
     on `device` (None: where the model's weights are). MinigptError if the attention or the
-    logits are not finite. `ablate` (a mode of core.heads' ablation) also measures what each
+    logits are not finite. `ablate` (a mode of interp.heads' ablation) also measures what each
     head carries, scored where `inp` defines the loss (`positions`, `scored`, `min_tokens`).
     The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
     orders the resample ablation's reference. `circuits` adds direct logit attribution,
@@ -307,7 +307,7 @@ def measure_circuits(insp: Inspection, model, req: CircuitRequest,
                      positions: Sequence[int] | None, progress: Progress | None = None
                      ) -> None:
     """Fill `insp.dla`, `.patch`, `.composition`, `.lens` and `.qk` as `req` asks
-    (core.head_circuits, core.lens, core.qk), reporting `progress`."""
+    (interp.head_circuits, interp.lens, interp.qk), reporting `progress`."""
     if req.composition:
         insp.composition = composition_scores(model, progress)
     if req.lens:
@@ -408,7 +408,7 @@ def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
 def check_inspect_cost(model, n_tokens: int, *, ablate: str | None = None,
                        req: CircuitRequest | None = None, features: bool = False,
                        force: bool = False) -> Cost | None:
-    """`inspect_cost` on `n_tokens` tokens checked by core.budget's rule (refused, naming
+    """`inspect_cost` on `n_tokens` tokens checked by cost's rule (refused, naming
     `max_tokens`, the estimate and the largest value that fits, unless `force`): the time is
     the FLOPs at this machine's measured matmul rate (a lower bound), measured only when the
     FLOPs could take an hour at FLOOR_RATE. The estimate when it was measured, else None (a

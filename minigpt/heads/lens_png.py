@@ -1,4 +1,4 @@
-"""`lens.png`: the logit lens (core.lens) as a picture (matplotlib, headless, lazily imported):
+"""`lens.png`: the logit lens (interp.lens) as a picture (matplotlib, headless, lazily imported):
 the target's probability at every point and scored position, each cell naming the top token
 there, beside the mean over the positions per point."""
 

@@ -158,7 +158,7 @@ def write_safetensors(insp: Inspection, path: Path) -> Path:
 
 
 def write_qk_safetensors(insp: Inspection, path: Path) -> Path:
-    """Each split head's per-pair grids (core.qk), float64: `L1.H2.score` and `L1.H2.margin`
+    """Each split head's per-pair grids (interp.qk), float64: `L1.H2.score` and `L1.H2.margin`
     [pair, query writer, key writer], `L1.H2.pairs` [pair, (batch, query, key)] int64,
     `L1.H2.scores` and `L1.H2.margins` [pair] (the model's own); metadata (strings): each
     head's writers as JSON (`L1.H2.writers`), tokens, run, step, source, layout."""

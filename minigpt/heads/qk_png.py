@@ -1,4 +1,4 @@
-"""`qk_L{l}_H{h}.png`: one head's scores split by writer (core.qk) as a picture (matplotlib,
+"""`qk_L{l}_H{h}.png`: one head's scores split by writer (interp.qk) as a picture (matplotlib,
 headless, lazily imported): a query-writer x key-writer heatmap of the terms' margins (means
 over the pairs), names on both axes, the head and its pairs in the title."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minigpt.core.qk import QKHead
 from minigpt.display import figure_png
 from minigpt.files import atomic_write_bytes
+from minigpt.interp.qk import QKHead
 
 MAX_CELL_TEXT = 16 * 16  # writers x writers up to which each cell prints its number
 PAIRS_SHOWN = 12  # pairs named in the title (their count is always given)

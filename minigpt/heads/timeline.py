@@ -13,13 +13,13 @@ K-composition of the two (how much the induction head's keys read what the previ
 writes: heads.circuits) beside the score of random weights, and the head with the largest
 direct logit attribution on the induction probe's second copy: the circuit forming, not only
 the patterns.
-`circuit["edges"]` (`edge_record`): the EAP score (core/edge_graph.py, one step, noising; the metric
-is the logit of the next token inside the second copy, which unlike the loss does not flatten
-once the model copies) of the strongest edges of the model's graph on the induction probe
+`circuit["edges"]` (`edge_record`): the EAP score (interp/edge_graph.py, one step, noising;
+the metric is the logit of the next token inside the second copy, which unlike the loss does not
+flatten once the model copies) of the strongest edges of the model's graph on the induction probe
 against the same probe with its FIRST copy's tokens replaced (nothing to copy, and the
 previous-token head's output at the keys changed): the edges of the induction circuit seen
 appearing at the phase change (`heads.png`'s edge panel).
-`circuit["qk"]` (`qk_record`): why the induction head attends where it does (core/qk.py), at
+`circuit["qk"]` (`qk_record`): why the induction head attends where it does (interp/qk.py), at
 the probe's induction targets: the margin of the term (the query's embedding x the key's
 previous-token head: `embed`, or `embed.tok` where positions are added to the stream, x that
 head), the key composition forming, and the head's largest-margin term (`heads.png`'s last
@@ -36,19 +36,19 @@ from collections.abc import Sequence
 
 import torch
 
-from minigpt.core.edge_graph import attribute_edges, graph_of
 from minigpt.core.gpt import device_of, eval_mode
-from minigpt.core.head_circuits import (
+from minigpt.display import figure_png, head_name
+from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent, circuit_check
+from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
+from minigpt.interp.edge_graph import attribute_edges, graph_of
+from minigpt.interp.head_circuits import (
     composition_baseline,
     direct_logit_attribution,
     k_composition,
 )
-from minigpt.core.heads import score_heads
-from minigpt.core.patching import make_metric, run_value
-from minigpt.core.qk import induction_pairs, qk_attribution
-from minigpt.display import figure_png, head_name
-from minigpt.events import FORMED, HeadFormedEvent, HeadScoresEvent, circuit_check
-from minigpt.heads.probes import corrupt_copy, probe_pool, probe_tokens
+from minigpt.interp.heads import score_heads
+from minigpt.interp.patching import make_metric, run_value
+from minigpt.interp.qk import induction_pairs, qk_attribution
 
 # Which probe each timeline score is measured on: induction, previous-token and first-token
 # attention on random tokens repeated twice; duplicate-token attention on tokens from 8 ids.

@@ -16,10 +16,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from minigpt.core.heads import LAG_WINDOW, SCORE_HELP, SCORE_NAMES
 from minigpt.display import visible_token
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.inspection import PATCH_READING, Inspection
+from minigpt.interp.heads import LAG_WINDOW, SCORE_HELP, SCORE_NAMES
 
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
                  "\u2029": "\\u2029"}
@@ -56,7 +56,7 @@ def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
 
 
 def qk_data(insp: Inspection) -> dict | None:
-    """Each split head's grid (core.qk) as the page draws it, by head name: the writers, the
+    """Each split head's grid (interp.qk) as the page draws it, by head name: the writers, the
     terms' mean margins and scores [query writer][key writer] (3 decimals), the pairs (None:
     nothing split)."""
     if insp.qk is None:
@@ -627,7 +627,7 @@ _CIRCUIT_JS = r"""
 
 
 def render_circuit_html(doc: dict, pictures: dict[str, bytes]) -> str:
-    """The circuit page: `doc` (core.edge_graph.Circuit.to_json plus a "title") and the PNGs
+    """The circuit page: `doc` (interp.edge_graph.Circuit.to_json plus a "title") and the PNGs
     `pictures` ({file name: bytes}), one self-contained file."""
     script_hash = base64.b64encode(hashlib.sha256(_CIRCUIT_JS.encode("utf-8")).digest()).decode()
     csp = (f"default-src 'none'; script-src 'sha256-{script_hash}'; "

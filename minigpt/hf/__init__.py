@@ -1,11 +1,8 @@
-"""Hugging Face models in, minigpt models out. Nothing here imports transformers.
-
-    hub.py        --model PATH | hf:REPO_ID[@REVISION] -> a local directory (huggingface_hub)
-    arch.py       config.json <-> ModelConfig for gpt2 and gpt_neox; what is refused
-    weights.py    safetensors read (checked, memory-mapped) and renamed both ways
-    tokenizer.py  GPT-2's byte-level BPE files <-> tiktoken ranks
-    load.py       `load_model(spec, device) -> LoadedRun`, the one import entry point
-    export.py     `export_hf(loaded, out)`: a directory transformers loads with no custom code
+"""Hugging Face models in, minigpt models out: `--model PATH | hf:REPO_ID[@REVISION]` resolved
+to a local directory, its config.json mapped to a ModelConfig (and what is refused), its
+safetensors read, checked and renamed, GPT-2's BPE files turned into tiktoken ranks; and the
+way back, a directory transformers loads with no custom code, or a GGUF file for llama.cpp.
+Nothing here imports transformers. docs/internals.md lists the modules.
 
     from minigpt.hf import load_model
     gpt2 = load_model("hf:gpt2", "cpu")       # or a local directory

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigpt.core.budget import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.core.generate import sampling_loop
 from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.core.sampling import Sampling
+from minigpt.cost import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
 
 # --------------------------------------------------------------------------------------------
 # Token ids -> printable text.
@@ -195,7 +195,7 @@ def sample_flops(cfg, prompt_len: int, new_tokens: int, samples: int,
 
 def check_sample_cost(model, prompt_len: int, how: Sampling, kv_cache: bool = True,
                       force: bool = False) -> None:
-    """`sample_flops` checked by core.budget's rule (an hour, at this machine's measured
+    """`sample_flops` checked by cost's rule (an hour, at this machine's measured
     matmul rate, a lower bound: decoding is slower than its FLOPs; measured only when the FLOPs
     could take an hour at FLOOR_RATE): refused naming `max_new_tokens` or `num_samples`,
     whichever is further above its default (200, 1), and the largest that fits, unless

@@ -1,17 +1,7 @@
-"""A run directory: its layout, checkpoints and their commit protocol, the run lock, the
-resume rules, the trainer state and the pictures of a run. Nothing here unpickles.
-
-    layout.py          file names and the directory layout; which checkpoint is committed
-    checkpoint.py      the on-disk commit protocol: save, verify, find
-    load.py            weights and optimizer state into live objects; `load_run` for inference
-    resume.py          a train command's config and run directory, the config of a resumed run,
-                       opening a run to resume it, claiming a fresh one
-    lock.py            one trainer per run directory (flock)
-    state.py           trainer_state.json (counters, RNG states as JSON)
-    metrics.py         metrics.jsonl read back; `finite`, a run's one meaning of a number
-    curves.py          curves.png and `minigpt curves`
-    listing.py         `minigpt runs`
-    safetensors_io.py  safetensors read defensively (header checked before any tensor)
+"""A run directory: its layout (the one place that names its files), checkpoints and their
+commit protocol, the run lock, the resume rules, the trainer state, the run's metrics read back,
+its curves and the listing of runs. Nothing here unpickles. docs/internals.md lists
+the modules.
 
 What a training session writes besides checkpoints (metrics.jsonl, pictures, summary.md) is
 written by the trainer's event consumers (minigpt/train/outputs.py).

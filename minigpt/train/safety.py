@@ -1,7 +1,7 @@
 """What keeps a training session safe: Ctrl-C / SIGTERM only raise a flag that the loop reads
 after each step (so it can save a checkpoint first), and a model or batch too big for the
 machine, or a session that cannot end within a week, is refused before anything is allocated
-(`check_training`, core.budget's one rule; `minigpt train --force` trains anyway)."""
+(`check_training`, cost's one rule; `minigpt train --force` trains anyway)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from minigpt.config import Config
-from minigpt.core.budget import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.core.gpt import flops_per_token
+from minigpt.cost import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.device import amp_dtype
 
 
@@ -115,8 +115,8 @@ def check_training(cfg: Config, session: Session, device: torch.device) -> None:
     """Refuse, before anything is allocated or trained, a session that cannot fit in memory
     (`training_bytes`) or cannot end within TRAIN_LIMIT_S (`training_flops`: its steps, from
     its first to --stop-after, and its evaluations, at this machine's measured matmul rate, a
-    lower bound; measured only when they could take that long at core.budget.FLOOR_RATE):
-    core.budget.check_cost's one line naming the setting furthest above its usual value
+    lower bound; measured only when they could take that long at cost.FLOOR_RATE):
+    cost.check_cost's one line naming the setting furthest above its usual value
     (USUAL), the estimate and the largest value of it that fits with every other setting as
     given (model.n_embd's: a multiple of 2 x model.n_head), unless `session.force`.
     model.vocab_size must be set (the tokenizer's)."""

@@ -1,5 +1,5 @@
 """The ablation modes and their one check, without torch: inspect-heads refuses a typo in
-`--ablate` before torch loads, and `core.heads.ablate_heads` checks the same rule for
+`--ablate` before torch loads, and `interp.heads.ablate_heads` checks the same rule for
 Python callers (both call `check_mode`)."""
 
 from __future__ import annotations

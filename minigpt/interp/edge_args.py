@@ -1,6 +1,6 @@
 """What a circuit search is asked for, checked without torch: `minigpt circuit` refuses a bad
 `--edges`, `--recover`, `--ig-steps` or `--patch-direction` at once, before torch and the model
-load, and `core.edge_graph.find_circuit` checks the same rule for Python callers (both call
+load, and `interp.edge_graph.find_circuit` checks the same rule for Python callers (both call
 `check_search`). The patching direction's rule (`check_direction`) serves the heads' patching
 and inspect-heads too; the IG steps' (`check_ig_steps`) the edge scores."""
 
@@ -40,7 +40,7 @@ def check_ig_steps(ig_steps: int) -> int:
 
 def check_direction(direction: str) -> str:
     """A patching direction, one of DIRECTIONS, else an ArgumentError naming
-    `--patch-direction`: the one rule for heads (`core.head_circuits.patch_heads`) and edges."""
+    `--patch-direction`: the one rule for heads (`interp.head_circuits.patch_heads`) and edges."""
     if direction not in DIRECTIONS:
         raise ArgumentError("patch_direction", f"'{direction}' is not a direction; valid: "
                             f"{', '.join(DIRECTIONS)}")

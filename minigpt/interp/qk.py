@@ -58,10 +58,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from minigpt.core.edge_graph import graph_of, layer_head
 from minigpt.core.gpt import ForwardSpec, apply_rope, device_of, eval_mode
-from minigpt.core.patching import Progress, Record
 from minigpt.errors import ArgumentError
+from minigpt.interp.edge_graph import graph_of, layer_head
+from minigpt.interp.patching import Progress, Record
 
 BIAS = "bias"  # the writer of every constant (norm and projection biases)
 PREVIOUS_TERM = ("embed", "previous")  # the textbook induction term: (query, key) writers
@@ -131,7 +131,7 @@ class QKHead:
 
 def resolve_heads(cfg, values: Sequence[str]) -> list[tuple[int, int]]:
     """(layer, head) of each `--qk` value: a head's node name as `minigpt circuit` prints it
-    (`L1.H2`; the graph's own names, core/edge_graph.py), several comma-separated, or `all`; in
+    (`L1.H2`; the graph's own names, interp/edge_graph.py), several comma-separated, or `all`; in
     order, each once. ArgumentError (`qk`) for any other name."""
     graph = graph_of(cfg)
     heads = [graph.writer_name(u) for la in range(graph.n_layer)

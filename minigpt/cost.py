@@ -3,7 +3,7 @@ one rule that bounds every number a user types into one: `check_cost` refuses a 
 estimated time or memory does not fit (an ArgumentError naming the flag, or a ConfigError naming
 the setting, with the cost and the largest value that fits), unless forced. The time comes from
 the work's own pass count times one measured pass of the model (`timed`: `minigpt circuit
---ig-steps / --pairs`, core.edge_graph.circuit_cost), or from its FLOPs at this machine's
+--ig-steps / --pairs`, interp.edge_graph.circuit_cost), or from its FLOPs at this machine's
 measured matmul rate (`matmul_rate`: a lower bound, as no pass runs at the matmul peak;
 `minigpt inspect-heads --max-tokens`, heads.inspection.inspect_cost; training's length,
 train.safety.check_training); the memory from a count of what the work holds at once."""

@@ -1,6 +1,6 @@
 """Every number a user types has a bound derived from what it costs (issue 50): `minigpt
-circuit --ig-steps` and `--pairs` are estimated before the work starts (minigpt.core.budget,
-core.edge_graph.circuit_cost) and refused in one line naming the cost and the largest value that
+circuit --ig-steps` and `--pairs` are estimated before the work starts (minigpt.cost,
+interp.edge_graph.circuit_cost) and refused in one line naming the cost and the largest value that
 fits, unless --force; a long search reports its progress with an ETA (cli.main.EtaLines)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 from conftest import in_process
 from test_cli_circuits import make_run
 
-from minigpt.core import budget
-from minigpt.core.budget import Cost, check_cost, largest_fitting
-from minigpt.core.edge_graph import circuit_cost, find_circuit
+from minigpt import cost
+from minigpt.cost import Cost, check_cost, largest_fitting
 from minigpt.errors import ArgumentError
+from minigpt.interp.edge_graph import circuit_cost, find_circuit
 
 PROBE = ("--probe", "induction", "--patch-from", "corrupted")
 
@@ -53,23 +53,23 @@ def test_largest_fitting_is_the_boundary_of_the_rule():
 
 
 def test_check_cost_names_the_cost_and_what_fits_or_runs_when_forced(monkeypatch):
-    monkeypatch.setattr(budget, "free_memory", lambda device: 1e12)
+    monkeypatch.setattr(cost, "free_memory", lambda device: 1e12)
 
-    def cost(v):
+    def hourly(v):
         return Cost(36.0 * v, 1e3 * v)
 
     with pytest.raises(ArgumentError) as e:
-        check_cost("ig_steps", 2**63, cost, what="x")
+        check_cost("ig_steps", 2**63, hourly, what="x")
     text = str(e.value)
     assert text.startswith(f"ig_steps {2**63}:") and "--force" in text
     fits = int(re.search(r"largest that fits is \{name\} (\d+)", e.value.problem).group(1))
     assert fits == 100  # 100 x 36 s = the hour
-    assert check_cost("ig_steps", 2**63, cost, what="x", force=True).seconds == 36.0 * 2**63
-    assert check_cost("ig_steps", 100, cost, what="x").seconds == 3600.0
+    assert check_cost("ig_steps", 2**63, hourly, what="x", force=True).seconds == 36.0 * 2**63
+    assert check_cost("ig_steps", 100, hourly, what="x").seconds == 3600.0
 
 
 def test_memory_bounds_as_time_does(monkeypatch):
-    monkeypatch.setattr(budget, "free_memory", lambda device: 1e9)
+    monkeypatch.setattr(cost, "free_memory", lambda device: 1e9)
     with pytest.raises(ArgumentError, match=r"memory free .*largest that fits is pairs 8\b"):
         check_cost("pairs", 10**6, lambda v: Cost(1.0, 1e8 * v), what="x")
 
@@ -181,7 +181,7 @@ def slow_machine(monkeypatch):
     from minigpt.train import safety
 
     monkeypatch.setattr(safety, "matmul_rate", lambda *a, **k: 1e9)
-    monkeypatch.setattr(budget, "free_memory", lambda device: 8e9)
+    monkeypatch.setattr(cost, "free_memory", lambda device: 8e9)
 
 
 @pytest.mark.parametrize("key,value", [
@@ -405,8 +405,8 @@ def test_features_train_refuses_each_huge_number_before_the_work(run_dir, tmp_pa
 def test_features_show_tokens_are_bounded(run_dir):
     """features.show.check_show_cost, the check `features show --tokens` makes: a huge count
     refused naming the largest that fits, which passes; --force passes anything."""
-    from minigpt.core.sae import TopKSAE
     from minigpt.features.show import check_show_cost
+    from minigpt.interp.sae import TopKSAE
     from minigpt.run import load_run
 
     loaded, sae = load_run(run_dir, "cpu"), TopKSAE(24, 48, 4)

@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from minigpt.core.budget import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.core.gpt import flops_per_token
-from minigpt.core.sae import ce_recovered, quality
+from minigpt.cost import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.features import collect, store
-from minigpt.features.train import SaeSettings, TrainState, new_state, train_sae
+from minigpt.features.fit import SaeSettings, TrainState, fit_sae, new_state
+from minigpt.interp.sae import ce_recovered, quality
 from minigpt.run.safetensors_io import load_tensors
 
 DEFAULT_TOKENS = 262_144     # activations to train on
@@ -161,7 +161,7 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
                                     "source": src.describe()}
     resumed = _resume(out, state, meta) if resume else 0
     out.mkdir(parents=True, exist_ok=True)
-    train_sae(x, s, state, on_event=on_event,
+    fit_sae(x, s, state, on_event=on_event,
               save=lambda st: store.save_state(out, st.tensors(), meta))
     info = _measure(src, state, held, held_rows)
     info.update(settings=s.to_json(), seconds=round(time.monotonic() - t0, 1),
@@ -187,7 +187,7 @@ def features_cost(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None
 
 def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None
                         ) -> None:
-    """`features_cost` checked by core.budget's rule (a week, the training bound; 80% of the
+    """`features_cost` checked by cost's rule (a week, the training bound; 80% of the
     free memory), naming the number furthest above its default (--width, --tokens,
     --held-out, --batch-size, --steps; a file's rows are what it holds) and the largest value
     of it that fits with the others as given. The time is at this machine's measured matmul

@@ -1,8 +1,8 @@
 """Interventions, measured: what every head or edge experiment scores (one `Metric`: `loss`,
 `logit` or `logit_diff`), the one sweep driver that runs rows of interventions through the
 forward pass's one intervention point (`core.gpt.Intervention`), and the interventions the
-head experiments use. Ablation (`core/heads.py`), head patching (`core/head_circuits.py`) and edge
-patching (`core/edge_graph.py`) are each a `Plan` run by `sweep`.
+head experiments use. Ablation (`interp/heads.py`), head patching (`interp/head_circuits.py`) and
+edge patching (`interp/edge_graph.py`) are each a `Plan` run by `sweep`.
 
 The metric
 ----------

@@ -1,4 +1,4 @@
-"""Training a TopK SAE (`core.sae`) on a `[n, d_in]` set of activations: Adam, batches drawn
+"""Training a TopK SAE (`interp.sae`) on a `[n, d_in]` set of activations: Adam, batches drawn
 from a generator seeded by `seed`, decoder rows renormalised after every step, dead features
 (no activation for `dead_after` training rows) fed by AuxK. Progress goes to `on_event`
 (`SaeStep` every `report_every` steps). Every `save_every` steps, and at the end, `save(state)`
@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from minigpt.core.sae import TopKSAE, default_lr, losses
 from minigpt.errors import ArgumentError
+from minigpt.interp.sae import TopKSAE, default_lr, losses
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class SaeSettings:
     k: int                # active features per row
     steps: int            # optimizer steps
     batch_size: int       # rows per step
-    lr: float             # Adam's learning rate; 0 = core.sae.default_lr(width)
+    lr: float             # Adam's learning rate; 0 = interp.sae.default_lr(width)
     seed: int
     aux_k: int = 0        # AuxK's features; 0 = d_in // 2
     dead_after: int = 0   # rows without firing before a feature counts as dead; 0 = automatic
@@ -126,7 +126,7 @@ def new_state(x: Tensor, s: SaeSettings) -> TrainState:
     return TrainState(sae, opt, torch.zeros(s.width, dtype=torch.int64), gen)
 
 
-def train_sae(x: Tensor, s: SaeSettings, state: TrainState, *,
+def fit_sae(x: Tensor, s: SaeSettings, state: TrainState, *,
               on_event: Callable[[object], None] | None = None,
               save: Callable[[TrainState], None] | None = None, save_every: int = 500,
               report_every: int = 10) -> TrainState:

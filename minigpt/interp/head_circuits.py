@@ -47,9 +47,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.edge_args import check_direction
-from minigpt.core.gpt import device_of, eval_mode, norm
-from minigpt.core.patching import (
+from minigpt.core.gpt import device_of, eval_mode
+from minigpt.core.kernels import norm
+from minigpt.errors import ArgumentError, MinigptError
+from minigpt.interp.edge_args import check_direction
+from minigpt.interp.patching import (
     SMALL_GAP,
     HeadRows,
     Metric,
@@ -60,7 +62,6 @@ from minigpt.core.patching import (
     stage,
     sweep,
 )
-from minigpt.errors import ArgumentError, MinigptError
 
 KINDS = ("q", "k", "v")
 KIND_HELP = {"q": "the earlier head's output read by the later head's queries (W_OV W_Q W_K^T)",
@@ -373,7 +374,7 @@ def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: M
                 direction: str = "noising", source: str = "",
                 progress: Progress | None = None) -> Patching:
     """Every head patched alone (module docstring): one run of the input the outputs come
-    from, then the input that receives them: core.patching's `HeadRows` run by its `sweep`,
+    from, then the input that receives them: interp.patching's `HeadRows` run by its `sweep`,
     the driver ablation runs (one clean pass keeps its residual stream, and the rows patching
     layer l's heads run layers l.. only, in batches bounded by CHUNK_FLOATS). Eval mode,
     restored after. ArgumentError for inputs of different lengths or a corrupted input that

@@ -6,10 +6,10 @@ text rendering: heads/ writes and draws them, cli/ prints them). Read in this or
 2. What pattern that is: `score_heads` and `dominant_type` (definitions below).
 3. What the head carries: `ablate_heads`, one head knocked out at a time through the forward
    pass's one intervention point (`ForwardSpec.intervention` in core/gpt.py), run by
-   core/patching.py's one sweep driver.
+   interp/patching.py's one sweep driver.
 
-Circuit maths (how heads work together) is in core/head_circuits.py and core/edge_graph.py, on the
-same intervention point.
+Circuit maths (how heads work together) is in interp/head_circuits.py and
+interp/edge_graph.py, on the same intervention point.
 
 Head scores
 -----------
@@ -88,7 +88,7 @@ sees exactly the inputs of the unablated pass: the mean and the resampled output
 the unablated model. So the layers below l are never rerun: one clean pass keeps the residual
 stream entering every layer (`GPT.residual_stream`), and the heads of layer l are ablated in one
 batched pass from layer l on (`GPT.from_layer`: one row per head, plus one unablated row; in
-chunks that bound the memory), the LM head only at the scored positions: core/patching.py's
+chunks that bound the memory), the LM head only at the scored positions: interp/patching.py's
 one sweep driver, which head patching and edge patching run too. Each row's effect is
 measured against the unablated row of its own batch, so a head whose output is already what
 replaces it gives an effect of exactly 0.
@@ -109,8 +109,8 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, device_of, eval_mode
-from minigpt.core.modes import MODE_HELP, check_mode
-from minigpt.core.patching import HeadRows, Progress, make_metric, record, stage, sweep
+from minigpt.interp.modes import MODE_HELP, check_mode
+from minigpt.interp.patching import HeadRows, Progress, make_metric, record, stage, sweep
 
 # --------------------------------------------------------------------------------------------
 # 1. Where each head looks.
@@ -328,12 +328,12 @@ def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                  "prediction", minimum: int = 2, seed: int = 0,
                  progress: Progress | None = None) -> Ablation:
     """Every head's ablation effect on `tokens` (one sequence within the model's block_size):
-    the loss (core.patching's `loss` metric) at `positions` (None: every prediction; an input
+    the loss (interp.patching's `loss` metric) at `positions` (None: every prediction; an input
     shorter than `minimum` tokens has none: ArgumentError); `seed` orders the resample
     reference. The model runs in eval mode with its own attention kernel and is restored
     afterwards.
 
-    The rows are core.patching's `HeadRows` run by its `sweep`: one clean pass keeps the
+    The rows are interp.patching's `HeadRows` run by its `sweep`: one clean pass keeps the
     residual stream entering every layer; the rows ablating the heads of layer l start from
     it and run layers l.. only (`GPT.from_layer`), and the LM head runs at the scored
     positions only: about half the work of rerunning every layer for every row.

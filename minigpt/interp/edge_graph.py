@@ -76,11 +76,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minigpt.core.budget import Cost, check_cost, timed
-from minigpt.core.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
-from minigpt.core.patching import SMALL_GAP, Metric, make_metric, record, run_value, sweep
+from minigpt.cost import Cost
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.interp.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
+from minigpt.interp.patching import SMALL_GAP, Metric, record, run_value, sweep
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's sizes
 INPUTS = ("q", "k", "v")
@@ -365,7 +365,7 @@ class _EdgePatch(Intervention):
 
 @dataclass
 class EdgeRows:
-    """A Plan (core.patching): row r patches the edges `patched[r]` ((n, U, R) bool) of the
+    """A Plan (interp.patching): row r patches the edges `patched[r]` ((n, U, R) bool) of the
     base run from the source's writer values `source` (U, B, T, C); `base_embed` (B, T, C) is
     the base run's embedding. Rows start at the embedding; no base row."""
 
@@ -619,7 +619,7 @@ class Circuit:
 def layer_head(name: str) -> tuple[int | None, int | None]:
     """(layer, head) of a node name of the graph (`Graph.writer_name`): `L1.H2` -> (1, 2),
     `L1.MLP` -> (1, None), `embed` -> (None, None). The one reader of these names: whoever
-    takes a name from a user checks it is one of the graph's first (core/qk.py)."""
+    takes a name from a user checks it is one of the graph's first (interp/qk.py)."""
     if name == "embed":
         return None, None
     layer, rest = name[1:].split(".")
@@ -695,23 +695,6 @@ def circuit_cost(cfg, n_tokens: int, pairs: int, ig_steps: int, curves: bool,
     d, L, H, U = cfg.n_embd, cfg.n_layer, cfg.n_head, graph.n_writers
     per_token = 4 * (2 * U * d + L * (16 * d + 2 * H * n_tokens)) + 2 * 80  # + the token lists
     return Cost(step_s * pairs * steps, float(pairs) * n_tokens * per_token)
-
-
-def check_circuit_cost(model, n_tokens: int, pairs: int, ig_steps: int, curves: bool = True,
-                       force: bool = False) -> Cost:
-    """The estimated cost of a circuit search (`circuit_cost`, from one gradient step timed on
-    a pair of `n_tokens` zeros); ArgumentError naming `pairs` or `ig_steps`, the cost and the
-    largest value that fits (budget.check_cost), unless `force`."""
-    cfg, device = model.cfg, next(model.parameters()).device
-    ids = torch.zeros(1, max(2, n_tokens), dtype=torch.long, device=device)
-    metric = make_metric(ids.shape[1])
-    targets = torch.tensor([metric.targets(ids[0].tolist())], device=device)
-    step_s = timed(lambda: attribute_edges(model, ids, ids, metric, targets, 1))
-    check_cost("pairs", pairs, lambda v: circuit_cost(cfg, n_tokens, v, 1, curves, step_s),
-               what=f"{pairs} pairs of {n_tokens} tokens", device=device, force=force)
-    return check_cost("ig_steps", ig_steps,
-                      lambda v: circuit_cost(cfg, n_tokens, pairs, v, curves, step_s),
-                      what=f"{ig_steps} steps on {pairs} pair(s)", device=device, force=force)
 
 
 def smallest_circuit(patcher: Patcher, scores: Tensor, target: float
