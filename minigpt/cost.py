@@ -59,10 +59,33 @@ def size(n: float) -> str:
 
 def free_memory(device: torch.device | str) -> float:
     """Bytes free for an analysis on `device`: the accelerator's free memory, else the host's
-    available memory (/proc/meminfo's MemAvailable, else the physical memory)."""
+    available memory (/proc/meminfo's MemAvailable, else the physical memory), and no more
+    than what this process's address-space limit leaves (`ulimit -v`: RLIMIT_AS less the
+    address space it already maps)."""
     device = torch.device(device)
     if device.type == "cuda":
         return float(torch.cuda.mem_get_info(device)[0])
+    return min(_host_available(), _address_space_left())
+
+
+def _address_space_left() -> float:
+    """RLIMIT_AS less this process's mapped address space (VmSize); inf without a limit."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return float("inf")
+        with open("/proc/self/status", encoding="ascii") as fh:
+            size = next(int(line.split()[1]) * 1024 for line in fh
+                        if line.startswith("VmSize:"))
+        return float(max(0, soft - size))
+    except (ImportError, OSError, ValueError, StopIteration):
+        return float("inf")
+
+
+def _host_available() -> float:
+    """/proc/meminfo's MemAvailable, else the physical memory (inf: nothing to go by)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:

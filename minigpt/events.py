@@ -193,7 +193,7 @@ class CircuitCheck:
 
     def to_json(self) -> dict:
         return {"step": self.step, "formed": self.formed, "status": self.short(),
-                **{k: {"layer": h[0], "head": h[1], "score": h[2]}
+                **{k: {"head": f"L{h[0]}.H{h[1]}", "layer": h[0], "index": h[1], "score": h[2]}
                    for k, h in (("induction", self.induction), ("previous", self.previous))}}
 
 

@@ -529,7 +529,8 @@ def test_the_viewer_shows_dla_and_patching():
 
     data = viewer_data(circuit_inspection([[0.5, 0.0], [0.0, 2.0]], [[0.1, 0.0], [0.0, 1.5]]))
     assert data["columns"][-2:] == ["dla", "patch"] and "prev@k" in data["columns"]
-    row = data["scores"].index(next(r for r in data["scores"] if (r["layer"], r["head"]) == (1, 1)))
+    row = data["scores"].index(next(r for r in data["scores"]
+                                    if (r["layer"], r["index"]) == (1, 1)))
     cells = dict(zip(data["columns"], data["cells"][row]))
     assert cells["dla"] == "+2.000" and cells["patch"] == "+1.500" and cells["ind@k"] == "0.875@1"
     assert data["patch"]["corrupted_tokens"] == list(range(16))

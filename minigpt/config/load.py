@@ -107,6 +107,10 @@ def _check_induction(cfg: Config) -> None:
             f"data.induction_min_period: {d.induction_min_period} exceeds the longest segment "
             f"({d.induction_max_period or half}: data.induction_max_period, or "
             f"model.block_size//2 when that is 0); lower it or use 0")
+    if d.induction_groups > d.induction_vocab:
+        raise ConfigError(
+            f"data.induction_groups: {d.induction_groups} exceeds data.induction_vocab="
+            f"{d.induction_vocab} (every group needs an id of its own); lower it")
     if d.induction_runs and not d.induction_min_period:
         raise ConfigError(
             f"data.induction_runs: {d.induction_runs} needs the pairs layout (runs are pairs); "
@@ -264,7 +268,11 @@ def read_config(path: str | Path | None = None) -> tuple[Path, dict]:
 def config_from(path: Path, raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """The validated Config of the mapping `raw` read from the file `path` (`read_config`)
     with the `--set` overrides applied in order; run.name defaults to the file's stem."""
-    cfg = from_dict(apply_overrides(raw, list(overrides)), str(path))
+    source = str(path)
+    if overrides:  # the value at fault may be the file's or a --set's: name both
+        sets = ", ".join(f"--set {o}" for o in overrides)
+        source += f" with {sets if len(sets) <= 200 else sets[:200] + '...'}"
+    cfg = from_dict(apply_overrides(raw, list(overrides)), source)
     if not cfg.run.name:
         cfg.run.name = path.stem
         try:

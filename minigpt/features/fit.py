@@ -17,8 +17,15 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from minigpt.errors import ArgumentError
+from minigpt.core.sampling import check_seed
+from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.sae import TopKSAE, default_lr, losses
+
+MAX_LR = 1.0  # Adam's steps are about lr in size: a unit-norm dictionary is lost far below it
+
+
+class Diverged(MinigptError):
+    """The SAE's loss stopped being a finite number (nothing of that step is kept)."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +49,9 @@ class SaeSettings:
         if self.width and self.k > self.width:
             raise ArgumentError("k", f"{self.k} exceeds --width {self.width}: at most width "
                                 "features can be active; lower --k or raise --width")
-        if not self.lr >= 0:  # NaN included
-            raise ArgumentError("lr", f"must be >= 0 (0 = automatic), got {self.lr}")
-        if self.seed < 0:
-            raise ArgumentError("seed", f"must be >= 0, got {self.seed}")
+        if not 0 <= self.lr <= MAX_LR:  # NaN and inf included
+            raise ArgumentError("lr", f"must be from 0 (automatic) to {MAX_LR:g}, got {self.lr}")
+        check_seed(self.seed)
 
     def resolved(self, d_in: int) -> SaeSettings:
         """The settings with every automatic value filled in for inputs of width d_in."""
@@ -127,10 +133,12 @@ def new_state(x: Tensor, s: SaeSettings) -> TrainState:
 
 
 def fit_sae(x: Tensor, s: SaeSettings, state: TrainState, *,
-              on_event: Callable[[object], None] | None = None,
-              save: Callable[[TrainState], None] | None = None, save_every: int = 500,
-              report_every: int = 10) -> TrainState:
-    """Train `state` on x (n, d_in) to `s.steps` steps (module docstring)."""
+            on_event: Callable[[object], None] | None = None,
+            save: Callable[[TrainState], None] | None = None, save_every: int = 500,
+            report_every: int = 10, stop: Callable[[], bool] | None = None) -> TrainState:
+    """Train `state` on x (n, d_in) to `s.steps` steps (module docstring); when `stop()` says
+    so after a step, save and return early (the caller reads `state.step`). Diverged, with
+    nothing of that step saved, when the loss is not finite."""
     t0 = time.monotonic()
     sae, opt = state.sae, state.optimizer
     n = x.shape[0]
@@ -138,6 +146,10 @@ def fit_sae(x: Tensor, s: SaeSettings, state: TrainState, *,
         idx = torch.randint(n, (s.batch_size,), generator=state.generator)
         dead = state.since >= s.dead_after
         out = losses(sae, x[idx], dead, s.aux_k)
+        if not torch.isfinite(out.total):
+            raise Diverged(f"the SAE's loss is {float(out.total)} at step {state.step + 1}: "
+                           "the training diverged; lower --lr (0 = automatic) or scale the "
+                           "activations")
         opt.zero_grad(set_to_none=True)
         out.total.backward()
         sae.remove_parallel_grad()
@@ -149,6 +161,10 @@ def fit_sae(x: Tensor, s: SaeSettings, state: TrainState, *,
         if on_event is not None and (state.step % report_every == 0 or state.step == s.steps):
             on_event(SaeStep(state.step, s.steps, out.mse, out.aux,
                              float(dead.float().mean()), time.monotonic() - t0))
-        if save is not None and (state.step % save_every == 0 or state.step == s.steps):
+        stopping = stop is not None and stop()
+        if save is not None and (state.step % save_every == 0 or state.step == s.steps
+                                 or stopping):
             save(state)
+        if stopping:
+            break
     return state

@@ -24,6 +24,7 @@ from minigpt.run.layout import (
     MODEL_FILE,
     OPTIM_FILE,
 )
+from minigpt.run.listing import named_run
 from minigpt.run.safetensors_io import check_against, load_tensors, read_header
 
 
@@ -39,6 +40,7 @@ class LoadedRun:
     run_dir: Path | None  # None: not a minigpt run (an imported model has no run directory)
     source: str = ""    # what was loaded, for messages and files: the run dir or the model spec
     eot_first: bool = False  # trained on documents that follow <|endoftext|>: inputs start so
+    weights_sha256: str | None = None  # a run's: its checkpoint's model.safetensors, as listed
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -131,7 +133,7 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     """Load a trained run for inference: the verified latest checkpoint's config, tokenizer and
     weights, model on `device` in eval mode. `run_dir=None` = the latest run under runs/.
     Every failure is a one-line MinigptError naming the file; nothing is unpickled."""
-    run_dir = find_latest_run() if run_dir is None else Path(run_dir)
+    run_dir = find_latest_run() if run_dir is None else named_run(run_dir)
     dev = device if isinstance(device, torch.device) else resolve_device(str(device))
     ckpt = find_checkpoint(run_dir, step=step)  # None: the latest; else a kept checkpoint
     cfg = ckpt.cfg
@@ -146,7 +148,10 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     model = GPT(cfg.model)
     load_model_weights(model, ckpt)
     model.to(dev).eval()
-    return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir)
+    listed = ckpt.files.get(MODEL_FILE)
+    sha = listed.get("sha256") if isinstance(listed, dict) else None
+    return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir,
+                     weights_sha256=sha if isinstance(sha, str) else None)
 
 
 @permission_denied_as_error()
