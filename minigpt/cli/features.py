@@ -128,7 +128,8 @@ def train_command(
     if result.interrupted:
         name = signal.Signals(flag.signum).name
         say(f"interrupted by {name} after step {result.step} of {settings.steps}; the training "
-            f"state is saved in {out}\nresume with: {resume_command(ctx, out)}")
+            f"state is saved in {out}")
+        say(f"resume with: {resume_command(ctx, out)}")
         raise typer.Exit({"SIGINT": 130, "SIGTERM": 143}.get(name, 1))
     say(summary_line(result.info))
     say(f"wrote {out}")

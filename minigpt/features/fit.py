@@ -107,6 +107,16 @@ class TrainState:
         out["step"] = torch.tensor([self.step], dtype=torch.int64)
         return out
 
+    def saved_form(self) -> dict[str, Tensor]:
+        """What `tensors()` holds once a step was taken (Adam's moments and step count beside
+        each parameter): the dtypes and shapes a saved state must have."""
+        out = self.tensors()
+        for name, p in self.sae.named_parameters():
+            out[f"adam.{name}.exp_avg"] = torch.empty_like(p)
+            out[f"adam.{name}.exp_avg_sq"] = torch.empty_like(p)
+            out[f"adam.{name}.step"] = torch.empty(1, dtype=torch.float32)
+        return out
+
     def load(self, tensors: dict[str, Tensor]) -> None:
         """Restore what `tensors()` gave (shapes checked by the caller's reader)."""
         self.sae.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("sae.")})

@@ -114,10 +114,9 @@ MAX_ACTIVATION = 1e15  # larger values overflow float32 once squared and summed 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
-def read_activations(path: Path) -> Tensor:
-    """The one [n, d] float tensor of a safetensors file (n >= 20, d >= 1), its header checked
-    (one tensor, 2-D, float, fitting in memory) before it is read; values finite, below
-    MAX_ACTIVATION, and not all rows the same."""
+def activations_shape(path: Path) -> list[int]:
+    """[n, d] of the one tensor of an activations file, from its header (read_activations'
+    checks of the header: one tensor, 2-D, float, n >= 20, fitting in memory)."""
     header, _ = read_header(path, "activations")
     if len(header) != 1:
         names = shown(", ".join(header), 200)
@@ -133,6 +132,14 @@ def read_activations(path: Path) -> Tensor:
                             "least 20 are needed (a tenth is held out)", subject=path)
     nbytes = info["data_offsets"][1] - info["data_offsets"][0]
     store.check_fits_memory(path, nbytes, "activations", copies=2 + 4 / DTYPE_SIZES[info["dtype"]])
+    return shape
+
+
+def read_activations(path: Path) -> Tensor:
+    """The one [n, d] float tensor of a safetensors file (n >= 20, d >= 1), its header checked
+    (activations_shape) before it is read; values finite, below MAX_ACTIVATION, and not all
+    rows the same."""
+    activations_shape(path)
     (x,) = load_tensors(path).values()
     x = x.float()
     if not torch.isfinite(x).all():
@@ -187,20 +194,25 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     if src.loaded is not None and not force:
         check_features_cost(src, settings, mcfg.n_head * mcfg.head_dim)
     t0 = time.monotonic()
+    d_in = (mcfg.n_head * mcfg.head_dim if src.loaded is not None
+            else activations_shape(src.activations)[1])
+    s = settings.resolved(d_in)
+    meta = {"settings": s.to_json(), "d_in": d_in, "source": src.describe()}
+    saved = _saved_state(out, meta, s) if resume else None  # checked before any work
     if src.loaded is not None:
-        on_event(Starting(src.describe(), out, settings.resolved(mcfg.n_head * mcfg.head_dim)
-                          .dead_after))
+        on_event(Starting(src.describe(), out, s.dead_after))
     x, held, held_rows = gather(src, settings.seed, on_event)
-    s = settings.resolved(x.shape[1])
     if src.loaded is None:
         if not force:
             check_features_cost(src, settings, x.shape[1], x.shape[0] + held.shape[0])
         on_event(Starting(src.describe(), out, s.dead_after))
-    state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
-                                    "source": src.describe()}
+    state = new_state(x, s)
+    resumed = 0
+    if saved is not None:
+        state.load(saved)
+        resumed = state.step
     fresh = not out.exists()
     try:
-        resumed = _resume(out, state, meta, s) if resume else 0
         out.mkdir(parents=True, exist_ok=True)
         fit_sae(x, s, state, on_event=on_event, stop=stop,
                 save=lambda st: store.save_state(out, st.tensors(), meta))
@@ -280,38 +292,39 @@ def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None
                f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
 
 
-def _resume(out: Path, state: TrainState, meta: dict, s: SaeSettings) -> int:
-    """Load the training state saved in `out` into `state` (the step it was at; 0 when none
-    was saved); a MinigptError when it was started with other settings or inputs, or when it
-    does not hold a training state this one can continue (every tensor's dtype and shape, the
-    weights finite, the generator's state one torch made, the step within --steps). What a
-    killed save left beside it (temps of processes gone) is deleted."""
+def _saved_state(out: Path, meta: dict, s: SaeSettings) -> dict[str, Tensor] | None:
+    """The training state saved in `out`, checked (None when none was saved): a MinigptError
+    when it was started with other settings or inputs, or when it does not hold a training
+    state this one can continue (every tensor's dtype and shape, the weights finite, the
+    generator's state one torch takes, the step within --steps). What a killed save left beside
+    it (temps of processes gone) is deleted."""
     for name in (store.STATE_FILE, store.WEIGHTS_FILE, store.CFG_FILE, store.INFO_FILE):
         remove_stale_temps(out / name)
     if not (out / store.STATE_FILE).is_file():
-        return 0
+        return None
     path = out / store.STATE_FILE
     header, saved = store.load_state_header(out)
     if saved != meta:
         raise MinigptError(f"{path}: was started with other settings or inputs ({saved}; now "
                            f"{meta}); give the same flags, or another --out")
-    check_against(header, state.tensors(), path, "not the training state of these settings; "
-                  "delete the directory or give another --out")
+    template = new_state(torch.zeros(1, meta["d_in"]), s)
+    check_against(header, template.saved_form(), path, "not the training state of these "
+                  "settings; delete the directory or give another --out")
     tensors = store.load_tensors(path)
     damaged = f"{path}: damaged ({{}}); delete the directory or give another --out"
     if not all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()):
         raise MinigptError(damaged.format("it holds NaN or infinite values"))
     step = int(tensors["step"][0])
-    if not 0 <= step <= s.steps or bool((tensors["since"] < 0).any()):
-        raise MinigptError(damaged.format(f"step {step} is not within 0..--steps {s.steps}"
-                                          if not 0 <= step <= s.steps else
-                                          "a negative count of rows since a feature fired"))
+    if not 0 <= step <= s.steps:
+        raise MinigptError(damaged.format(f"step {step} is not within 0..--steps {s.steps}"))
+    if bool((tensors["since"] < 0).any()):
+        raise MinigptError(damaged.format("a negative count of rows since a feature fired"))
     try:
-        state.load(tensors)
+        template.load(tensors)
     except RuntimeError as e:  # a generator state torch does not take
         raise MinigptError(damaged.format(f"its generator state is not one torch made: {e}")
                            ) from None
-    return state.step
+    return tensors
 
 
 def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | None,

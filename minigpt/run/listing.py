@@ -10,7 +10,10 @@ Where each column comes from:
   `formed`: the heads train.stop_when_formed waits for formed); else `killed` (the trainer
   ended without writing its summary: kill -9, a crash, power loss).
   `damaged` when the commit pointer is not a step directory (a regular file, a link out of
-  the run) or the committed checkpoint's manifest.json is not a JSON object.
+  the run), the committed checkpoint's manifest.json is not a JSON object, a file it lists is
+  missing or of another size, or a weights header is unsound (what every loading command
+  refuses, found without reading a tensor), or config.yaml is cut short (no final newline, a
+  section or a setting the checkpoint's copy has missing).
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
   max steps: config.yaml's train.max_steps.
   A run on synthetic induction ids (data.source induction) adds what its last head
@@ -18,8 +21,8 @@ Where each column comes from:
   formed, no induction head, no previous-token head, no heads formed).
 - val bits/byte: the lowest val_bpb in metrics.jsonl with its step, and the last one (the
   saved weights are the last step's, so the two differ once validation rises); for a run on
-  synthetic induction ids (which stand for no bytes), the share of copies the last
-  evaluation predicted (`copy_accuracy`) instead.
+  synthetic induction ids (which stand for no bytes: no bits per byte, null in the JSON), the
+  share of copies the last evaluation predicted (`copy_accuracy`) instead.
 - parameters: the tensors in the committed model.safetensors (tied weights stored once), from
   its header only.
 - wall time: the last `elapsed` in metrics.jsonl (training seconds over all sessions).
@@ -228,7 +231,7 @@ def read_row(run_dir: Path) -> RunRow:
     ckpt, ckpt_step, status = _checkpoint_status(run_dir, max_steps, problems)
     params = _params(ckpt, problems)
     return RunRow(name=run_dir.name, path=run_dir,
-                  status="unreadable" if problems else status,
+                  status=_problem_status(problems, status),
                   step=max([r["step"] for r in records] + [ckpt_step or 0]),
                   max_steps=max_steps, best_val_bpb=best[0],
                   params=params, wall_time=times[-1] if times else None,
@@ -271,7 +274,18 @@ def run_status(run_dir: Path) -> RunStatus:
     problems: list[str] = []
     max_steps = _max_steps(_config(run_dir, problems))
     _, step, status = _checkpoint_status(run_dir, max_steps, problems)
-    return RunStatus("unreadable" if problems else status, step, max_steps)
+    return RunStatus(_problem_status(problems, status), step, max_steps)
+
+
+CUT_SHORT = "cut short"  # a problem of a file that was read but is not whole
+
+
+def _problem_status(problems: list[str], status: str) -> str:
+    """`damaged` when a file the run needs is there but not whole (config.yaml cut short),
+    `unreadable` when one cannot be read, else `status`."""
+    if any(CUT_SHORT in p for p in problems):
+        return "damaged"
+    return "unreadable" if problems else status
 
 
 def _checkpoint_status(run_dir: Path, max_steps: int | None, problems: list[str]
@@ -398,10 +412,10 @@ def _cut_short(data: bytes, cfg: dict, run_dir: Path) -> str | None:
     short, or None: no final newline, a section missing, or fewer settings in a section than
     the committed checkpoint's own copy holds."""
     if not data.endswith(b"\n"):
-        return "cut short (it does not end with a newline)"
+        return f"{CUT_SHORT} (it does not end with a newline)"
     missing = [s for s in CONFIG_SECTIONS if not isinstance(cfg.get(s), dict)]
     if missing:
-        return f"cut short (no {missing[0]} section)"
+        return f"{CUT_SHORT} (no {missing[0]} section)"
     try:
         ckpt = latest_checkpoint_dir(run_dir)
         if ckpt is None:
@@ -414,7 +428,7 @@ def _cut_short(data: bytes, cfg: dict, run_dir: Path) -> str | None:
     for s in CONFIG_SECTIONS:
         lost = set(saved.get(s) or {}) - set(cfg[s]) if isinstance(saved.get(s), dict) else ()
         if lost:
-            return f"cut short ({s}.{sorted(lost)[0]} is missing; the checkpoint's copy has it)"
+            return f"{CUT_SHORT} ({s}.{sorted(lost)[0]} is missing; the checkpoint's copy has it)"
     return None
 
 
