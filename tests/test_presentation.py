@@ -573,8 +573,8 @@ def test_heads_png_names_the_pair_at_each_point_and_calls_a_head_formed_only_whe
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "L0.H1 -> L1.H0" in labels and "L0.H0 -> L1.H1" in labels
     assert "L0.H0 (previous 0.95) -> L1.H1 (induction 0.92)" in ax.get_title()
-    names = [t.get_text() for t in seen[0].axes[-1].texts]  # the DLA head where it changes
-    assert names == ["L0.H1", "L1.H1"]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]  # the DLA heads, by marker
+    assert "best DLA: L0.H1" in labels and "best DLA: L1.H1" in labels
     early = timeline._pair_title(recs[0]["circuit"], recs[0]["scores"])
     assert early == ("L0.H1 (best previous 0.20, not formed) -> "
                      "L1.H0 (best induction 0.10, not formed)")

@@ -215,9 +215,17 @@ class HeadWatch:
 
 
 def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
-    """PNG bytes: one panel per layer, the best induction and previous-token score (and the
-    best duplicate-token score, dashed) of that layer against step, and, when the records
-    have it, a panel for the circuit (`_draw_circuit`); None without records."""
+    """PNG bytes of `timeline_figure`; None without records."""
+    fig = timeline_figure(records, title)
+    return None if fig is None else figure_png(fig)
+
+
+def timeline_figure(records: Sequence[dict], title: str = ""):
+    """The figure of heads.png: one panel per layer, the best induction and previous-token
+    score (and the best duplicate-token score, dashed) of that layer against step, and, when
+    the records have them, panels for the circuit (`_draw_circuit`), its edges and the QK term;
+    every legend beside its panel, outside the plot, and no label written among the points;
+    None without records."""
     recs = sorted((r for r in records if r.get("kind") == "heads"), key=lambda r: r["step"])
     if not recs:
         return None
@@ -254,7 +262,7 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     fig.suptitle(title or "head scores on the built-in probes", fontsize=10)
     beside(axes[0][0], title=f"each layer's best\n(dotted: {FORMED}, formed)")
     axes[-1][0].set_xlabel("step")
-    return figure_png(fig)
+    return fig
 
 
 LEGEND_WIDTH = 24  # characters a legend entry may take beside its panel
