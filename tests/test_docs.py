@@ -204,8 +204,9 @@ def test_every_flag_is_documented(name):
 # added (issue 55's `compile`) or a flag given to one more command fails here until the docs say
 # so.
 
-NUMBERS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten "
-                                      "eleven twelve thirteen fourteen fifteen".split())}
+NUMBERS = {w: i for i, w in enumerate([
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen"])}
 
 
 def leaves() -> dict[str, object]:

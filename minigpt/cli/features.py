@@ -24,6 +24,24 @@ features_app = typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=No
                            "train one, show its features.")
 app.add_typer(features_app, name="features")
 
+TrainRunOpt = Annotated[Path | None, typer.Option(
+    "--run", metavar="RUN", help="The run whose layer the SAE reads: its directory, or its "
+    "name under runs/. Default: the latest finished run under runs/ (named on stderr).")]
+ShowRunOpt = Annotated[Path | None, typer.Option(
+    "--run", metavar="RUN", help="Show the SAE on this run (its directory, or its name under "
+    "runs/). Default: the run it was trained on, found from the SAE's directory.")]
+TrainCheckpointOpt = Annotated[int | None, typer.Option(
+    "--checkpoint", metavar="STEP", help="Read the run's kept checkpoint of this step "
+    "(train.keep_checkpoints sets how many are kept). Default: the latest.")]
+ShowCheckpointOpt = Annotated[int | None, typer.Option(
+    "--checkpoint", metavar="STEP", help="Show the SAE on the run's kept checkpoint of this "
+    "step. Default: the step it was trained on.")]
+TrainTextOpt = Annotated[Path | None, typer.Option(
+    "--text-file", metavar="PATH", help="Train on this UTF-8 text's tokens (its first 90%; "
+    "the last 10% held out) instead of the run's own data; needed with --model.")]
+ShowTextOpt = Annotated[Path | None, typer.Option(
+    "--text-file", metavar="PATH", help="Measure the features on this UTF-8 text's last 10% "
+    "instead of the run's validation split; needed with --model.")]
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", help="The layer whose heads' outputs z (all heads, n_head x d_head wide) the "
     "SAE reads. Required with --run / --model.")]
@@ -37,7 +55,8 @@ KOpt = Annotated[int, typer.Option("--k", help="Features active per token (TopK)
 StepsOpt = Annotated[int, typer.Option("--steps", help="Optimizer steps.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Tokens per step.")]
 LrOpt = Annotated[float, typer.Option(
-    "--lr", help="Adam's learning rate. 0 = 2e-4 x sqrt(16384 / width), at most 2e-3.")]
+    "--lr", help="Adam's learning rate, 0 to 1. 0 = 2e-4 x sqrt(16384 / width), at most "
+    "2e-3.")]
 TokensOpt = Annotated[int, typer.Option(
     "--tokens", help="Tokens whose z the SAE trains on (drawn from the run's training split "
     "or the text's first 90%).")]
@@ -61,7 +80,8 @@ HeadNameOpt = Annotated[str | None, typer.Option(
 TopOpt = Annotated[int, typer.Option("--top", metavar="N", help="Show the first N features "
                                      "of the list (--sort), dense and dead ones left out.")]
 SortOpt = Annotated[str, typer.Option(
-    "--sort", help="selectivity: the features whose activation falls most on one token (before, "
+    "--sort", metavar="selectivity|density|index",
+    help="selectivity: the features whose activation falls most on one token (before, "
     "at or after where they fire) first; density: the most often active first; index.")]
 ContextsOpt = Annotated[int, typer.Option(
     "--contexts", metavar="N", help="Largest activations shown per feature, each in its "
@@ -75,7 +95,8 @@ ShowTokensOpt = Annotated[int, typer.Option(
 ShowSeedOpt = Annotated[int, typer.Option(
     "--seed", help="Seed of the held-out rows drawn (the same seed, the same tokens).")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png (features.png: features x heads), html "
+    "--format", metavar="table|png|html|json",
+    help="Files to write as well: png (features.png: features x heads), html "
     "(features.html), json (features_shown.json); repeatable or comma-separated.")]
 ShowOutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", metavar="DIR", help="Directory for the files. Default: the SAE's "
@@ -84,9 +105,9 @@ ShowOutOpt = Annotated[Path | None, typer.Option(
 
 @features_app.command("train")
 def train_command(
-    ctx: typer.Context, run: opt.Run = None, model: opt.Model = None,
-    checkpoint: opt.Checkpoint = None,
-    layer: LayerOpt = None, text_file: opt.TextFile = None, activations: ActivationsOpt = None,
+    ctx: typer.Context, run: TrainRunOpt = None, model: opt.Model = None,
+    checkpoint: TrainCheckpointOpt = None,
+    layer: LayerOpt = None, text_file: TrainTextOpt = None, activations: ActivationsOpt = None,
     width: WidthOpt = None, k: KOpt = 16, steps: StepsOpt = 2000, batch_size: BatchOpt = 1024,
     lr: LrOpt = 0.0, tokens: TokensOpt = 262_144, held_out: HeldOutOpt = 32_768,
     seed: SeedOpt = 0, out: OutOpt = None, resume: ResumeOpt = False,
@@ -255,10 +276,11 @@ class _Bar:
 
 @features_app.command("show")
 def show_command(
-    sae: SaeOpt, run: opt.Run = None, model: opt.Model = None, checkpoint: opt.Checkpoint = None,
-    feature: FeatureOpt = None, head: HeadNameOpt = None, top: TopOpt = 10,
-    sort: SortOpt = "selectivity", contexts: ContextsOpt = 3, dense: DenseOpt = 0.1,
-    text_file: opt.TextFile = None, tokens: ShowTokensOpt = 16_384, seed: ShowSeedOpt = 0,
+    sae: SaeOpt, run: ShowRunOpt = None, model: opt.Model = None,
+    checkpoint: ShowCheckpointOpt = None, feature: FeatureOpt = None, head: HeadNameOpt = None,
+    top: TopOpt = 10, sort: SortOpt = "selectivity", contexts: ContextsOpt = 3,
+    dense: DenseOpt = 0.1, text_file: ShowTextOpt = None, tokens: ShowTokensOpt = 16_384,
+    seed: ShowSeedOpt = 0,
     formats: FormatOpt = None, out: ShowOutOpt = None, json_out: opt.Json = False,
     device: opt.Device = "auto", threads: opt.Threads = 0, force: opt.Force = False,
 ) -> None:

@@ -12,8 +12,9 @@ import typer
 
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 Run = Annotated[Path | None, typer.Option(
-    "--run", help="Run directory. Default: the latest finished run under runs/ that the command "
-    "can use (named on stderr, with any newer run it passed over).")]
+    "--run", metavar="RUN", help="A run: its directory, or its name under runs/. Default: the "
+    "latest finished run under runs/ that the command can use (named on stderr, with any newer "
+    "run it passed over).")]
 Threads = Annotated[int, typer.Option(
     "--threads", help="CPU threads to compute on (torch intra-op), as train.threads: 0 = "
     "automatic, else 1 to the CPUs this process may use.")]

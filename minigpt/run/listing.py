@@ -399,8 +399,8 @@ def run_config(run_dir: Path) -> tuple[dict | None, str | None]:
         return None, f"{path}: {what}, not a config"
     cut = _cut_short(data, cfg, Path(run_dir))
     if cut:
-        return None, f"{path}: {cut}; the run's files are damaged (its committed checkpoint " \
-            "keeps its own copy)"
+        return None, (f"{path}: {cut}; the run's files are damaged (its committed checkpoint "
+                      "keeps its own copy)")
     return cfg, None
 
 
@@ -428,7 +428,7 @@ def _cut_short(data: bytes, cfg: dict, run_dir: Path) -> str | None:
     for s in CONFIG_SECTIONS:
         lost = set(saved.get(s) or {}) - set(cfg[s]) if isinstance(saved.get(s), dict) else ()
         if lost:
-            return f"{CUT_SHORT} ({s}.{sorted(lost)[0]} is missing; the checkpoint's copy has it)"
+            return f"{CUT_SHORT} ({s}.{min(lost)} is missing; the checkpoint's copy has it)"
     return None
 
 
