@@ -309,3 +309,20 @@ def test_in_process_works_like_the_command(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("why it attends where it does") == 6
     assert "each head at its own most attended key of each query (positions 1..11" in r.stderr
+
+
+def test_qk_pairs_induction_needs_the_induction_probe_and_pairs_are_bounded(run_dir):
+    """`--qk-pairs induction` names the probe's targets (refused on a text); a position of more
+    digits than any input has, or an item that is not QUERY:KEY, is one line; an empty item
+    between commas and a pair given twice are taken once."""
+    r = invoke(run_dir, "--text", "abcdefgh", "--qk", "L1.H0", "--qk-pairs", "induction")
+    assert r.exit_code == 2 and "--probe induction" in r.stderr
+    for bad in ("9" * 5000 + ":1", "3-1", "x"):
+        r = invoke(run_dir, "--text", "abcdefgh", "--qk", "L1.H0", "--qk-pairs", bad)
+        assert r.exit_code == 2 and "--qk-pairs" in r.stderr and len(r.stderr) < 400
+    r = invoke(run_dir, "--text", "abcdefgh", "--qk", "L1.H0,,L0.H1", "--qk-pairs",
+               "5:2,,5:2,6:1", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [e["head"] for e in doc["qk"]] == ["L1.H0", "L0.H1"]
+    assert [(p["query"], p["key"]) for p in doc["qk"][0]["pairs"]] == [(5, 2), (6, 1)]
