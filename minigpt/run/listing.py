@@ -125,12 +125,13 @@ def named_run(text: str | Path) -> Path:
     inside = path.is_absolute() or path.parts[:1] == DEFAULT_RUNS.parts
     if not inside and under.exists():
         return under
-    looked = f"{path}" + ("" if inside else f" nor {under}")
-    raise MinigptError(f"no run at {looked}{_did_you_mean(path)}; `minigpt runs` lists the runs")
+    nor = "" if inside else f" (nor does {under})"
+    raise MinigptError(f"run directory {path} does not exist{nor}{_did_you_mean(path)}; "
+                       "`minigpt runs` lists the runs")
 
 
 def _did_you_mean(path: Path) -> str:
-    """' (did you mean runs/default?)' for the run directory nearest in name to `path`, among
+    """'; did you mean runs/default?' for the run directory nearest in name to `path`, among
     its parent's and those under runs/ ('' when none is near)."""
     import difflib
 
@@ -144,7 +145,7 @@ def _did_you_mean(path: Path) -> str:
         except OSError:
             continue
     hit = difflib.get_close_matches(path.name, list(near), n=1, cutoff=0.6)
-    return f" (did you mean {near[hit[0]]}?)" if hit else ""
+    return f"; did you mean {near[hit[0]]}?" if hit else ""
 
 
 def find_run(text: str) -> Path:
