@@ -111,6 +111,15 @@ def _sae_with(field: str, edit: Callable[[object], object]) -> Callable:
     return make
 
 
+def _features_of(field: str, edit: Callable[[object], object]) -> Callable:
+    """inspect-heads --features on an SAE directory whose cfg or info is edited."""
+    def make(w: World, d: Path) -> list[str]:
+        args = _sae_with(field, edit)(w, d)
+        return ["inspect-heads", "--run", w.run, "--text", "abcdefgh", "--features",
+                args[args.index("--sae") + 1]]
+    return make
+
+
 def _set(key: str, value) -> Callable[[object], object]:
     def edit(d):
         d[key] = value
@@ -306,6 +315,10 @@ CASES = [
     Case("info-without-quality-and-seconds", _sae_with("info", _drop("quality", "seconds")),
          check=lambda r, d: (r.returncode == 0 and "quality: not recorded" in r.stderr)
          or pytest.fail(r.stderr)),
+    Case("inspect-features-k-inf", _features_of("cfg", _set("k", float("inf"))),
+         ("cfg.json", "k must be an integer")),
+    Case("inspect-features-info-a-list", _features_of("info", lambda i: [i]),
+         ("features.json", "not a JSON object")),
     Case("weights-declaring-4-gib", _huge_weights,
          ("sae_weights.safetensors", "more than the", "of memory free")),
     # 2. the run an SAE names, from another directory

@@ -326,3 +326,24 @@ def test_qk_pairs_induction_needs_the_induction_probe_and_pairs_are_bounded(run_
     doc = json.loads(r.stdout)
     assert [e["head"] for e in doc["qk"]] == ["L1.H0", "L0.H1"]
     assert [(p["query"], p["key"]) for p in doc["qk"][0]["pairs"]] == [(5, 2), (6, 1)]
+
+
+def test_piped_tables_wrap_their_words_at_word_boundaries(run_dir):
+    """At 80 columns (a pipe), a table's title and caption are lines of their own, as wide as
+    the terminal: every word whole and on one line (`closure` and its figure were broken apart
+    inside a caption squeezed to the table's width)."""
+    import re
+
+    r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--composition")
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("split at "))
+    caption = []
+    for line in lines[start:]:
+        caption.append(line)
+        if "closure" in line and re.search(r"closure \d\.\de[-+]\d\d", " ".join(caption)):
+            break
+    assert all(len(x) <= 100 and not x.startswith(" ") for x in caption), caption
+    words = " ".join(caption).split()
+    assert re.fullmatch(r"\d\.\de[-+]\d\d", words[-1]) and words[-2] == "closure", words[-3:]
+    assert all(not line.startswith("  ") for line in lines if "from = the earlier head" in line)
