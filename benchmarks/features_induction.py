@@ -34,7 +34,7 @@ from minigpt.heads.inspection import inspect
 from minigpt.heads.probes import prepare_input
 from minigpt.infer.inputs import load_run_or_model
 
-DEFAULT_K = 8  # features train's default (minigpt/cli/features.py)
+DEFAULT_K = 0  # features train's default: automatic (features.fit.default_k)
 
 
 def next_is_copy(rows: torch.Tensor) -> torch.Tensor:

@@ -360,6 +360,18 @@ def test_the_two_dead_fractions_are_named_for_what_they_are(tiny):
     assert "features never active on the 512 held-out tokens" in tiny["stderr"]
 
 
+def test_the_automatic_k_keeps_a_features_mean_density_at_one_token_in_64():
+    """--k 0: width / 64, at most 32 (the default run's layers, 1024 wide: 16, as before; the
+    induction config's, 512: 8, where 16 made 6.7% of the features dense); an explicit --k is
+    kept; the automatic k is what the SAE and its cfg.json get."""
+    from minigpt.features.fit import SaeSettings, default_k
+
+    assert [default_k(w) for w in (32, 512, 1024, 6144)] == [1, 8, 16, 32]
+    assert SaeSettings(None, 0, 1, 1, 0.0, 0).resolved(64).k == 8
+    assert SaeSettings(None, 0, 1, 1, 0.0, 0).resolved(128).k == 16
+    assert SaeSettings(None, 5, 1, 1, 0.0, 0).resolved(64).k == 5
+
+
 def other_shape_run(path: Path) -> Path:
     """A run of another shape (4 heads x 16) than save_tiny_run's (2 x 16)."""
     from minigpt.config import from_dict
@@ -376,7 +388,7 @@ def other_shape_run(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("extra, flag", [
-    (["--width", "0"], "--width"), (["--k", "0"], "--k"), (["--k", "-3"], "--k"),
+    (["--width", "0"], "--width"), (["--k", "-3"], "--k"),
     (["--width", "8", "--k", "9"], "--k"), (["--layer", "2"], "--layer"),
     (["--k", "300"], "--k"),  # beyond the automatic width, 8 x 32
 ])

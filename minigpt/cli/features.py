@@ -51,7 +51,9 @@ ActivationsOpt = Annotated[Path | None, typer.Option(
 WidthOpt = Annotated[int | None, typer.Option(
     "--width", help="Features (latents) of the SAE. Default: 8 x the input's width "
     "(n_head x d_head).")]
-KOpt = Annotated[int, typer.Option("--k", help="Features active per token (TopK).")]
+KOpt = Annotated[int, typer.Option(
+    "--k", help="Features active per token (TopK). 0 = automatic: width / 64, at most 32 (16 "
+    "on the default run's layers, 8 on the induction config's).")]
 StepsOpt = Annotated[int, typer.Option("--steps", help="Optimizer steps.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Tokens per step.")]
 LrOpt = Annotated[float, typer.Option(
@@ -108,7 +110,7 @@ def train_command(
     ctx: typer.Context, run: TrainRunOpt = None, model: opt.Model = None,
     checkpoint: TrainCheckpointOpt = None,
     layer: LayerOpt = None, text_file: TrainTextOpt = None, activations: ActivationsOpt = None,
-    width: WidthOpt = None, k: KOpt = 16, steps: StepsOpt = 2000, batch_size: BatchOpt = 1024,
+    width: WidthOpt = None, k: KOpt = 0, steps: StepsOpt = 2000, batch_size: BatchOpt = 1024,
     lr: LrOpt = 0.0, tokens: TokensOpt = 262_144, held_out: HeldOutOpt = 32_768,
     seed: SeedOpt = 0, out: OutOpt = None, resume: ResumeOpt = False,
     json_out: opt.Json = False, device: opt.Device = "auto", threads: opt.Threads = 0,
