@@ -12,8 +12,8 @@ Where each column comes from:
   `damaged` when the commit pointer is not a step directory (a regular file, a link out of
   the run), the committed checkpoint's manifest.json is not a JSON object, a file it lists is
   missing or of another size, or a weights header is unsound (what every loading command
-  refuses, found without reading a tensor), or config.yaml is cut short (no final newline, a
-  section or a setting the checkpoint's copy has missing).
+  refuses, found without reading a tensor), or config.yaml is cut short (no final newline, or
+  a section or a setting missing that the committed checkpoint's own copy holds).
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
   max steps: config.yaml's train.max_steps.
   A run on synthetic induction ids (data.source induction) adds what its last head
@@ -151,7 +151,10 @@ def _did_you_mean(path: Path) -> str:
 def find_run(text: str) -> Path:
     """A run named as `--run` names one where several runs are taken (`minigpt runs`,
     `minigpt curves`): `named_run`'s, which must be a run directory."""
-    path = named_run(text)
+    try:
+        path = named_run(text)
+    except MinigptError as e:
+        raise MinigptError(f"unknown run '{text}': {e}") from None
     if is_run_dir(path):
         return path
     under = DEFAULT_RUNS / text
@@ -410,13 +413,10 @@ CONFIG_SECTIONS = ("model", "tokenizer", "data", "train", "run")  # what config.
 
 def _cut_short(data: bytes, cfg: dict, run_dir: Path) -> str | None:
     """Why a run's config.yaml (minigpt writes every section, ending with a newline) is cut
-    short, or None: no final newline, a section missing, or fewer settings in a section than
-    the committed checkpoint's own copy holds."""
+    short, or None: no final newline, or a section or setting missing that the committed
+    checkpoint's own copy holds."""
     if not data.endswith(b"\n"):
         return f"{CUT_SHORT} (it does not end with a newline)"
-    missing = [s for s in CONFIG_SECTIONS if not isinstance(cfg.get(s), dict)]
-    if missing:
-        return f"{CUT_SHORT} (no {missing[0]} section)"
     try:
         ckpt = latest_checkpoint_dir(run_dir)
         if ckpt is None:
@@ -427,6 +427,8 @@ def _cut_short(data: bytes, cfg: dict, run_dir: Path) -> str | None:
     if not isinstance(saved, dict):
         return None
     for s in CONFIG_SECTIONS:
+        if isinstance(saved.get(s), dict) and not isinstance(cfg.get(s), dict):
+            return f"{CUT_SHORT} (no {s} section; the checkpoint's copy has it)"
         lost = set(saved.get(s) or {}) - set(cfg[s]) if isinstance(saved.get(s), dict) else ()
         if lost:
             return f"{CUT_SHORT} ({s}.{min(lost)} is missing; the checkpoint's copy has it)"
