@@ -115,14 +115,19 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if not a.json:
+        print_header()
+    for run in a.run:
+        r = measure(run, a.seed, a.k)
+        print(json.dumps(r) if a.json else row(r), flush=True)
+
+
+def print_header() -> None:
     print("| run | induction head | SAE: variance explained / CE recovered | dense | head's "
           "features (selective) | on the next token | ... and raise it | median selectivity "
           "| activation where the next token is a copy | other heads' features: next and "
           "raise it |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for run in a.run:
-        r = measure(run, a.seed, a.k)
-        print(json.dumps(r) if a.json else row(r), flush=True)
 
 
 if __name__ == "__main__":
