@@ -191,7 +191,7 @@ def test_every_command_rejects_an_unknown_flag(program, env, tmp_path, installed
     help_text = run(["--help"]).stdout
     names = re.findall(r"^  ([a-z-]+) ", help_text[help_text.index("Commands:"):], re.MULTILINE)
     assert set(names) == {"train", "sample", "inspect-heads", "circuit", "bench", "runs",
-                          "curves", "export", "features"}
+                          "curves", "export", "features", "compile"}
     for name in [*names, "features train", "features show"]:
         _usage_error(run([*name.split(), "--no-such-flag"], ok=False),
                      "No such option: --no-such-flag")

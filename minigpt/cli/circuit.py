@@ -57,11 +57,12 @@ def circuit_command(
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
     from minigpt.heads.flags import CIRCUIT_FORMATS, check_early
-    from minigpt.interp.edge_args import check_search
+    from minigpt.interp.edge_args import check_ablation, check_search
 
     fmts = check_early(formats, seed, threads, valid=CIRCUIT_FORMATS)  # before torch loads
     patch_direction = patch_direction or "noising"
     check_search(edges, recover, ig_steps, patch_direction)
+    check_ablation(patch_from or "", patch_direction)
     from minigpt.device import cpu_threads
     from minigpt.heads import output
     from minigpt.heads.edge_circuit import circuit_file_names, circuit_pairs

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+import minigpt.cli.options as opt
 from minigpt.cli.main import app, out_console, say
 from minigpt.errors import ArgumentError, ConflictError
 
@@ -25,18 +26,12 @@ CompileOutOpt = Annotated[Path | None, typer.Option(
     "Default: runs/<program name>.")]
 ListOpt = Annotated[bool, typer.Option(
     "--list", help="Name the built-in programs, one line each, and exit.")]
-CheckSeedOpt = Annotated[int, typer.Option(
-    "--seed", help="Seed of the random inputs the compiled model is checked on against tracr's "
-    "own (default 0).")]
-JsonOpt = Annotated[bool, typer.Option(
-    "--json", help="Print what was made (or, with --list, the programs) as one JSON document "
-    "on stdout.")]
 
 
 @app.command("compile")
 def compile_command(program: ProgramArg = None, program_file: ProgramFileOpt = None,
-                    out: CompileOutOpt = None, list_: ListOpt = False, seed: CheckSeedOpt = 0,
-                    json_out: JsonOpt = False) -> None:
+                    out: CompileOutOpt = None, list_: ListOpt = False,
+                    json_out: opt.Json = False) -> None:
     """Compile a RASP program with tracr into a minigpt run whose circuit is known."""
     from minigpt.truth.programs import BUILT_IN, built_in
     from minigpt.truth.programs import program_file as read_file
@@ -51,11 +46,14 @@ def compile_command(program: ProgramArg = None, program_file: ProgramFileOpt = N
         raise ArgumentError("program", "give a built-in program (minigpt compile --list names "
                             "them) or --program-file FILE")
     from minigpt.truth.make import make_compiled_run, require_tracr
+    from minigpt.truth.store import check_out
 
     prog = built_in(program) if program is not None else None  # a typo before tracr loads
+    name = prog.name if prog is not None else Path(program_file).stem
+    out = check_out(out if out is not None else Path("runs") / name)
     require_tracr()
     prog = prog or read_file(program_file)
-    made = make_compiled_run(prog, out if out is not None else Path("runs") / prog.name, seed)
+    made = make_compiled_run(prog, out)
     t, m, c = made.truth, made.model, made.check
     say(f"compiled {prog.name} with tracr {made.tracr} in {made.seconds:.1f} s: "
         f"{m['n_layer']} layers x {m['n_head']} head{'s' * (m['n_head'] > 1)} (d_head "

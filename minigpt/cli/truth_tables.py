@@ -5,6 +5,8 @@ types against the program's own."""
 
 from __future__ import annotations
 
+import re
+
 from rich import box
 from rich.table import Table
 
@@ -37,16 +39,18 @@ def truth_tables(scored: dict) -> list[Table]:
 
 def _edges(scored: dict) -> Table:
     names = list(scored["finders"])
-    table = Table(title="the program's edges", caption="tok: the value carried changes with "
+    table = Table(title="the program's edges", caption="vars: the variables it carries; tok: "
+                  "their value changes with "
                   "the input tokens (else only with positions and constants); rev: it differs "
                   "between the clean and the source runs (revealed); * = in the circuit",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("edge", "carries", "tok", "rev", *names, ""):
+    for name in ("edge", "vars", "tok", "rev", *names, ""):
         table.add_column(name, justify="right" if name in names else "left",
-                         no_wrap=name != "carries")
+                         no_wrap=name != "vars", overflow="fold", min_width=4)
     for e in scored["true_edges"]:
         table.add_row(f"{e['from']} -> {e['to']} {e['input']}",
-                      printable(", ".join(e["variables"])), "yes" if e["tokens"] else "no",
+                      printable(", ".join(re.sub(r"_\d+$", "", v) for v in e["variables"])),
+                      "yes" if e["tokens"] else "no",
                       "yes" if e["revealed"] else "no",
                       *(_f(e["scores"][n], "+.2g") for n in names),
                       "*" if e["in_circuit"] else "")

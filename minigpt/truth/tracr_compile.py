@@ -330,11 +330,10 @@ def compare(compiled: Compiled, model, inputs: list[list[str]]) -> dict:
     layer (tracr's residual after each layer's MLP, minigpt's leaving each block) and whether
     every output agrees (past BOS: the argmax of a categorical output, the value within 1e-5
     of a numerical one)."""
-    import jax.numpy as jnp
     import torch
 
     ids = [[compiled.input_ids[t] for t in row] for row in inputs]
-    out = compiled.model.forward(compiled.model.params, jnp.array(ids))
+    out = compiled.model.forward(compiled.model.params, np.array(ids))
     theirs = [np.asarray(r) for r in out.transformer_output.residuals][1::2]
     with torch.no_grad():
         x = torch.tensor(ids)
