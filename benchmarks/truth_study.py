@@ -72,9 +72,9 @@ def _f(x) -> str:
 
 
 def table(rows: list[dict], source: str) -> str:
-    out = [f"\n**{source}**\n", "| program | edges (revealed) | EAP | EAP-IG | patching | "
-           "largest false (EAP, EAP-IG, patching) | circuit P / R | s |",
-           "|---|---|---|---|---|---|---|---|"]
+    head = ("| program | edges (revealed) | EAP | EAP-IG | patching | "
+            "largest false (EAP, EAP-IG, patching) | circuit P / R | s |")
+    out = [f"\n**{source}**\n", head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["truth"]
         f = t["finders"]

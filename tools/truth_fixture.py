@@ -27,8 +27,8 @@ from safetensors.numpy import save_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minigpt.truth.programs import BUILT_IN  # noqa: E402
-from minigpt.truth.tracr_compile import compile_program, random_inputs  # noqa: E402
+from minigpt.truth.programs import BUILT_IN
+from minigpt.truth.tracr_compile import compile_program, random_inputs
 
 PROGRAMS = ("induction", "frac_prevs")
 N_INPUTS = 16
