@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import pickle
+import re
 import resource
 import shutil
 import struct
@@ -36,7 +37,10 @@ from minigpt.run.safetensors_io import read_header
 # 1. A static scan of the package: no call that deserialises code.
 
 FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal",
-                     "shelve", "copyreg"}
+                     "shelve", "copyreg", "runpy"}
+# The one file minigpt runs as code, on purpose: the Python program a user hands `minigpt compile
+# --program-file` (its help and docs/security.md say so), run as `python FILE` would.
+RUNS_A_USERS_PROGRAM = {"programs.py import runpy", "programs.py runpy.run_path"}
 
 
 def forbidden_calls(source: str, filename: str = "<src>") -> list[str]:
@@ -84,7 +88,7 @@ def test_package_never_deserialises_code():
     files = sorted(PACKAGE_DIR.rglob("*.py"))
     assert len(files) > 10  # the whole package is scanned
     found = [hit for p in files for hit in forbidden_calls(p.read_text(), p.name)]
-    assert found == []
+    assert {re.sub(r":\d+ ", " ", hit) for hit in found} == RUNS_A_USERS_PROGRAM, found
     # The one yaml.load in the package uses a SafeLoader subclass that adds no constructors
     # beyond the safe ones (so no python/object tags).
     assert issubclass(_StrictLoader, yaml.SafeLoader)
