@@ -299,3 +299,29 @@ def test_a_word_tokenizer_saves_loads_and_refuses_strangers(tmp_path):
     with pytest.raises(MinigptError, match="'ab' is not a token"):
         back.encode("a ab")
     assert np.array_equal(back.token_byte_lengths()[[2, 3, 4]], [1, 1, 2])
+
+
+def test_hooks_on_a_compiled_models_modules_fire():
+    """The no-norm blocks' nn.Identity, the MLP's layers and the output read are modules like
+    any other: a forward hook on each fires, and one that changes an output changes the
+    program's output."""
+    doc, _, model = fixture_model("induction")
+    ids = torch.tensor([[doc["input_ids"][t] for t in doc["inputs"][0]]])
+    seen = []
+    for name in ("blocks.0.ln_1", "blocks.1.mlp.c_fc", "ln_f", "lm_head"):
+        model.get_submodule(name).register_forward_hook(
+            lambda m, i, o, name=name: seen.append(name))
+    with torch.no_grad():
+        clean = model(ids)[0]
+    assert seen == ["blocks.0.ln_1", "blocks.1.mlp.c_fc", "ln_f", "lm_head"]
+    model.blocks[1].attn.c_proj.register_forward_hook(lambda m, i, o: torch.zeros_like(o))
+    with torch.no_grad():
+        assert not torch.equal(model(ids)[0], clean)  # the induction head silenced
+
+
+def test_the_lens_of_a_program_names_its_output_values(induction_run):
+    r = in_process(["circuit", "--run", induction_run, "--pairs", "1", "--no-curve", "--lens",
+                    "--json"])
+    assert r.returncode == 0, r.stderr
+    lens = json.loads(r.stdout)["lens"]
+    assert {rec["top_str"] for rec in lens} <= {"a", "b", "c", "d"}

@@ -93,16 +93,19 @@ def circuit_command(
         result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
                                 curve, lens, EtaLines("circuit"))
         scored = _truth(loaded, result, truth, p, seed) if truth is not None else None
-    _report(loaded, p, result, seen, scored, out_dir, fmts, json_out, top)
+    out_str = truth.output_str if truth is not None else loaded.tokenizer.token_str
+    _report(loaded, p, result, seen, scored, out_dir, fmts, json_out, top, out_str)
 
 
-def _report(loaded, p, result, seen, scored, out_dir, fmts, json_out: bool, top: int) -> None:
+def _report(loaded, p, result, seen, scored, out_dir, fmts, json_out: bool, top: int,
+            out_str) -> None:
     """What the search found: the summary on stderr, the files asked for, and the JSON or the
-    tables (with a compiled program's truth, `scored`, when there is one)."""
+    tables (with a compiled program's truth, `scored`, when there is one); `out_str(i)` names
+    the model's output i (a token, or a compiled program's output value)."""
     from minigpt.heads.edge_circuit import circuit_title
 
     tok = loaded.tokenizer
-    lens_records = seen.records(token_str=tok.token_str) if seen is not None else None
+    lens_records = seen.records(token_str=out_str) if seen is not None else None
     say(summary_line(result))
     for note in result.notes:
         say(f"note: {note}")
@@ -115,7 +118,7 @@ def _report(loaded, p, result, seen, scored, out_dir, fmts, json_out: bool, top:
         sys.stdout.write(json.dumps(doc, ensure_ascii=False, allow_nan=False) + "\n")
         sys.stdout.flush()
     else:
-        _print_tables(result, top, seen, tok, p.clean[0].tolist())
+        _print_tables(result, top, seen, tok, p.clean[0].tolist(), out_str)
         if scored is not None:
             from minigpt.cli.truth_tables import truth_tables
 
@@ -180,14 +183,14 @@ def _write(result, out_dir, fmts, title: str, lens_records) -> None:
         say(f"wrote {path}")
 
 
-def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
+def _print_tables(result, top: int, seen, tok, tokens: list[int], out_str) -> None:
     """The top edges, and the logit lens's tables when it was asked for."""
     out_console.print(edges_table(result, top))
     if seen is not None:
         from minigpt.cli.lens_tables import lens_tables
 
         strs = [tok.token_str(t) for t in tokens]
-        for table in lens_tables(seen, strs, tok.token_str, out_console.width):
+        for table in lens_tables(seen, strs, out_str, out_console.width):
             out_console.print(table)
 
 

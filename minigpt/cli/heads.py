@@ -67,10 +67,11 @@ def inspect_heads_command(
     features: FeaturesOpt = None, force: opt.Force = False,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.heads.flags import check_early, check_patch_direction
+    from minigpt.heads.flags import check_early, check_heads_patch_from, check_patch_direction
 
     fmts = check_early(formats, seed, threads, ablate=ablate)  # before torch loads
     patch_direction = check_patch_direction(patch_from, patch_direction)
+    check_heads_patch_from(patch_from)
     from minigpt.device import cpu_threads
     from minigpt.heads import output
     from minigpt.heads.inspection import check_inspect_cost, inspect, select_heads

@@ -60,6 +60,14 @@ class Truth:
     def categorical(self) -> bool:
         return self.output["kind"] == "categorical"
 
+    def output_str(self, i: int) -> str:
+        """The name of the model's output i: a categorical output's value, the numerical
+        output's variable."""
+        if not self.categorical:
+            return self.output["name"]
+        values = self.output["values"]
+        return str(values[i]) if 0 <= i < len(values) else "?"
+
     def to_json(self) -> dict:
         return {"format": FORMAT, **dataclasses.asdict(self)}
 
