@@ -73,15 +73,25 @@ def induction_run(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_the_converted_model_computes_tracrs_residual_stream_and_output(name):
+    from minigpt.core.gpt import ForwardSpec
+    from minigpt.interp.patching import Record
+
+    class MidBlock(Record):  # the stream each MLP reads: after the layer's attention
+        def mlp_in(self, layer, x):
+            self.mlp[("in", layer)] = x
+            return x
+
     doc, cfg, model = fixture_model(name)
     _, _, theirs = fixture(name)
     ids = torch.tensor([[doc["input_ids"][t] for t in row] for row in doc["inputs"]])
+    mid = MidBlock()
     with torch.no_grad():
-        stream = model.residual_stream(ids)
+        stream = model.residual_stream(ids, attn=ForwardSpec(intervention=mid))
         logits = model(ids)[0]
-    for layer in range(cfg.model.n_layer):  # tracr: after each layer's MLP; ours: leaving it
-        diff = (stream[layer + 1] - torch.from_numpy(theirs[f"residual_{layer}"])).abs().max()
-        assert float(diff) <= 1e-5, (layer, float(diff))
+    for layer in range(cfg.model.n_layer):  # tracr: after each attention and each MLP
+        for i, ours in ((2 * layer, mid.mlp[("in", layer)]), (2 * layer + 1, stream[layer + 1])):
+            diff = (ours - torch.from_numpy(theirs[f"residual_{i}"])).abs().max()
+            assert float(diff) <= 1e-5, (i, float(diff))
     out = torch.from_numpy(theirs["output"])[:, 1:]
     if doc["output"]["kind"] == "categorical":
         assert torch.equal(logits.argmax(-1)[:, 1:], out.long())
@@ -325,3 +335,12 @@ def test_the_lens_of_a_program_names_its_output_values(induction_run):
     assert r.returncode == 0, r.stderr
     lens = json.loads(r.stdout)["lens"]
     assert {rec["top_str"] for rec in lens} <= {"a", "b", "c", "d"}
+
+
+def test_train_refuses_a_compiled_run_and_leaves_it_as_it_was(induction_run, tmp_path):
+    before = sorted(p.name for p in induction_run.iterdir())
+    r = in_process(["train", "--out", induction_run, "--resume"])
+    assert r.returncode == 2 and "is a compiled program" in r.stderr, r.stderr
+    assert sorted(p.name for p in induction_run.iterdir()) == before  # no lock left either
+    r = in_process(["train", "--set", "data.source=program", "--out", tmp_path / "new"])
+    assert r.returncode == 2 and "it is not trained" in r.stderr and not (tmp_path / "new").exists()

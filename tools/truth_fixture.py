@@ -8,7 +8,8 @@ without tracr or jax:
 - `compiled.json`: the program, the residual stream's labels, the input ids, the output, the
   model's dimensions, the truth (truth.json's nodes, edges and directions) and the inputs;
 - `tracr_outputs.safetensors`: tracr's own forward pass on those inputs: the residual stream
-  after every layer (`residual_L`, (N, T, d_model)) and its output (`output`, (N, T)).
+  after every half-layer (`residual_I`, (N, T, d_model): I = 2L after layer L's attention,
+  2L + 1 after its MLP) and its output (`output`, (N, T)).
 
 Needs tracr (pip install 'minigpt-lab[truth]'). Run from the repository root:
 
@@ -42,7 +43,7 @@ def write(name: str, out: Path) -> None:
     inputs = random_inputs(program, N_INPUTS, seed=1)
     ids = [[c.input_ids[t] for t in row] for row in inputs]
     ran = c.model.forward(c.model.params, jnp.array(ids))
-    residuals = [np.asarray(r, dtype=np.float32) for r in ran.transformer_output.residuals][1::2]
+    residuals = [np.asarray(r, dtype=np.float32) for r in ran.transformer_output.residuals]
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: np.ascontiguousarray(v) for k, v in c.params.items()},
               str(out / "tracr_params.safetensors"))

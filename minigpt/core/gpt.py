@@ -502,8 +502,8 @@ class GPT(nn.Module):
     input; more than block_size positions is a ValueError), sinusoidal (fixed table added at
     the input), none. `cfg.norm` none: no norms (a compiled program's blocks). The LM head
     (`cfg.n_out` outputs: the vocabulary, or a compiled program's output values) shares the
-    embedding matrix when `cfg.tie_weights`; with
-    `cfg.head_init` zero (untied only) it starts at zero, so the first predictions are uniform.
+    embedding matrix when `cfg.tie_weights`; with `cfg.head_init` zero (untied only) it
+    starts at zero, so the first predictions are uniform.
     `cfg.logit_softcap` > 0 squashes every logit into (-cap, cap): cap * tanh(logit / cap).
     """
 
@@ -753,7 +753,7 @@ def device_of(model: nn.Module) -> torch.device:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training (forward + backward) FLOPs per token, PaLM appendix B convention:
-    6 * N + 12 * n_layer * n_embd * seq_len, where N = matmul weights per token
+    6 * N + 12 * n_layer * A * seq_len, where N = matmul weights per token
     (n_layer * (4 C A attention + 2 C M MLP if cfg.mlp) + n_out * C for the LM head, tied or
     not, with A = n_head * head_dim (C by default) and M = mlp_dim (4C by default); biases,
     norms, softmax and the embedding lookup are not counted). The attention term counts

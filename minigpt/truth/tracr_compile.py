@@ -327,18 +327,32 @@ def random_inputs(program: Program, n: int, seed: int, length: int | None = None
 def compare(compiled: Compiled, model, inputs: list[list[str]]) -> dict:
     """tracr's `model.apply` (its batched forward) against the minigpt `model` on `inputs`
     (equal lengths, BOS first): the largest |difference| of the residual stream after every
-    layer (tracr's residual after each layer's MLP, minigpt's leaving each block) and whether
-    every output agrees (past BOS: the argmax of a categorical output, the value within 1e-5
-    of a numerical one)."""
+    half-layer (tracr's residuals after each attention and each MLP; minigpt's as each block's
+    MLP reads it and as it leaves the block) and whether every output agrees (past BOS: the
+    argmax of a categorical output, the value within 1e-5 of a numerical one)."""
     import torch
+
+    from minigpt.core.gpt import ForwardSpec, Intervention
+
+    class MidBlock(Intervention):  # the stream after each attention layer, as its MLP reads it
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def mlp_in(self, layer: int, x):
+            self.seen.append(x.numpy().copy())
+            return x
 
     ids = [[compiled.input_ids[t] for t in row] for row in inputs]
     out = compiled.model.forward(compiled.model.params, np.array(ids))
-    theirs = [np.asarray(r) for r in out.transformer_output.residuals][1::2]
+    theirs = [np.asarray(r) for r in out.transformer_output.residuals]
+    mid = MidBlock()
     with torch.no_grad():
         x = torch.tensor(ids)
-        ours = [r.numpy() for r in model.residual_stream(x)[1:]]
+        after = [r.numpy() for r in model.residual_stream(
+            x, attn=ForwardSpec(model.cfg.attn_impl, intervention=mid))[1:]]
         logits = model(x)[0].numpy()
+    ours = [r for pair in zip(mid.seen, after) for r in pair]  # attn 0, mlp 0, attn 1, ...
+    assert len(ours) == len(theirs), (len(ours), len(theirs))
     diff = max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs))
     ref = np.asarray(out.unembedded_output)[:, 1:]
     if compiled.output["kind"] == "categorical":
