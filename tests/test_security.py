@@ -244,6 +244,30 @@ def test_malicious_weights_never_run(good_run, tmp_path, container, monkeypatch)
         assert not marker.exists(), f"{args[0]} ran code from the weights file"
 
 
+def test_a_safetensors_header_that_starts_like_a_pickle_still_loads(tmp_path):
+    """A header of 1,408 bytes has the length bytes 80 05 00 ...: a pickle's first two bytes
+    (protocol 5). The JSON header's '{' at byte 8 tells the two apart (found when a model
+    setting, `model.d_mlp`, made a real checkpoint's header that long)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from minigpt.errors import MinigptError
+
+    meta = {"pad": "x" * 1300}
+    for n in range(100):
+        path = tmp_path / "w.safetensors"
+        save_file({"w": torch.zeros(2)}, str(path), metadata={**meta, "n": "y" * n})
+        if path.read_bytes()[:2] == b"\x80\x05":
+            break
+    else:
+        pytest.fail("no header length of the form 0x05 0x80 was made")
+    header, got = read_header(path, "weights")
+    assert set(header) == {"w"} and got["n"] == "y" * n
+    path.write_bytes(pickle.dumps({"w": [0.0, 0.0]}, protocol=5))
+    with pytest.raises(MinigptError, match="is a Python pickle"):
+        read_header(path, "weights")
+
+
 # --------------------------------------------------------------------------------------------
 # 3. safetensors headers are validated before any tensor is used or allocated.
 
