@@ -39,7 +39,8 @@ class LoadedRun:
     step: int           # optimizer steps completed when the checkpoint was written
     run_dir: Path | None  # None: not a minigpt run (an imported model has no run directory)
     source: str = ""    # what was loaded, for messages and files: the run dir or the model spec
-    eot_first: bool = False  # trained on documents that follow <|endoftext|>: inputs start so
+    eot_first: bool = False  # trained on documents that follow <|endoftext|> (or a compiled
+    #                          program's BOS): inputs start so
     weights_sha256: str | None = None  # a run's: its checkpoint's model.safetensors, as listed
 
     def __post_init__(self) -> None:
@@ -150,7 +151,9 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     model.to(dev).eval()
     listed = ckpt.files.get(MODEL_FILE)
     sha = listed.get("sha256") if isinstance(listed, dict) else None
+    # a compiled program reads every input after its beginning token, as tracr adds it
     return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir,
+                     eot_first=cfg.data.source == "program",
                      weights_sha256=sha if isinstance(sha, str) else None)
 
 
