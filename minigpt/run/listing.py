@@ -395,6 +395,9 @@ def run_config(run_dir: Path) -> tuple[dict | None, str | None]:
         return None, None
     except OSError as e:
         return None, f"{path}: {read_problem(e)}"
+    if data and not data.endswith(b"\n"):  # minigpt ends it with one: cut, whatever it parses to
+        return None, (f"{path}: {CUT_SHORT} (it does not end with a newline); the run's files "
+                      "are damaged (its committed checkpoint keeps its own copy)")
     try:
         cfg = parse_yaml(data.decode("utf-8"), str(path))
     except UnicodeDecodeError as e:
@@ -415,11 +418,8 @@ CONFIG_SECTIONS = ("model", "tokenizer", "data", "train", "run")  # what config.
 
 
 def _cut_short(data: bytes, cfg: dict, run_dir: Path) -> str | None:
-    """Why a run's config.yaml (minigpt writes every section, ending with a newline) is cut
-    short, or None: no final newline, or a section or setting missing that the committed
-    checkpoint's own copy holds."""
-    if not data.endswith(b"\n"):
-        return f"{CUT_SHORT} (it does not end with a newline)"
+    """Why a run's config.yaml (minigpt writes every section) is cut short at a line, or None:
+    a section or setting missing that the committed checkpoint's own copy holds."""
     try:
         ckpt = latest_checkpoint_dir(run_dir)
         if ckpt is None:
