@@ -188,9 +188,18 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
+# Model settings added after runs were saved, each with the value that reproduces the model
+# those runs are: left out of the hash at that value, so a run saved before the setting existed
+# still loads (the hash is over the settings the weights depend on, as they were then).
+LATER_SETTINGS = {"d_head": 0, "d_mlp": 0, "d_vocab_out": 0}
+
+
 def model_hash(model_cfg: ModelConfig) -> str:
-    """A short hash of every model setting (stored with weights to catch mismatches)."""
-    blob = json.dumps(dataclasses.asdict(model_cfg), sort_keys=True).encode()
+    """A short hash of every model setting (stored with weights to catch mismatches); a
+    setting of LATER_SETTINGS at its old-model value is left out."""
+    fields = {k: v for k, v in dataclasses.asdict(model_cfg).items()
+              if k not in LATER_SETTINGS or v != LATER_SETTINGS[k]}
+    blob = json.dumps(fields, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -260,7 +260,8 @@ def describe(loaded, sae: TopKSAE, info: dict, sae_dir: Path, options: ShowOptio
     head = head_of(options, layer, n_head)
     check_show_cost(loaded, sae, options.tokens, force)
     source = collect.run_rows(loaded, options.text_file)
-    rows = collect.draw_rows(source, "val", options.tokens, options.seed + 1)
+    rows = collect.draw_rows(source, "val", options.tokens,
+                            (options.seed + 1) % 2**64)
     acts = sae.encode(collect.collect(loaded.model, rows, layer))  # (n * T, d_sae)
     density = (acts > 0).float().mean(0)
     tok = loaded.tokenizer
