@@ -167,6 +167,9 @@ def test_show_lists_selective_features_first_and_leaves_out_dense_ones(tiny, tmp
     assert keyed == sorted(keyed, reverse=True) and len(feats) == 6
     assert all(0 < f["density"] <= 0.1 and not f["dense"] for f in feats)
     assert all(1 <= len(f["contexts"]) <= 2 for f in feats)
+    for f in feats:  # the same place of the text (overlapping rows) shown once
+        shown_ctx = [(tuple(c["tokens"]), c["next"]) for c in f["contexts"]]
+        assert len(set(shown_ctx)) == len(shown_ctx)
     assert shown["dense"] > 0 and shown["dense_above"] == 0.1 and shown["sort"] == "selectivity"
     from minigpt.data.tokenizer import bytes_tokenizer
 

@@ -296,15 +296,19 @@ def _feature(f: int, density: Tensor, sel: Selectivity, fractions: Tensor, acts:
                    token=(None if math.isnan(share) or spot_tok < 0
                           else name(spot_tok)),
                    firings=int(sel.firings[f]), dense=float(density[f]) > options.dense)
-    vals, where = acts[:, f].topk(min(options.contexts, acts.shape[0]))
+    # rows drawn from one split can overlap: the same place in the text shown once
+    vals, where = acts[:, f].topk(min(4 * options.contexts, acts.shape[0]))
+    seen_here = set()
     for v, w in zip(vals.tolist(), where.tolist()):
-        if v <= 0:
+        if v <= 0 or len(feat.contexts) == options.contexts:
             break
         r, p = divmod(w, T)
-        ids = rows[r, max(0, p - CONTEXT_BEFORE):p + 1].tolist()
-        feat.contexts.append({"tokens": [name(i) for i in ids],
-                              "at": len(ids) - 1, "act": round(v, 4),
-                              "next": name(int(rows[r, p + 1]))})
+        ids = rows[r, max(0, p - CONTEXT_BEFORE):p + 2].tolist()  # and the next token
+        if tuple(ids) in seen_here:
+            continue
+        seen_here.add(tuple(ids))
+        feat.contexts.append({"tokens": [name(i) for i in ids[:-1]],
+                              "at": len(ids) - 2, "act": round(v, 4), "next": name(ids[-1])})
     e = effects[f].masked_fill(~seen, math.nan)
     k = min(5, int(seen.sum()))
     up = torch.nan_to_num(e, nan=-math.inf).topk(k)[1]
