@@ -321,3 +321,7 @@ def test_runs_saved_before_later_model_settings_still_load():
                             vocab_size=257, tie_weights=False)
     assert model_hash(induction) == "f516ae2e63231a03"
     assert model_hash(ModelConfig(d_mlp=256)) != model_hash(ModelConfig())
+    # and runs saved while those settings were hashed at any value (main at 9a96fbc) load too
+    from minigpt.config import model_hashes
+
+    assert model_hashes(induction) == {"f516ae2e63231a03", "0a06030bc10c462c"}

@@ -30,7 +30,8 @@ from minigpt.paths import CONFIGS_DIR, resolve_path
 
 __all__ = ["ConfigError", "MinigptError", "apply_overrides", "check_run_name", "config_from",
            "describe_fields", "find_config", "from_dict", "head_scores_every", "load_config",
-           "model_hash", "parse_override", "parse_yaml", "read_config", "to_dict", "to_yaml"]
+           "model_hash", "model_hashes", "parse_override", "parse_yaml", "read_config", "to_dict",
+           "to_yaml"]
 
 
 def check_run_name(name: str) -> None:
@@ -194,13 +195,20 @@ def to_yaml(cfg: Config) -> str:
 LATER_SETTINGS = {"d_head": 0, "d_mlp": 0, "d_vocab_out": 0}
 
 
-def model_hash(model_cfg: ModelConfig) -> str:
+def model_hash(model_cfg: ModelConfig, *, every: bool = False) -> str:
     """A short hash of every model setting (stored with weights to catch mismatches); a
-    setting of LATER_SETTINGS at its old-model value is left out."""
+    setting of LATER_SETTINGS at its old-model value is left out (`every`: not even those,
+    as minigpt hashed between their arrival and this rule: `model_hashes`)."""
     fields = {k: v for k, v in dataclasses.asdict(model_cfg).items()
-              if k not in LATER_SETTINGS or v != LATER_SETTINGS[k]}
+              if every or k not in LATER_SETTINGS or v != LATER_SETTINGS[k]}
     blob = json.dumps(fields, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def model_hashes(model_cfg: ModelConfig) -> set[str]:
+    """The hashes weights saved for this model may carry: `model_hash` (what is written), and
+    the hash of every setting that runs saved while LATER_SETTINGS were hashed too carry."""
+    return {model_hash(model_cfg), model_hash(model_cfg, every=True)}
 
 
 # --------------------------------------------------------------------------------------------

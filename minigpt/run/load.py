@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from minigpt.config import Config, model_hash
+from minigpt.config import Config, model_hash, model_hashes
 from minigpt.core.gpt import GPT, device_of
 from minigpt.data.tokenizer import Tokenizer
 from minigpt.device import resolve_device
@@ -69,7 +69,7 @@ def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint, name: str = MOD
                            "incomplete")
     header, meta = read_header(path, "weights")
     hint = "the weights do not belong to this config (different model shape?)"
-    if meta.get("config_hash") and meta["config_hash"] != model_hash(ckpt.cfg.model):
+    if meta.get("config_hash") and meta["config_hash"] not in model_hashes(ckpt.cfg.model):
         raise MinigptError(f"{path} was saved for a different model config "
                            f"(hash {meta['config_hash']} != {model_hash(ckpt.cfg.model)}); "
                            "the weights and config.yaml do not match")
