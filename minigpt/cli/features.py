@@ -407,10 +407,10 @@ def features_table(view, width: int = 100) -> list:
     from rich.text import Text
 
     o = view.options
-    what = (f"feature {o.feature}" if o.feature is not None else
-            f"features {o.head} writes most" if o.head else "features")
+    what = f"feature {o.feature}" if o.feature is not None else "features"
+    mine = f" that {o.head} writes most" if o.head else ""
     order = "" if o.feature is not None else f", the first {len(view.features)} by {o.sort}"
-    out = [Text(printable(f"{what} of the SAE on layer {view.layer}'s heads{order}"),
+    out = [Text(printable(f"{what} of the SAE on layer {view.layer}'s heads{mine}{order}"),
                 style="bold")]
     for f in view.features:
         out += [Text(""), *_feature_lines(f, view, width)]
