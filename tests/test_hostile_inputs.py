@@ -278,10 +278,6 @@ def _runs_says(status: str, needle: str) -> Callable:
     return check
 
 
-def _signal_saved(r: subprocess.CompletedProcess, d: Path) -> None:
-    raise AssertionError("not used")
-
-
 @dataclass
 class Case:
     id: str
@@ -466,3 +462,27 @@ def test_installed(case: Case, world: World, tmp_path: Path):
     r = subprocess.run([MINIGPT, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=TIMEOUT_S, preexec_fn=_limited, check=False)
     judge(case, r, tmp_path)
+
+
+def test_a_resume_removes_what_a_killed_save_left_in_out(world: World, tmp_path: Path):
+    """kill -9 in the middle of a state save leaves the durable write's temp beside the state
+    (`.train_state.safetensors.PID-XXXXXXXX.tmp`); `--resume` deletes it once its process is
+    gone (it was left in --out after a resume), and never a live process's or another name."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "120"])
+    try:
+        out = _copy(world.state, tmp_path / "state")
+        left = out / f".train_state.safetensors.{dead.pid}-0123abcd.tmp"
+        live = out / f".train_state.safetensors.{alive.pid}-0123abcd.tmp"
+        other = out / "notes.txt"
+        for p in (left, live, other):
+            p.write_bytes(b"x")
+        r = in_process(["features", "train", "--activations", world.acts, "--out", out,
+                        "--width", "16", "--k", "4", "--steps", "30", "--batch-size", "64",
+                        "--resume"])
+        assert r.returncode == 0, r.stderr
+        assert not left.exists() and live.exists() and other.exists()
+    finally:
+        alive.kill()
+        alive.wait()
