@@ -72,6 +72,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -209,9 +210,9 @@ class _Attribute(Intervention):
     `delta` (which then holds a_source - a_base; it held a_source)."""
 
     def __init__(self, model, graph: Graph, delta: Tensor, x_source: Tensor, alpha: float,
-                 sums: list[Tensor], fill: bool) -> None:
+                 sums: list[Tensor], fill: bool, collect: Collector | None = None) -> None:
         self.model, self.graph, self.delta, self.x_source = model, graph, delta, x_source
-        self.alpha, self.sums, self.fill = alpha, sums, fill
+        self.alpha, self.sums, self.fill, self.collect = alpha, sums, fill, collect
         self.leaf: Tensor | None = None
 
     def embed(self, x: Tensor) -> Tensor:
@@ -236,16 +237,27 @@ class _Attribute(Intervention):
                 s[:n_writers, cols] += part
 
         x.register_hook(hook)
+        if self.collect is not None:
+            self.collect.reader(x, cols)
 
     def attn_in(self, layer: int, x: Tensor) -> Tensor:
+        if self.collect is not None:
+            self.collect.attn_in(layer, x)
         xs = x.expand(3, self.graph.n_head, *x.shape)  # (3, H, B, T, C): one per reader
         self._reader(xs, self.graph.attn_readers(layer), self.graph.head_writers(layer).start)
         return xs
+
+    def qk(self, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.collect is not None:
+            self.collect.qk(layer, q, k)
+        return q, k
 
     def heads(self, layer: int, z: Tensor) -> Tensor:
         if self.fill:
             self.delta[self.graph.head_writers(layer)] -= head_contributions(
                 self.model, layer, z.detach())
+        if self.collect is not None:
+            self.collect.heads(layer, z)
         return z
 
     def mlp_in(self, layer: int, x: Tensor) -> Tensor:
@@ -269,14 +281,35 @@ class _Attribute(Intervention):
 Progress = Callable[[str, int, int], None]  # (stage, done, total): a long search's progress
 
 
+class Collector(Protocol):
+    """What else a gradient pass of `attribute_edges` hands to whoever asks (`collect`;
+    interp/edge_positions.py splits the scores by position with it): each reader's input as
+    it is made (`reader`: x, whose gradient a hook may take, and its readers' columns), the
+    stream a layer's heads read (`attn_in`), their queries and keys as the scores read them
+    (`qk`), their outputs z (`heads`); and, after the last pass, the writers' activation
+    differences (U, B, T, C) and the pass count (`finish`)."""
+
+    def reader(self, x: Tensor, cols: slice) -> None: ...
+
+    def attn_in(self, layer: int, x: Tensor) -> None: ...
+
+    def qk(self, layer: int, q: Tensor, k: Tensor) -> None: ...
+
+    def heads(self, layer: int, z: Tensor) -> None: ...
+
+    def finish(self, delta: Tensor, passes: int) -> None: ...
+
+
 def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
                     targets: Tensor | None, ig_steps: int = 1,
-                    progress: Progress | None = None) -> tuple[Tensor, Tensor]:
+                    progress: Progress | None = None,
+                    collect: Collector | None = None) -> tuple[Tensor, Tensor]:
     """(EAP, EAP-IG) scores (U, R) float64 (NaN where no edge) of every edge for the base
     run on `base` (B, T) with values from `source` (B, T) (module docstring: the estimate of
     metric(base with the edge patched from source) - metric(base)); `targets` (B, P) the
     scored tokens. ig_steps 1: both are EAP. The model's parameters get no gradient.
-    `progress("scoring edges", done, ig_steps)` after each gradient pass."""
+    `progress("scoring edges", done, ig_steps)` after each gradient pass; `collect` sees
+    every pass (Collector)."""
     graph = graph_of(model.cfg)
     check_ig_steps(ig_steps)
     U, R = graph.n_writers, graph.n_readers
@@ -288,7 +321,8 @@ def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
         x_source = delta[0].clone()
         for k in range(ig_steps, 0, -1):  # k = m first: the base run, which fills delta
             att = _Attribute(model, graph, delta, x_source, k / ig_steps,
-                             [eap, ig] if k == ig_steps else [ig], fill=k == ig_steps)
+                             [eap, ig] if k == ig_steps else [ig], fill=k == ig_steps,
+                             collect=collect)
             with torch.enable_grad():
                 final = model.residual_stream(
                     base, attn=ForwardSpec(model.cfg.attn_impl, intervention=att))[-1]
@@ -296,6 +330,8 @@ def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
                 torch.autograd.grad(m, [att.leaf])
             if progress is not None:
                 progress("scoring edges", ig_steps - k + 1, ig_steps)
+        if collect is not None:
+            collect.finish(delta, ig_steps)
     valid = graph.valid()
     return eap.masked_fill(~valid, math.nan), (ig / ig_steps).masked_fill(~valid, math.nan)
 
