@@ -586,6 +586,7 @@ class Circuit:
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     target: float | None = None  # the fraction asked for (--recover), if one was
     notes: list[str] = field(default_factory=list)
+    positions: object | None = None  # the scores by position (edge_positions.PositionScores)
 
     @property
     def n_edges(self) -> int:
@@ -633,6 +634,9 @@ class Circuit:
             node, inp = self.graph.reader_name(v)
             out.append({"from": self.graph.writer_name(u), "to": node, "input": inp,
                         "score": float(self.scores[u, v]), "in_circuit": bool(self.circuit[u, v])})
+            if self.positions is not None:  # 8 significant digits: the list sums to the score
+                out[-1]["positions"] = [{"from_pos": i, "to_pos": j, "score": float(f"{x:.8g}")}
+                                        for i, j, x in self.positions.entries(u, v)]
         return sorted(out, key=lambda e: -abs(e["score"]))
 
     def nodes(self) -> list[dict]:
@@ -665,7 +669,8 @@ def layer_head(name: str) -> tuple[int | None, int | None]:
 def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
                  targets: Tensor | None, *, direction: str = "noising", ig_steps: int = 5,
                  edges: int | None = None, recover: float | None = None, curves: bool = True,
-                 baseline: bool | None = None, progress: Progress | None = None) -> Circuit:
+                 baseline: bool | None = None, progress: Progress | None = None,
+                 collect: Collector | None = None) -> Circuit:
     """Score every edge on the pairs (clean, corrupted) (B, T) (EAP, or EAP-IG when
     `ig_steps` > 1, in `direction`), keep the circuit of the top `edges` (or the smallest top-N
     that recovers `recover`; neither: DEFAULT_RECOVER), prune it, and measure what it
@@ -673,14 +678,15 @@ def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
     and, when `baseline` (None: models of at most BASELINE_MAX_EDGES edges), the real
     single-edge patching effects). ArgumentError for a bad request or inputs whose metric
     does not differ. `progress(stage, done, total)` as each part ends (attribute_edges's
-    passes, then the search and each faithfulness curve: `circuit_stages`)."""
+    passes, then the search and each faithfulness curve: `circuit_stages`); `collect` sees
+    the scoring passes (attribute_edges)."""
     check_search(edges, recover, ig_steps, direction)
     say = progress or (lambda stage, done, total: None)
     graph = graph_of(model.cfg)
     faith = Patcher(model, clean, corrupted, metric, targets)  # base clean: faithfulness
     check_gap(faith.m_base, faith.m_source)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
-    eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps, progress)
+    eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps, progress, collect)
     scores = ig if ig_steps > 1 else eap
     n_edges = int(graph.valid().sum())
     parts = 1 + (len(_rankings(ig_steps, n_edges, baseline)) if curves else 0)

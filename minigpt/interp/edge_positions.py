@@ -92,6 +92,23 @@ class PositionScores:
         grid = self.kv[layer][u, s, h]  # (Tq, Tk)
         return [(i, j, float(grid[j, i])) for j, i in grid.nonzero().tolist()]
 
+    def top(self, n: int) -> list[tuple[int, int, int, int, float]]:
+        """The `n` position-aware edges of largest |score|: (writer, reader, writer position,
+        reader position, score), strongest first (ties: reader positions, then graph order)."""
+        g = self.graph
+        kv_readers = torch.zeros(g.n_readers, dtype=torch.bool)
+        for layer in range(g.n_layer):
+            r0 = g.attn_readers(layer).start
+            kv_readers[r0 + g.n_head:r0 + 3 * g.n_head] = True
+        same = self.at.masked_fill(kv_readers[None, :, None], 0.0)  # (U, R, T)
+        found = [(float(same[u, v, t]), u, v, t, t) for u, v, t in _largest(same, n)]
+        for layer, grid in enumerate(self.kv):  # (w, 2, H, Tq, Tk)
+            r0 = g.attn_readers(layer).start + g.n_head
+            for u, s, h, j, i in _largest(grid, n):
+                found.append((float(grid[u, s, h, j, i]), u, r0 + s * g.n_head + h, i, j))
+        found.sort(key=lambda e: -abs(e[0]))
+        return [(u, v, i, j, x) for x, u, v, i, j in found[:n] if x != 0.0]
+
     def dense(self) -> Tensor:
         """(U, R, T, T) float64, [writer, reader, reader position, writer position]: every
         edge at every pair of positions (0 where none; small models only)."""
@@ -102,6 +119,14 @@ class PositionScores:
             k_cols = slice(rows.start + g.n_head, rows.start + 3 * g.n_head)
             out[:w, k_cols] = grid.reshape(w, 2 * g.n_head, T, T)
         return out
+
+
+def _largest(x: Tensor, n: int) -> list[tuple[int, ...]]:
+    """The indices of the `n` entries of x of largest |value| (stable order)."""
+    flat = x.abs().flatten()
+    k = min(n, flat.numel())
+    idx = torch.topk(flat, k).indices if k else flat.new_zeros(0, dtype=torch.long)
+    return [tuple(int(c) for c in torch.unravel_index(i, x.shape)) for i in idx]
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,6 +236,7 @@ class _Split:
 
     # The scores, once every pass is in.
 
+    @torch.no_grad()
     def finish(self, delta: Tensor, passes: int) -> None:
         g, B = self.graph, self.B
         at = torch.zeros(g.n_writers, g.n_readers, self.T, dtype=torch.float64)
@@ -254,6 +280,26 @@ class _Split:
         return torch.stack(out, 1).double().cpu() / (self.B * passes)
 
 
+def position_split(model, batch: int, n_tokens: int) -> _Split:
+    """A Collector for `attribute_edges` (or `find_circuit`'s `collect`) on `batch` pairs of
+    `n_tokens` tokens: after the passes its `result` holds the PositionScores of the
+    method's scores."""
+    return _Split(model, graph_of(model.cfg), batch, n_tokens)
+
+
+def position_cost(cfg, n_tokens: int, pairs: int) -> tuple[float, float]:
+    """(passes, bytes) the split by position adds to a circuit search of `pairs` pairs of
+    `n_tokens` tokens: about one more gradient pass per scoring pass on a GPT-2-small-shaped
+    model (benchmarks/README.md: ~2x in all), and the memory it holds: the readers' gradients,
+    each layer's (query, key) x d_head probes, the scores by position (float64)."""
+    g = graph_of(cfg)
+    T, C, H, D, L = n_tokens, cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.n_layer
+    upstream = sum(g.head_writers(la).start for la in range(L))
+    held = (4 * pairs * T * (g.n_readers * C + 2 * L * H * T * D)
+            + 8 * T * (g.n_writers * g.n_readers + 2 * upstream * H * T))
+    return 1.0, float(held)
+
+
 def attribute_positions(model, base: Tensor, source: Tensor, metric: Metric,
                         targets: Tensor | None, ig_steps: int = 1,
                         progress: Progress | None = None
@@ -261,7 +307,7 @@ def attribute_positions(model, base: Tensor, source: Tensor, metric: Metric,
     """`attribute_edges`' (EAP, EAP-IG) summed scores (U, R) and the position-aware scores of
     the method's (EAP-IG when ig_steps > 1, else EAP) from the same passes (module
     docstring)."""
-    split = _Split(model, graph_of(model.cfg), base.shape[0], base.shape[1])
+    split = position_split(model, base.shape[0], base.shape[1])
     eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps, progress,
                               collect=split)
     assert split.result is not None
