@@ -118,3 +118,69 @@ def test_a_position_aware_key_edge_is_its_first_order_effect():
     change = (value(1e-3) - value(-1e-3)) / 2e-3  # the derivative along the difference
     assert abs(score) > 1e-2 and abs(change - score) < 1e-3 * max(1.0, abs(score))
     assert abs(float(pos.at[0, k_reader, 0]) - score) < 1e-6  # the key's only query here
+
+
+# -- circuits of position-aware edges (minigpt/interp/position_circuits.py) ----------------------
+
+
+def test_patching_every_position_of_edges_is_patching_the_edges():
+    from minigpt.interp.edge_graph import Patcher
+    from minigpt.interp.position_circuits import position_graph, run_positions
+
+    model, base, source, metric, targets = model_and_inputs(pos_encoding="learned")
+    patcher = Patcher(model, base, source, metric, targets)
+    g = patcher.graph
+    live = position_graph(g, base.shape[1], list(metric.positions))
+    gen = torch.Generator().manual_seed(0)
+    summed = (torch.rand(4, g.n_writers, g.n_readers, generator=gen) < 0.4) & g.valid()
+    want = patcher.run(summed)
+    got = run_positions(patcher, summed[:, :, :, None, None] & live[None])
+    assert (want - patcher.m_base).abs().max() > 1e-3  # the patches matter
+    assert (got - want).abs().max() < 1e-5
+
+
+def test_a_key_patched_for_one_query_is_the_key_patched_where_only_that_query_counts():
+    """One layer, the metric at query 6 only: patching head 1's key input at position 2 for
+    query 6 alone (the layer then runs once per query) equals patching it for every query (the
+    other queries reach no scored position)."""
+    from minigpt.interp.edge_graph import Patcher
+    from minigpt.interp.position_circuits import position_graph, run_positions
+
+    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=10, vocab_size=20, mlp=False)
+    model = GPT.from_config(cfg, seed=4).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    base = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    source = torch.tensor([[9, 2, 11, 4, 5, 6, 7, 8]])
+    metric = make_metric(8, positions=[6], kind="logit")
+    targets = torch.tensor([metric.targets(base[0].tolist())])
+    patcher = Patcher(model, base, source, metric, targets)
+    g = patcher.graph
+    k1 = g.attn_readers(0).start + g.n_head + 1
+    one = torch.zeros(1, g.n_writers, g.n_readers, 8, 8, dtype=torch.bool)
+    one[0, 0, k1, 6, 2] = True  # embed at key 2 -> L0.H1's key, for query 6
+    every = torch.zeros_like(one)
+    every[0, 0, k1, 2:, 2] = True  # ... for every query that sees key 2
+    a, b = run_positions(patcher, one), run_positions(patcher, every)
+    assert abs(float(a[0] - patcher.m_base)) > 1e-3 and abs(float(a[0] - b[0])) < 1e-5
+    live = position_graph(g, 8, [6])
+    assert live[0, k1, 6, 2] and not live[0, k1, 7, 2] and not live[0, k1, 1, 2]
+
+
+def test_the_positional_curve_ends_where_the_summed_one_does():
+    from minigpt.interp.edge_graph import find_circuit
+    from minigpt.interp.edge_positions import position_split
+    from minigpt.interp.position_circuits import position_graph, positional_curve
+
+    model, base, source, metric, targets = model_and_inputs(pos_encoding="learned", n_layer=2)
+    split = position_split(model, base.shape[0], base.shape[1])
+    result = find_circuit(model, base, source, metric, targets, ig_steps=2, edges=10,
+                          collect=split)
+    result.positions = split.result
+    sizes, summed, ranked = positional_curve(model, result, base, source, targets)
+    assert sizes == sorted(sizes)
+    assert sizes[-1] == int(position_graph(result.graph, 12, [5, 8]).sum())  # all of them
+    for (_, f_pos), (_, f_sum) in zip(summed, result.curves["eap-ig"]):
+        assert abs(f_pos - f_sum) < 1e-5  # the summed circuits, run as positions
+    assert abs(ranked[-1][1] - 1.0) < 1e-5 and all(k <= s for (k, _), s in zip(ranked, sizes))

@@ -183,6 +183,13 @@ def _measure(model, p, direction, ig_steps, edges, recover, curve, lens, progres
                           recover=recover, curves=curve, progress=progress, collect=split)
     if split is not None:
         result.positions = split.result
+        if curve:  # the position-aware ranking at the summed curve's sizes, in positions
+            from minigpt.interp.position_circuits import positional_curve
+
+            _, summed, ranked = positional_curve(model, result, p.clean, p.corrupted,
+                                                 p.targets)
+            result.curves[f"{result.method}@positions"] = ranked
+            result.curves[f"{result.method}@summed"] = summed
     if not lens:
         return result, None
     tokens, m = p.clean[0].tolist(), p.metric

@@ -11,7 +11,11 @@ from minigpt.display import figure_png, head_name
 from minigpt.interp.edge_graph import FRACTIONS, Circuit
 
 BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
-RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching"}
+RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching",
+                 "eap@positions": "EAP by position (as many positions)",
+                 "eap-ig@positions": "EAP-IG by position (as many positions)",
+                 "eap@summed": "EAP, its edges' positions", "eap-ig@summed":
+                 "EAP-IG, its edges' positions"}
 
 
 def _positions(result: Circuit) -> dict[str, tuple[float, float]]:
