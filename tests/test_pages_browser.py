@@ -120,6 +120,8 @@ def test_the_inspect_heads_viewer(driver, model, tmp_path):
     assert len(cells) > 2 and driver.find_element("id", "qk-section").is_displayed()
     assert console_errors(driver) == []
     screenshot(driver, f"inspect-heads-{model['name']}.png")
+    driver.execute_script("document.getElementById('qk-section').scrollIntoView()")
+    screenshot(driver, f"inspect-heads-{model['name']}-qk.png")
 
 
 def test_features_html(driver, model, tmp_path):

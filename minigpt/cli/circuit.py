@@ -93,10 +93,7 @@ def circuit_command(
                       text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
                       eot_first=loaded.eot_first, pairs=pairs, metric=metric, target=target,
                       answer=answer, wrong=wrong, device=loaded.device, check=check)
-    say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}: scoring every "
-        f"edge{' by position' if positions else ''} on {p.clean.shape[0]} pair(s) of "
-        f"{p.clean.shape[1]} tokens ({p.source}; corrupted: {shown(p.corrupted_source, 240)}); "
-        f"metric: {p.metric.describe()}; estimated {cost[0].describe()}")
+    say(_start_line(loaded, p, positions, cost[0]))
     with cpu_threads(threads, loaded.model):
         result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
                                 curve, lens, EtaLines("circuit"), positions)
@@ -116,6 +113,15 @@ def circuit_command(
         sys.stdout.flush()
     else:
         _print_tables(result, top, seen, tok, p.clean[0].tolist())
+
+
+def _start_line(loaded, p, positions: bool, cost) -> str:
+    """What the search is about to score, on what, with its estimated cost."""
+    return (f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}: scoring every "
+            f"edge{' by position' if positions else ''} on {p.clean.shape[0]} pair(s) of "
+            f"{p.clean.shape[1]} tokens ({p.source}; corrupted: "
+            f"{shown(p.corrupted_source, 240)}); metric: {p.metric.describe()}; estimated "
+            f"{cost.describe()}")
 
 
 def _cost_check(loaded, threads: int, pairs: int, ig_steps: int, curve: bool, force: bool,

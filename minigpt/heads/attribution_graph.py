@@ -169,6 +169,35 @@ def _threshold(scores: Tensor, fraction: float) -> float:
     return float(s[min(int(torch.searchsorted(cum, fraction)), len(s) - 1)])
 
 
+def prune(W: Tensor, n_embed: int, n_logits: int, node_threshold: float,
+          edge_threshold: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(nodes kept (N,), links kept (N, N), cumulative influence (N,)) of the graph W (N, N)
+    whose first `n_embed` nodes are the embeddings and last `n_logits` the logits, as the
+    module docstring (and circuit-tracer) prune."""
+    N = W.shape[0]
+    logit_w = torch.zeros(N, dtype=torch.float64)
+    logit_w[N - n_logits:] = 1.0 / n_logits
+    node_inf = influence(_normalised(W), logit_w)
+    fixed = torch.zeros(N, dtype=torch.bool)
+    fixed[:n_embed] = True
+    fixed[N - n_logits:] = True
+    keep = (node_inf >= _threshold(node_inf, node_threshold)) & (node_inf > 0) | fixed
+    A = _normalised(W * keep[:, None] * keep[None, :])
+    edge_inf = A * (influence(A, logit_w) + logit_w)[:, None]
+    links = (edge_inf >= _threshold(edge_inf.flatten(), edge_threshold)) & (edge_inf > 0)
+    while True:  # drop nodes left without a kept output (or, not fixed, input)
+        before = keep.clone()
+        keep &= links.any(0) | fixed
+        keep &= links.any(1) | fixed
+        links &= keep[:, None] & keep[None, :]
+        if torch.equal(before, keep):
+            break
+    order = node_inf.argsort(descending=True, stable=True)
+    cum = torch.zeros(N, dtype=torch.float64)
+    cum[order] = node_inf[order].cumsum(0) / node_inf.sum().clamp(min=1e-30)
+    return keep, links, cum
+
+
 def build(result, tokens: list[int], strs: list[str], *, slug: str, scan: str, prompt: str,
           probs: list[float], logit_strs: list[str], qk: dict, activity: Tensor,
           node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD
@@ -187,28 +216,7 @@ def build(result, tokens: list[int], strs: list[str], *, slug: str, scan: str, p
     sign = (-1.0 if result.direction == "noising" else 1.0) * (-1.0 if metric.kind == "loss"
                                                                else 1.0)
     W = weights(pos, logit_pos, sign)
-    N, n_logits = W.shape[0], len(logit_pos)
-    logit_w = torch.zeros(N, dtype=torch.float64)
-    logit_w[N - n_logits:] = 1.0 / n_logits
-    node_inf = influence(_normalised(W), logit_w)
-    fixed = torch.zeros(N, dtype=torch.bool)
-    fixed[:T] = True  # the embeddings (writer 0)
-    fixed[N - n_logits:] = True
-    keep = (node_inf >= _threshold(node_inf, node_threshold)) & (node_inf > 0) | fixed
-    Wk = W * keep[:, None] * keep[None, :]
-    A = _normalised(Wk)
-    edge_inf = A * (influence(A, logit_w) + logit_w)[:, None]
-    links = (edge_inf >= _threshold(edge_inf.flatten(), edge_threshold)) & (edge_inf > 0)
-    while True:  # drop nodes left without a kept output (or, not fixed, input)
-        before = keep.clone()
-        keep &= links.any(0) | fixed
-        keep &= links.any(1) | fixed
-        links &= keep[:, None] & keep[None, :]
-        if torch.equal(before, keep):
-            break
-    order = node_inf.argsort(descending=True, stable=True)
-    cum = torch.zeros(N, dtype=torch.float64)
-    cum[order] = node_inf[order].cumsum(0) / node_inf.sum().clamp(min=1e-30)
+    keep, links, cum = prune(W, T, len(logit_pos), node_threshold, edge_threshold)
     names = _Nodes(g, tokens, strs, logit_pos, logit_tok)
     nodes = []
     for k in keep.nonzero().flatten().tolist():
