@@ -112,7 +112,7 @@ class Routed:
         self._ready, self._scope, self._token, self._error = threading.Event(), None, None, None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Routed:
+    def __enter__(self):
         self._thread.start()
         if not self._ready.wait(60):
             raise RuntimeError(f"no CDP connection to Chromium: {self._error}")
@@ -125,10 +125,11 @@ class Routed:
 
     def _run(self) -> None:
         import trio
+        from selenium.common.exceptions import WebDriverException
 
         try:
             trio.run(self._serve)
-        except Exception as e:  # the test fails on the missing routes, with this said
+        except (OSError, RuntimeError, WebDriverException) as e:  # said when __enter__ fails
             self._error = e
             self._ready.set()
 

@@ -1,7 +1,8 @@
 """Every page minigpt makes, opened in headless Chromium as a person would, on the default
 induction run (configs/induction.yaml, trained here) and on an imported GPT-2-shaped model: the
 inspect-heads viewer (one score row per head, the chosen head's pattern drawn, the QK grid of
-the split head), features.html (a section per feature, a column per head), and the circuit as
+the split head), features.html (a section per feature, a column per head), the circuit page
+(the table of edges, both pictures drawn), and the circuit as
 an attribution graph in circuit-tracer's own viewer served by its own server (its nodes drawn,
 as many as the JSON keeps after the viewer's pruning, its links drawn, a head node's panel
 naming the QK terms `inspect-heads --qk` prints: for the induction head, embed x the
@@ -142,6 +143,21 @@ def test_features_html(driver, model, tmp_path):
     assert sections > 0 and heads == sections * model["n_head"]
     assert console_errors(driver) == []
     screenshot(driver, f"features-{model['name']}.png")
+
+
+def test_the_circuit_page(driver, model, tmp_path):
+    minigpt("circuit", *model["args"], *model["patch"], "--format", "html,json", "--positions",
+            "--out", str(tmp_path), cwd=model["cwd"])
+    edges = json.loads((tmp_path / "circuit.json").read_text())["edges"]
+    console_errors(driver)
+    driver.get((tmp_path / "circuit.html").as_uri())
+    rows = driver.execute_script("return document.querySelectorAll('#edges tbody tr').length")
+    assert rows == min(len(edges), 500) and all("positions" in e for e in edges)
+    widths = driver.execute_script("return [...document.images].map(i => i.naturalWidth)")
+    assert len(widths) == 2 and min(widths) > 100  # circuit.png and faithfulness.png, drawn
+    assert "edges recover" in driver.find_element("id", "summary").text
+    assert console_errors(driver) == []
+    screenshot(driver, f"circuit-page-{model['name']}.png")
 
 
 def _free_port() -> int:
