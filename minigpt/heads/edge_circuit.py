@@ -50,8 +50,8 @@ def check_circuit_cost(model, n_tokens: int, pairs: int, ig_steps: int, curves: 
         c = circuit_cost(cfg, n_tokens, n_pairs, steps, curves, step_s)
         if not positions:
             return c
-        passes, held = position_cost(cfg, n_tokens, n_pairs)
-        return Cost(c.seconds + passes * steps * n_pairs * step_s, c.bytes + held)
+        per_step, other, held = position_cost(cfg, n_tokens, n_pairs, curves)
+        return Cost(c.seconds + (per_step * steps + other) * n_pairs * step_s, c.bytes + held)
 
     by = " by position" if positions else ""
     check_cost("pairs", pairs, lambda v: cost(v, 1),

@@ -287,17 +287,21 @@ def position_split(model, batch: int, n_tokens: int) -> _Split:
     return _Split(model, graph_of(model.cfg), batch, n_tokens)
 
 
-def position_cost(cfg, n_tokens: int, pairs: int) -> tuple[float, float]:
-    """(passes, bytes) the split by position adds to a circuit search of `pairs` pairs of
-    `n_tokens` tokens: about one more gradient pass per scoring pass on a GPT-2-small-shaped
-    model (benchmarks/README.md: ~2x in all), and the memory it holds: the readers' gradients,
-    each layer's (query, key) x d_head probes, the scores by position (float64)."""
+def position_cost(cfg, n_tokens: int, pairs: int, curves: bool) -> tuple[float, float, float]:
+    """(passes per IG step, other passes, bytes) the split by position adds to a circuit
+    search of `pairs` pairs of `n_tokens` tokens: about one more gradient pass per IG step
+    (benchmarks/README.md: ~2-3x in all on GPT-2 small's shape); with `curves`, the
+    position-aware faithfulness curve's 20 patched runs, a layer run once per query position
+    where a circuit splits a key (interp/position_circuits.py: counted as T + 1 half passes
+    each); and the memory it holds: the readers' gradients, each layer's (query, key) x d_head
+    probes, the scores by position (float64) and their lists in the JSON (~90 bytes each)."""
     g = graph_of(cfg)
     T, C, H, D, L = n_tokens, cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.n_layer
     upstream = sum(g.head_writers(la).start for la in range(L))
+    entries = T * g.n_writers * g.n_readers + upstream * H * T * (T + 1)
     held = (4 * pairs * T * (g.n_readers * C + 2 * L * H * T * D)
-            + 8 * T * (g.n_writers * g.n_readers + 2 * upstream * H * T))
-    return 1.0, float(held)
+            + 8 * T * (g.n_writers * g.n_readers + 2 * upstream * H * T) + 90 * entries)
+    return 1.0, (20 * 0.5 * (T + 1) if curves else 0.0), float(held)
 
 
 def attribute_positions(model, base: Tensor, source: Tensor, metric: Metric,
