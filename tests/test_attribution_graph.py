@@ -171,3 +171,23 @@ def test_an_output_directory_that_is_a_file_is_one_line(graph, tmp_path):
     line = error_line(r)
     assert "--out" in line and str(afile) in line
     assert afile.read_text() == "x"
+
+
+def test_graphs_in_one_directory_are_listed_together(graph, tmp_path):
+    import shutil
+
+    out = tmp_path / "graphs"
+    shutil.copytree(graph["out"], out)
+    args = ["circuit", "--run", str(graph["run"]), "--device", "cpu", *PROBE, "--ig-steps", "1",
+            "--no-curve", "--format", "graph", "--out", str(out)]
+    r = invoke(*args, "--slug", "second")
+    assert r.exit_code == 0, r.stderr
+    listed = json.loads((out / "graph-metadata.json").read_text())["graphs"]
+    assert [g["slug"] for g in listed] == ["tiny-induction", "second"]
+    r = invoke(*args, "--slug", "tiny-induction")  # the same slug again: replaced, not doubled
+    listed = json.loads((out / "graph-metadata.json").read_text())["graphs"]
+    assert r.exit_code == 0 and [g["slug"] for g in listed] == ["second", "tiny-induction"]
+    (out / "graph-metadata.json").write_text('{"graphs": 3}')
+    line = error_line(invoke(*args, "--slug", "third"))
+    assert "graph-metadata.json: not the viewer's list of graphs" in line
+    assert not (out / "third.json").exists()

@@ -76,17 +76,12 @@ def circuit_command(
         check_slug(slug)
     positions = positions or "graph" in fmts  # a graph's nodes sit at positions
     from minigpt.device import cpu_threads
-    from minigpt.heads import output
-    from minigpt.heads.attribution_graph import scan_of
-    from minigpt.heads.edge_circuit import circuit_file_names, circuit_pairs, circuit_title
+    from minigpt.heads.edge_circuit import circuit_pairs, circuit_title
     from minigpt.interp.edge_graph import graph_of
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
-    scan = scan_of(loaded.cfg, loaded.run_dir)
-    slug = slug or f"{scan}-circuit"
-    out_dir = output.out_dir(fmts, out, loaded.run_dir,
-                             circuit_file_names(fmts, curve, slug))
+    out_dir, scan, slug = _destination(loaded, fmts, out, curve, slug)
     cost = []  # the estimate, made once the first pair's length is known
     check = _cost_check(loaded, threads, pairs, ig_steps, curve, force, cost, positions)
     p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
@@ -113,6 +108,21 @@ def circuit_command(
         sys.stdout.flush()
     else:
         _print_tables(result, top, seen, tok, p.clean[0].tolist())
+
+
+def _destination(loaded, fmts, out, curve: bool, slug: str | None):
+    """(the files' directory (None: none asked for), the graph's scan, its slug), every
+    destination checked before any work: a graph list it cannot join is refused too."""
+    from minigpt.heads import output
+    from minigpt.heads.attribution_graph import listed_graphs, scan_of
+    from minigpt.heads.edge_circuit import circuit_file_names
+
+    scan = scan_of(loaded.cfg, loaded.run_dir)
+    slug = slug or f"{scan}-circuit"
+    out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve, slug))
+    if "graph" in fmts:
+        listed_graphs(out_dir)
+    return out_dir, scan, slug
 
 
 def _start_line(loaded, p, positions: bool, cost) -> str:

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from minigpt.display import visible_token
 from minigpt.errors import MinigptError
-from minigpt.files import atomic_write_bytes, read_text
+from minigpt.files import atomic_write_bytes, load_json
 
 SCAN_GPT2_SMALL = "gpt2-small"
 NODE_THRESHOLD, EDGE_THRESHOLD = 0.8, 0.98  # circuit-tracer's defaults
@@ -362,18 +362,26 @@ def _describe_id(nid: str, names: _Nodes) -> dict:
 # The files.
 
 
+def listed_graphs(out: Path) -> list[dict]:
+    """The graphs `graph-metadata.json` in `out` lists (none when there is no such file);
+    MinigptError naming the file when it is not the viewer's list: checked before a search
+    that will add to it."""
+    meta_path = out / METADATA
+    if not meta_path.exists():
+        return []
+    listed = load_json(meta_path)
+    if not (isinstance(listed, dict) and isinstance(listed.get("graphs"), list)
+            and all(isinstance(x, dict) for x in listed["graphs"])):
+        raise MinigptError(f"{meta_path}: not the viewer's list of graphs "
+                           '({"graphs": [...]}); move it away or give --out another directory')
+    return listed["graphs"]
+
+
 def write(doc: dict, out: Path) -> list[Path]:
     """`<slug>.json` and `graph-metadata.json` (the viewer's list of graphs: this one added,
     or replacing the one of the same slug) in `out`; the paths written."""
     meta_path = out / METADATA
-    graphs = []
-    if meta_path.exists():
-        try:
-            old = json.loads(read_text(meta_path))
-            graphs = [x for x in old["graphs"] if x.get("slug") != doc["metadata"]["slug"]]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise MinigptError(f"{meta_path}: not a graph list ({e}); move it away or give "
-                               "--out another directory") from None
+    graphs = [x for x in listed_graphs(out) if x.get("slug") != doc["metadata"]["slug"]]
     slug = doc["metadata"]["slug"]
     graph_path = atomic_write_bytes(
         out / f"{slug}.json",

@@ -96,7 +96,7 @@ class _PositionPatch(_EdgePatch):
         if not m.any():
             return x
         d = self.delta[:n_writers].view(n_writers, self.n, self.B, *x.shape[1:])
-        corr = torch.einsum("nwrt,wnbtc->rnbtc", m.to(d.dtype), d)
+        corr = torch.einsum("nwrt,wnbtc->rnbtc", m.to(d), d)
         return x[None] + corr.reshape(cols.stop - cols.start, *x.shape)
 
     def attn_in(self, layer: int, x: Tensor) -> Tensor:
@@ -109,11 +109,11 @@ class _PositionPatch(_EdgePatch):
         first = kv.diagonal(dim1=-2, dim2=-1)  # each key's own query: (n, w, 2H, Tk)
         d = self.delta[:w].view(w, self.n, self.B, T, -1)
         if bool(((kv == first[..., None, :]) | ~self.care).all()):  # every query alike
-            corr = torch.einsum("nwht,wnbtc->hnbtc", first.to(d.dtype), d)
+            corr = torch.einsum("nwht,wnbtc->hnbtc", first.to(d), d)
             kvx = x[None] + corr.reshape(2 * H, *x.shape)
             return torch.cat([q[None], kvx.view(2, H, *x.shape)]).contiguous()
         self.copies.add(layer)
-        corr = torch.einsum("nwhji,wnbic->hnbjic", kv.to(d.dtype), d)  # (2H, n, B, Tq, Tk, C)
+        corr = torch.einsum("nwhji,wnbic->hnbjic", kv.to(d), d)  # (2H, n, B, Tq, Tk, C)
         kvx = x.view(self.n, self.B, 1, T, -1) + corr  # (2H, n, B, Tq, Tk, C)
         qx = q.view(H, self.n, self.B, 1, T, -1).expand(H, self.n, self.B, T, T, -1)
         out = torch.cat([qx, kvx]).reshape(3, H, self.n * self.B * T, T, -1)
