@@ -144,6 +144,19 @@ def _norm_parts(ln: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, bool]:
     return xc / sigma, sigma, centred
 
 
+def _kv_constant(attn, ln) -> Tensor:
+    """(2C,) what the key and value projections add to W (gamma * x_hat): W beta (the norm's
+    bias) plus their own bias, so that W (gamma * x_hat) = (key | value before QK-norm) minus
+    this, with no second product."""
+    C = attn.c_attn.weight.shape[1]
+    out = torch.zeros(2 * C, dtype=attn.c_attn.weight.dtype, device=attn.c_attn.weight.device)
+    if getattr(ln, "bias", None) is not None:
+        out = out + attn.c_attn.weight[C:] @ ln.bias
+    if attn.c_attn.bias is not None:
+        out = out + attn.c_attn.bias[C:]
+    return out
+
+
 class _Split:
     """The Collector (interp/edge_graph.py) that splits the scores by position: each pass
     adds its readers' gradients to `grads` and its heads' key and value probes to `probes`;
@@ -204,7 +217,8 @@ class _Split:
             inv = (1.0 / sigma)[:, None, None, :, :]  # (B, 1, 1, Tk, 1): the norm's scale at key
             key, val = key * inv, val * inv
             wg = attn.c_attn.weight[C:] * (ln.weight if ln.weight is not None else 1.0)
-            b = (xh @ wg.T).view(-1, T, 2, H, D).permute(2, 0, 3, 1, 4)  # (2, B, H, Tk, D)
+            b = pre[:, :, 1:] - _kv_constant(attn, ln).view(2, H, D)  # W (gamma * x_hat)
+            b = b.permute(2, 0, 3, 1, 4)  # (2, B, H, Tk, D)
             sums = self.probes.setdefault(layer, {"probe": [0.0, 0.0], "a": [0.0, 0.0],
                                                   "e": [], "xh": []})
             sums["probe"] = [sums["probe"][0] + key, sums["probe"][1] + val]
