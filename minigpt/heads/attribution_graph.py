@@ -272,9 +272,7 @@ def _finish_node(d: dict, k: int, names: _Nodes, cum: Tensor, activity: Tensor,
         if split is not None and t >= 1:
             results, key = _qk_results(split, t, names)
             node["qk_tracing_results"] = results
-            top = results["pair_wise_contributors"][:2]
-            terms = "; ".join(f"{q} x {kk} {m:+.2f}" for q, kk, m in
-                              _named(split, t, key, top))
+            terms = "; ".join(f"{q} x {kk} {m:+.2f}" for q, kk, m in _largest_terms(split, t, 2))
             node["clerp"] = f"{name} -> {_shown(strs[key])}@{key}: {terms}"
     return node
 
@@ -284,12 +282,12 @@ def _shown(s: str) -> str:
     return f'"{visible_token(s, 24)}"'
 
 
-def _named(split, t: int, key: int, top: list) -> list[tuple[str, str, float]]:
-    """The writer names of the pair-wise terms `top` (their node ids back to names)."""
-    p = t - 1
+def _largest_terms(split, t: int, n: int) -> list[tuple[str, str, float]]:
+    """(query writer, key writer, margin) of the `n` largest-margin terms of head `split` at
+    query t, named as inspect-heads --qk names them."""
     W = len(split.writers)
-    grid = split.margin_grid[p]
-    order = grid.flatten().argsort(descending=True, stable=True).tolist()[:len(top)]
+    grid = split.margin_grid[t - 1]
+    order = grid.flatten().argsort(descending=True, stable=True).tolist()[:n]
     return [(split.writers[i // W], split.writers[i % W], float(grid.flatten()[i]))
             for i in order]
 
