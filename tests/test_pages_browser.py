@@ -111,6 +111,9 @@ def test_the_inspect_heads_viewer(driver, model, tmp_path):
     rows = driver.execute_script("return document.querySelectorAll('#scores tbody tr').length")
     assert rows == model["n_layer"] * model["n_head"]  # one row per head
     assert _drawn(driver, "document.getElementById('map')") > 1000  # the pattern drawn
+    terms = driver.execute_script("return [...document.querySelectorAll('#glossary dt')]"
+                                  ".map(e => e.textContent)")
+    assert len(terms) == len(set(terms)), terms  # each word explained once ("local" was twice)
     from selenium.webdriver.support.ui import Select
 
     layer, index = head[1:].split(".H")
