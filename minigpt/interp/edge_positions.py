@@ -36,7 +36,7 @@ writer's difference through the norm's gain and W_K, W_V once and meets it with 
 probes, the norm's Jacobian applied exactly through its two rank-one terms:
     J_norm(x) d = gamma * (P d - x_hat (x_hat . d) / C) / sigma
 (P the centring, x_hat = P x / sigma; RMSNorm: P = I). Position-aware EAP-IG on a
-GPT-2-small-shaped model at 64 tokens costs ~2x the summed (benchmarks/README.md).
+GPT-2-small-shaped model at 64 tokens costs 2.9x the summed in CPU (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def position_split(model, batch: int, n_tokens: int) -> _Split:
 def position_cost(cfg, n_tokens: int, pairs: int, curves: bool) -> tuple[float, float, float]:
     """(passes per IG step, other passes, bytes) the split by position adds to a circuit
     search of `pairs` pairs of `n_tokens` tokens: about one more gradient pass per IG step
-    (benchmarks/README.md: ~2-3x in all on GPT-2 small's shape); with `curves`, the
+    (benchmarks/README.md: 2.9x in all, in CPU, on GPT-2 small's shape); with `curves`, the
     position-aware faithfulness curve's 20 patched runs, a layer run once per query position
     where a circuit splits a key (interp/position_circuits.py: counted as T + 1 half passes
     each); and the memory it holds: the readers' gradients, each layer's (query, key) x d_head
