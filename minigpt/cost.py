@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minigpt.display import duration, size
 from minigpt.errors import ArgumentError, ConfigError
 
 TIME_LIMIT_S = 3600.0    # an analysis asked for interactively: at most an hour unless forced
@@ -36,25 +37,6 @@ class Cost:
         if self.seconds <= 0:
             return f"about {size(self.bytes)} of memory"
         return f"about {duration(self.seconds)} and {size(self.bytes)} of memory"
-
-
-def duration(seconds: float) -> str:
-    """'45 s', '12 min', '3.1 h', '200 days', '3e+13 years'."""
-    for unit, span in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0),
-                       ("min", 60.0)):
-        if seconds >= 2 * span if unit in ("years", "days") else seconds >= span:
-            value = seconds / span
-            return f"{value:.2g} {unit}" if value >= 1e4 else f"{value:.3g} {unit}"
-    return f"{max(seconds, 0.0):.2g} s"
-
-
-def size(n: float) -> str:
-    """'512 KB', '5.8 GB', '1.1e+07 GB'."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.2g} {unit}" if value >= 1e4 else f"{value:.3g} {unit}"
-    return f"{n / 1e3:.3g} KB"
 
 
 def free_memory(device: torch.device | str) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.display import head_name
+from minigpt.display import duration, head_name
 
 OnEvent = Callable[[object], None]
 
@@ -276,7 +276,7 @@ class DoneEvent:
             ("status", f"{self.reason} at step {self.step}/{self.max_steps}"),
             ("parameters", f"{self.params:,}"),
             ("tokens seen", f"{self.tokens_seen:,}"),
-            ("wall time", f"{self.wall_time:.1f} s"),
+            ("wall time", duration(self.wall_time)),
             ("tokens/s", f"{self.tokens_per_s:,.0f}"),
         ]
         run = shlex.quote(str(self.run_dir))

@@ -321,7 +321,7 @@ def test_inspect_heads_refuses_what_does_not_fit_and_runs_what_fits(run_dir, mon
             "--ablate", "zero", "--json"]
     line = error_line(in_process(args))
     assert line.startswith(f"error: --max-tokens {n}: inspecting {n} tokens with ablation "
-                           "would take about 1.67 h") and "--force" in line, line
+                           "would take about 1h40m") and "--force" in line, line
     fits = int(re.search(r"largest that fits is --max-tokens (\d+)", line)[1])
     assert 2 <= fits < n
     assert in_process([*args, "--max-tokens", str(fits)]).returncode == 0
@@ -454,7 +454,7 @@ def test_sample_refuses_what_cannot_end_in_an_hour_and_force_runs_it(tmp_path, m
             "--num-samples", "3", "--seed", "1"]
     line = error_line(in_process(args))
     assert line.startswith("error: --num-samples 3: 3 sample(s) of 20 tokens would take about "
-                           "2 h") and "the largest that fits is --num-samples 1" in line, line
+                           "2h00m") and "the largest that fits is --num-samples 1" in line, line
     forced = in_process([*args, "--force", "--json"])
     assert forced.returncode == 0, forced.stderr
     assert len(forced.stdout.strip().splitlines()) == 3

@@ -70,3 +70,15 @@ def test_a_head_has_one_spelling_everywhere():
     assert heads == {head_name(la, h) for la in range(2) for h in range(3)}
     assert head_name(1, 2) == "L1.H2"
     assert events._head((1, 2, 0.95)) == "L1.H2"
+
+
+def test_one_spelling_of_a_time_and_of_a_size():
+    """display.duration and display.size: what every elapsed time, ETA, estimate, run wall
+    time, file limit and memory figure is shown as."""
+    from minigpt.display import duration, size
+
+    assert [duration(s) for s in (0, 0.44, 42, 185, 3600, 7800, 3 * 86400, 1e21)] == [
+        "0.0s", "0.4s", "42s", "3m05s", "1h00m", "2h10m", "3d", "3.17e+13 years"]
+    assert duration(-1) == "0.0s" and duration(59.6) == "1m00s"
+    assert [size(n) for n in (0, 512, 4096, 16 << 20, 5.8 * 2**30, 2**50)] == [
+        "0 bytes", "512 bytes", "4 KiB", "16 MiB", "5.8 GiB", "1.02e+03 TiB"]

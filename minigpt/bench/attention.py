@@ -27,6 +27,7 @@ from minigpt.bench.timing import (
     time_fn,
 )
 from minigpt.device import available_bytes
+from minigpt.display import size
 from minigpt.events import BenchEvent, OnEvent
 
 # Which SDPA backends are forced one at a time, per device. "sdpa" alone = PyTorch's own choice.
@@ -143,7 +144,7 @@ def run_attention_suite(device: torch.device, dtype: torch.dtype, s: AttentionSe
         else:
             for p in passes:
                 res.rows.append(AttentionRow(T, "naive", p, "skipped",
-                                             f"would need ~{need / 2**30:.1f} GiB"))
+                                             f"would need ~{size(need)}"))
         for label, backend in _impls(device, s):
             cases.append((label, lambda a, b, c, be=backend: sdpa_attention(a, b, c, be)))
         ref: dict[str, object] = {}

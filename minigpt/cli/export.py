@@ -11,6 +11,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import app, latest_run, say
+from minigpt.display import size
 from minigpt.errors import ArgumentError
 
 FORMATS = ("hf", "gguf")
@@ -95,6 +96,6 @@ def _gguf(out: Path, run: Path | None, dtype: str) -> None:
     done = export_gguf(loaded, out, dtype)
     say(f"exported {loaded.label} as llama.cpp {done.architecture} ({done.n_params:,} "
         f"parameters, {done.dtype}, pre-tokenizer {done.pre_tokenizer}): "
-        f"{done.n_bytes / 2**20:.1f} MiB")
+        f"{size(done.n_bytes)}")
     say(f"load it with llama.cpp, e.g. llama-cpp-python: Llama(model_path={str(done.out)!r})")
     sys.stdout.write(f"{done.out}\n")

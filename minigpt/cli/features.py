@@ -14,7 +14,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import _Group, app, err_console, out_console, say
-from minigpt.display import printable
+from minigpt.display import duration, printable
 from minigpt.errors import ArgumentError
 
 features_app = typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=None,
@@ -133,7 +133,7 @@ def summary_line(info: dict) -> str:
                  f"SAE spliced in {ce['sae']:.4f}: "
                  + (f"{100 * rec:.1f}% of the loss recovered" if rec is not None else
                     "ablating the layer costs nothing"))
-    return line + f" ({info['seconds']:.0f} s)"
+    return line + f" ({duration(info['seconds'])})"
 
 
 class _Bar:

@@ -28,7 +28,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from minigpt import __version__
-from minigpt.display import printable
+from minigpt.display import duration, printable
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
 from minigpt.files import denied, shown
 from minigpt.threads import quiet_openmp
@@ -79,18 +79,9 @@ class EtaLines:
                                              (ended and self.said)):
             return
         pace = (now - self.stage_start) / max(done, 1)
-        eta = "" if ended else f", ETA {_clock(pace * (total - done))}"
-        say(f"{self.command}: {stage} {done}/{total}, {_clock(now - self.start)}{eta}")
+        eta = "" if ended else f", ETA {duration(pace * (total - done))}"
+        say(f"{self.command}: {stage} {done}/{total}, {duration(now - self.start)}{eta}")
         self.last, self.said = now, True
-
-
-def _clock(seconds: float) -> str:
-    """'42s', '3m05s', '2h10m', '200d'."""
-    s = int(seconds)
-    if s >= 2 * 86400:
-        return f"{s // 86400}d"
-    return (f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else
-            f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
 # The parser's own error type, found through typer's public BadParameter (typer vendors click:
