@@ -17,7 +17,7 @@ import torch
 from conftest import in_process
 from test_cli_circuits import make_run
 
-from minigpt import cost
+from minigpt import cost, device
 from minigpt.cost import Cost, check_cost, largest_fitting
 from minigpt.errors import ArgumentError
 from minigpt.interp.edge_graph import circuit_cost, find_circuit
@@ -53,7 +53,7 @@ def test_largest_fitting_is_the_boundary_of_the_rule():
 
 
 def test_check_cost_names_the_cost_and_what_fits_or_runs_when_forced(monkeypatch):
-    monkeypatch.setattr(cost, "free_memory", lambda device: 1e12)
+    monkeypatch.setattr(device, "available_bytes", lambda d: 1e12)
 
     def hourly(v):
         return Cost(36.0 * v, 1e3 * v)
@@ -69,7 +69,7 @@ def test_check_cost_names_the_cost_and_what_fits_or_runs_when_forced(monkeypatch
 
 
 def test_memory_bounds_as_time_does(monkeypatch):
-    monkeypatch.setattr(cost, "free_memory", lambda device: 1e9)
+    monkeypatch.setattr(device, "available_bytes", lambda d: 1e9)
     with pytest.raises(ArgumentError, match=r"memory free .*largest that fits is pairs 8\b"):
         check_cost("pairs", 10**6, lambda v: Cost(1.0, 1e8 * v), what="x")
 
@@ -178,10 +178,8 @@ def _cfg(**sets):
 @pytest.fixture
 def slow_machine(monkeypatch):
     """A machine of 1 GFLOP/s and 8 GB free: the estimates do not depend on this one."""
-    from minigpt.train import safety
-
-    monkeypatch.setattr(safety, "matmul_rate", lambda *a, **k: 1e9)
-    monkeypatch.setattr(cost, "free_memory", lambda device: 8e9)
+    monkeypatch.setattr(cost, "matmul_rate", lambda *a, **k: 1e9)
+    monkeypatch.setattr(device, "available_bytes", lambda d: 8e9)
 
 
 @pytest.mark.parametrize("key,value", [
@@ -245,7 +243,7 @@ def test_bundled_configs_are_never_refused_and_never_measured(monkeypatch):
     def no_probe(*a, **k):
         raise AssertionError("measured the rate for a bundled config")
 
-    monkeypatch.setattr(safety, "matmul_rate", no_probe)
+    monkeypatch.setattr(cost, "matmul_rate", no_probe)
     configs = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
     assert len(configs) >= 4
     for path in configs:
@@ -315,8 +313,8 @@ def test_inspect_heads_refuses_what_does_not_fit_and_runs_what_fits(run_dir, mon
     loaded = load_run(run_dir, "cpu")
     n = len(prepare_input(loaded.cfg, loaded.tokenizer, probe="induction").tokens)
     flops, _ = inspection.inspect_cost(loaded.cfg.model, n, ablate="zero")
-    monkeypatch.setattr(inspection, "matmul_rate", lambda *a, **k: flops / 6000)  # 1.67 h
-    monkeypatch.setattr(inspection, "FLOOR_RATE", 1e-9)  # always measured
+    monkeypatch.setattr(cost, "matmul_rate", lambda *a, **k: flops / 6000)  # 1.67 h
+    monkeypatch.setattr(cost, "FLOOR_RATE", 1e-9)  # always measured
     args = ["inspect-heads", "--run", run_dir, "--device", "cpu", "--probe", "induction",
             "--ablate", "zero", "--json"]
     line = error_line(in_process(args))
@@ -448,8 +446,8 @@ def test_sample_refuses_what_cannot_end_in_an_hour_and_force_runs_it(tmp_path, m
     loaded = load_run(run, "cpu")
     prompt = len(loaded.tokenizer.encode("ab"))
     flops = smp.sample_flops(loaded.model.cfg, prompt, 20, 3)
-    monkeypatch.setattr(smp, "matmul_rate", lambda *a, **k: flops / 7200)
-    monkeypatch.setattr(smp, "FLOOR_RATE", 1e-9)  # always measured
+    monkeypatch.setattr(cost, "matmul_rate", lambda *a, **k: flops / 7200)
+    monkeypatch.setattr(cost, "FLOOR_RATE", 1e-9)  # always measured
     args = ["sample", "--run", run, "--device", "cpu", "-p", "ab", "-n", "20",
             "--num-samples", "3", "--seed", "1"]
     line = error_line(in_process(args))

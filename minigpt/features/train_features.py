@@ -7,7 +7,6 @@ written: a bad value leaves no directory behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import flops_per_token
-from minigpt.cost import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.cost import TRAIN_LIMIT_S, Work, check_flops
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.features import collect, store
 from minigpt.features.fit import SaeSettings, TrainState, fit_sae, new_state
@@ -170,28 +169,26 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     return FeaturesResult(out, s, info, resumed)
 
 
-def features_cost(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None,
-                  rate: float = FLOOR_RATE) -> Cost:
-    """What `train_features` costs: collecting `rows` z of width `d_in` (a third of
+def features_work(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None) -> Work:
+    """What `train_features` does: collecting `rows` z of width `d_in` (a third of
     core.gpt.flops_per_token each, with the model `mcfg`; none for a file), `s.steps` steps
     of `s.batch_size` rows through the encoder and decoder (12 x width x d_in FLOPs a row,
-    forward and backward), the held-out measures; at `rate` FLOP/s. Memory: the z, the SAE's
-    two matrices with their gradients and Adam moments, a batch's latents."""
+    forward and backward), the held-out measures. Memory: the z, the SAE's two matrices with
+    their gradients and Adam moments, a batch's latents."""
     width = s.width or 8 * d_in
     per_token = flops_per_token(mcfg, mcfg.block_size) / 3 if mcfg is not None else 0.0
     flops = (rows * per_token + s.steps * s.batch_size * 12.0 * width * d_in
              + held_out * (4.0 * width * d_in + 3 * per_token))
     held = 4.0 * rows * d_in + 32.0 * width * d_in + 12.0 * s.batch_size * width
-    return Cost(flops / rate, held)
+    return Work(flops, held)
 
 
 def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None
                         ) -> None:
-    """`features_cost` checked by cost's rule (a week, the training bound; 80% of the
-    free memory), naming the number furthest above its default (--width, --tokens,
-    --held-out, --batch-size, --steps; a file's rows are what it holds) and the largest value
-    of it that fits with the others as given. The time is at this machine's measured matmul
-    rate (a lower bound), measured only when the FLOPs could take that long at FLOOR_RATE."""
+    """`features_work` checked by cost's rule (`cost.check_flops`: a week, the training bound;
+    a share of the free memory), naming the number furthest above its default (--width,
+    --tokens, --held-out, --batch-size, --steps; a file's rows are what it holds) and the
+    largest value of it that fits with the others as given."""
     mcfg = src.loaded.cfg.model if src.loaded is not None else None
     device = src.loaded.device if src.loaded is not None else "cpu"
     given = {"width": s.width or 8 * d_in, "steps": s.steps, "batch_size": s.batch_size}
@@ -200,28 +197,20 @@ def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None
         given.update(tokens=src.tokens, held_out=src.held_out)
         usual.update(tokens=DEFAULT_TOKENS, held_out=DEFAULT_HELD_OUT)
     rows = rows if rows is not None else src.tokens + src.held_out
-
-    def cost_at(rate: float, name: str) -> Callable[[int], Cost]:
-        def cost_of(v: int) -> Cost:
-            n = {**given, name: v}
-            at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
-            if mcfg is None:
-                return features_cost(at, d_in, rows, max(1, rows // 10), None, rate)
-            return features_cost(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg,
-                                 rate)
-        return cost_of
-
     name = max(given, key=lambda k: given[k] / usual[k])
-    rate, basis = FLOOR_RATE, "a count of what it holds (its FLOPs fit at any speed)"
-    if cost_at(FLOOR_RATE, name)(given[name]).seconds > TRAIN_LIMIT_S:
-        rate = matmul_rate(device)
-        basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
-                 "GFLOP/s: a lower bound")
+
+    def work_of(v: int) -> Work:
+        n = {**given, name: v}
+        at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
+        if mcfg is None:
+            return features_work(at, d_in, rows, max(1, rows // 10))
+        return features_work(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg)
+
     others = ", ".join(f"--{k.replace('_', '-')} {v:,}" for k, v in given.items() if k != name)
-    check_cost(name, given[name], cost_at(rate, name), device=device, basis=basis,
-               limit_s=TRAIN_LIMIT_S, limit_what="an SAE's training may take",
-               what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
-               f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
+    check_flops(name, given[name], work_of, device=device, limit_s=TRAIN_LIMIT_S,
+                limit_what="an SAE's training may take",
+                what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
+                f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
 
 
 def _resume(out: Path, state: TrainState, meta: dict) -> int:

@@ -18,15 +18,7 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import device_of, flops_per_token
-from minigpt.cost import (
-    FLOOR_RATE,
-    MEMORY_SHARE,
-    TIME_LIMIT_S,
-    Cost,
-    check_cost,
-    free_memory,
-    matmul_rate,
-)
+from minigpt.cost import Cost, Work, check_flops
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.heads.probes import ProbeInput
 from minigpt.interp.head_circuits import (
@@ -408,21 +400,15 @@ def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
 def check_inspect_cost(model, n_tokens: int, *, ablate: str | None = None,
                        req: CircuitRequest | None = None, features: bool = False,
                        force: bool = False) -> Cost | None:
-    """`inspect_cost` on `n_tokens` tokens checked by cost's rule (refused, naming
-    `max_tokens`, the estimate and the largest value that fits, unless `force`): the time is
-    the FLOPs at this machine's measured matmul rate (a lower bound), measured only when the
-    FLOPs could take an hour at FLOOR_RATE. The estimate when it was measured, else None (a
-    quick inspection: nothing worth saying)."""
+    """`inspect_cost` on `n_tokens` tokens checked by cost's rule (`cost.check_flops`: refused,
+    naming `max_tokens`, the estimate and the largest value that fits, unless `force`). The
+    estimate when the rate was measured, else None (a quick inspection: nothing worth
+    saying)."""
     cfg, device = model.cfg, device_of(model)
-    flops, held = inspect_cost(cfg, n_tokens, ablate=ablate, req=req, features=features)
-    limit_bytes = MEMORY_SHARE * free_memory(device)
-    if force or (flops <= TIME_LIMIT_S * FLOOR_RATE and held <= limit_bytes):
-        return None
-    rate = matmul_rate(device, next(model.parameters()).dtype)
 
-    def cost_of(t: int) -> Cost:
-        f, b = inspect_cost(cfg, min(t, n_tokens), ablate=ablate, req=req, features=features)
-        return Cost(f / rate, b)
+    def work_of(t: int) -> Work:
+        return Work(*inspect_cost(cfg, min(t, n_tokens), ablate=ablate, req=req,
+                                  features=features))
 
     asked = [w for w, on in (("ablation", ablate), ("DLA", req and req.dla),
                              ("patching", req and req.patch_tokens is not None),
@@ -431,10 +417,9 @@ def check_inspect_cost(model, n_tokens: int, *, ablate: str | None = None,
                               req and req.qk),
                              ("composition", req and req.composition), ("features", features))
              if on]
-    return check_cost("max_tokens", n_tokens, cost_of, device=device, minimum=2,
-                      what=f"inspecting {n_tokens:,} tokens" + (f" with {', '.join(asked)}"
-                                                                 if asked else ""),
-                      basis=f"the model's FLOPs at this machine's measured matmul rate, "
-                      f"{rate / 1e9:.3g} GFLOP/s: a lower bound",
-                      none_fit="even 2 tokens do not fit: ask for less (fewer --qk heads, no "
-                      "--composition)")
+    return check_flops("max_tokens", n_tokens, work_of, device=device, minimum=2,
+                       dtype=next(model.parameters()).dtype, force=force,
+                       what=f"inspecting {n_tokens:,} tokens" + (f" with {', '.join(asked)}"
+                                                                  if asked else ""),
+                       none_fit="even 2 tokens do not fit: ask for less (fewer --qk heads, no "
+                       "--composition)")
