@@ -70,7 +70,7 @@ def training_bytes(cfg: Config, world: int = 1) -> float:
     activations per layer plus ~3 vocab-sized rows (logits, softmax, gradient); every
     evaluation's offsets (drawn at once)."""
     m, t = cfg.model, cfg.train
-    micro = t.micro_batch_size or max(1, t.batch_size // world)
+    micro = t.micro(world)
     params = (m.vocab_size * m.n_embd * (1 if m.tie_weights else 2)
               + m.n_layer * 12 * m.n_embd ** 2 + m.block_size * m.n_embd)
     acts = 4 * micro * m.block_size * (m.n_layer * 16 * m.n_embd + 3 * m.vocab_size)
@@ -84,9 +84,9 @@ def training_flops(cfg: Config, steps: int) -> float:
     m, t = cfg.model, cfg.train
     per_token = flops_per_token(m, m.block_size)
     evals = steps // t.eval_interval + 1
-    forward = (t.eval_batches * t.batch_size * m.block_size
+    forward = (t.eval_batches * cfg.tokens_per_step
                + len(t.sample_prompts) * t.sample_tokens) * per_token / 3
-    return steps * t.batch_size * m.block_size * per_token + evals * forward
+    return steps * cfg.tokens_per_step * per_token + evals * forward
 
 
 # The settings that set a session's memory and length, and the values the bundled configs use:
