@@ -85,10 +85,18 @@ def train_command(
         if out is None:
             raise ArgumentError("out", "is needed with --activations: give {name} DIR")
     from minigpt.device import cpu_threads
-    from minigpt.features.train_features import train_features
+    from minigpt.features.train_features import Source, train_features
 
-    src = _source(run, model, checkpoint, device, layer, text_file, activations, tokens,
-                  held_out, settings)
+    if activations is not None:
+        src = Source(activations=activations, tokens=tokens, held_out=held_out)
+    elif layer is None:
+        raise ArgumentError("layer", "is needed: the layer whose heads' outputs the SAE "
+                            "reads (or give --activations FILE)")
+    else:
+        from minigpt.cli.main import load_inspected
+
+        src = Source(load_inspected(run, model, device, checkpoint), layer, text_file,
+                     tokens=tokens, held_out=held_out)
     if out is None:
         if src.loaded.run_dir is None:
             raise ArgumentError("out", "is needed with --model: give {name} DIR")
@@ -103,23 +111,6 @@ def train_command(
     if json_out:
         sys.stdout.write(json.dumps({"sae": str(out), **result.info}, allow_nan=False) + "\n")
         sys.stdout.flush()
-
-
-def _source(run, model, checkpoint, device, layer, text_file, activations, tokens, held_out,
-            settings):
-    from minigpt.features.train_features import Source, check_layer
-
-    if activations is not None:
-        return Source(activations=activations, tokens=tokens, held_out=held_out)
-    if layer is None:
-        raise ArgumentError("layer", "is needed: the layer whose heads' outputs the SAE "
-                            "reads (or give --activations FILE)")
-    from minigpt.cli.main import load_inspected
-
-    loaded = load_inspected(run, model, device, checkpoint)
-    check_layer(layer, loaded)
-    settings.resolved(loaded.cfg.model.n_head * loaded.cfg.model.head_dim)  # --k vs the width
-    return Source(loaded, layer, text_file, tokens=tokens, held_out=held_out)
 
 
 def summary_line(info: dict) -> str:

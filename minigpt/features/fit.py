@@ -20,12 +20,19 @@ from torch import Tensor
 from minigpt.errors import ArgumentError
 from minigpt.interp.sae import TopKSAE, default_lr, losses
 
+FEATURES_PER_INPUT = 8  # the automatic width: 8 features per dimension of the input
+
+
+def default_width(d_in: int) -> int:
+    """The SAE's width when --width is not given: FEATURES_PER_INPUT x the input's width."""
+    return FEATURES_PER_INPUT * d_in
+
 
 @dataclass(frozen=True)
 class SaeSettings:
     """What an SAE is trained with; `check` words every bad value as the flag's error."""
 
-    width: int | None     # features (d_sae); None = 8 x d_in
+    width: int | None     # features (d_sae); None = default_width(d_in)
     k: int                # active features per row
     steps: int            # optimizer steps
     batch_size: int       # rows per step
@@ -35,24 +42,32 @@ class SaeSettings:
     dead_after: int = 0   # rows without firing before a feature counts as dead; 0 = automatic
 
     def check(self) -> None:
+        """Every value that does not depend on the input (--k against a --width given, too),
+        checked before anything loads."""
         for name in ("width", "k", "steps", "batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ArgumentError(name, f"must be a positive number, got {value}")
-        if self.width and self.k > self.width:
-            raise ArgumentError("k", f"{self.k} exceeds --width {self.width}: at most width "
-                                "features can be active; lower --k or raise --width")
+        if self.width is not None:
+            self._check_k(self.width)
         if not self.lr >= 0:  # NaN included
             raise ArgumentError("lr", f"must be >= 0 (0 = automatic), got {self.lr}")
         if self.seed < 0:
             raise ArgumentError("seed", f"must be >= 0, got {self.seed}")
 
-    def resolved(self, d_in: int) -> SaeSettings:
-        """The settings with every automatic value filled in for inputs of width d_in."""
-        width = self.width or 8 * d_in
+    def _check_k(self, width: int, d_in: int | None = None) -> None:
+        """At most `width` features can be active (the automatic width's when `d_in`)."""
         if self.k > width:
-            raise ArgumentError("k", f"{self.k} exceeds the width {width} (8 x the input's "
-                                f"{d_in}); lower --k or raise --width")
+            what = (f"--width {width}" if d_in is None else f"the width {width} "
+                    f"({FEATURES_PER_INPUT} x the input's {d_in})")
+            raise ArgumentError("k", f"{self.k} exceeds {what}: at most width features can "
+                                "be active; lower --k or raise --width")
+
+    def resolved(self, d_in: int) -> SaeSettings:
+        """The settings with every automatic value filled in for inputs of width d_in (--k
+        checked against the automatic width)."""
+        width = self.width or default_width(d_in)
+        self._check_k(width, None if self.width else d_in)
         return SaeSettings(width, self.k, self.steps, self.batch_size,
                            self.lr or default_lr(width), self.seed,
                            self.aux_k or max(1, d_in // 2),

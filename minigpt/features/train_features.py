@@ -15,9 +15,10 @@ from torch import Tensor
 
 from minigpt.core.gpt import flops_per_token
 from minigpt.cost import TRAIN_LIMIT_S, Work, check_flops
+from minigpt.data.rows import HELD_OUT_FRACTION, held_out_count
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.features import collect, store
-from minigpt.features.fit import SaeSettings, TrainState, fit_sae, new_state
+from minigpt.features.fit import SaeSettings, TrainState, default_width, fit_sae, new_state
 from minigpt.interp.sae import ce_recovered, quality
 from minigpt.run.safetensors_io import load_tensors
 
@@ -103,7 +104,8 @@ def read_activations(path: Path) -> Tensor:
                             "be one 2-D float tensor [n, d]", subject=path)
     if x.shape[0] < 20 or x.shape[1] < 1:
         raise ArgumentError("activations", f"holds {x.shape[0]} rows of {x.shape[1]}; at "
-                            "least 20 are needed (a tenth is held out)", subject=path)
+                            f"least 20 are needed (the last {HELD_OUT_FRACTION:.0%} is held out)",
+                            subject=path)
     x = x.float()
     if not torch.isfinite(x).all():
         raise ArgumentError("activations", "holds NaN or infinite values", subject=path)
@@ -115,7 +117,7 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
     if src.loaded is None:
         x = read_activations(src.activations)
         perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
-        cut = x.shape[0] - max(1, x.shape[0] // 10)
+        cut = x.shape[0] - held_out_count(x.shape[0])
         return x[perm[:cut]], x[perm[cut:]], None
     rows = collect.run_rows(src.loaded, src.text_file)
     model = src.loaded.model
@@ -137,25 +139,23 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     `force`."""
     on_event = on_event or (lambda e: None)
     settings.check()
+    s = None  # the settings resolved for the input's width, once it is known
     if src.loaded is not None:
         check_layer(src.layer, src.loaded)
-        mcfg = src.loaded.cfg.model
-        settings.resolved(mcfg.n_head * mcfg.head_dim)  # --k against the automatic width
+        s = settings.resolved(collect.z_width(src.loaded.cfg.model))
     check_out(out, resume)
     for name in ("tokens", "held_out"):
         if getattr(src, name) < 1:
             raise ArgumentError(name, f"must be a positive number, got {getattr(src, name)}")
-    if src.loaded is not None and not force:
-        check_features_cost(src, settings, mcfg.n_head * mcfg.head_dim)
+    if s is not None:
+        check_features_cost(src, s, collect.z_width(src.loaded.cfg.model), force=force)
+        on_event(Starting(src.describe(), out))
     t0 = time.monotonic()
-    if src.loaded is not None:
-        on_event(Starting(src.describe(), out))
     x, held, held_rows = gather(src, settings.seed, on_event)
-    if src.loaded is None:
-        if not force:
-            check_features_cost(src, settings, x.shape[1], x.shape[0] + held.shape[0])
+    if s is None:
+        s = settings.resolved(x.shape[1])
+        check_features_cost(src, s, x.shape[1], x.shape[0] + held.shape[0], force=force)
         on_event(Starting(src.describe(), out))
-    s = settings.resolved(x.shape[1])
     state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
                                     "source": src.describe()}
     resumed = _resume(out, state, meta) if resume else 0
@@ -175,7 +175,7 @@ def features_work(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None
     of `s.batch_size` rows through the encoder and decoder (12 x width x d_in FLOPs a row,
     forward and backward), the held-out measures. Memory: the z, the SAE's two matrices with
     their gradients and Adam moments, a batch's latents."""
-    width = s.width or 8 * d_in
+    width = s.width
     per_token = flops_per_token(mcfg, mcfg.block_size) / 3 if mcfg is not None else 0.0
     flops = (rows * per_token + s.steps * s.batch_size * 12.0 * width * d_in
              + held_out * (4.0 * width * d_in + 3 * per_token))
@@ -183,16 +183,17 @@ def features_work(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None
     return Work(flops, held)
 
 
-def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None
-                        ) -> None:
-    """`features_work` checked by cost's rule (`cost.check_flops`: a week, the training bound;
-    a share of the free memory), naming the number furthest above its default (--width,
-    --tokens, --held-out, --batch-size, --steps; a file's rows are what it holds) and the
-    largest value of it that fits with the others as given."""
+def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None, *,
+                        force: bool = False) -> None:
+    """`features_work` of the resolved settings `s` on inputs `d_in` wide checked by cost's
+    rule (`cost.check_flops`: a week, the training bound; a share of the free memory), naming
+    the number furthest above its default (--width, --tokens, --held-out, --batch-size,
+    --steps; a file's rows are what it holds) and the largest value of it that fits with the
+    others as given, unless `force`."""
     mcfg = src.loaded.cfg.model if src.loaded is not None else None
     device = src.loaded.device if src.loaded is not None else "cpu"
-    given = {"width": s.width or 8 * d_in, "steps": s.steps, "batch_size": s.batch_size}
-    usual = {"width": 8 * d_in, "steps": 2000, "batch_size": 1024}
+    given = {"width": s.width, "steps": s.steps, "batch_size": s.batch_size}
+    usual = {"width": default_width(d_in), "steps": 2000, "batch_size": 1024}
     if mcfg is not None:
         given.update(tokens=src.tokens, held_out=src.held_out)
         usual.update(tokens=DEFAULT_TOKENS, held_out=DEFAULT_HELD_OUT)
@@ -203,11 +204,11 @@ def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None
         n = {**given, name: v}
         at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
         if mcfg is None:
-            return features_work(at, d_in, rows, max(1, rows // 10))
+            return features_work(at, d_in, rows, held_out_count(rows))
         return features_work(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg)
 
     others = ", ".join(f"--{k.replace('_', '-')} {v:,}" for k, v in given.items() if k != name)
-    check_flops(name, given[name], work_of, device=device, limit_s=TRAIN_LIMIT_S,
+    check_flops(name, given[name], work_of, device=device, force=force, limit_s=TRAIN_LIMIT_S,
                 limit_what="an SAE's training may take",
                 what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
                 f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
