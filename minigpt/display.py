@@ -11,9 +11,9 @@ what is shown, so a line can read differently from what it holds). Each is shown
 
 - `printable(text, keep="")`: every such character escaped except those in `keep` (a sample's
   newlines and tabs, say, which are its layout, not a command).
-- `head_name(layer, head)`: a head as every table, log line, picture and JSON names it,
-  `L1.H2` (interp/edge_graph.py's nodes are spelled the same; tests/test_display.py holds
-  them to it).
+- `head_name(layer, head)` and `mlp_name(layer)`: a head as every table, log line, picture,
+  JSON and circuit node names it, `L1.H2`, and an MLP node, `L0.MLP` (the analyses in
+  minigpt.interp name their nodes with them too).
 - `visible_token(s, max_len)`: a token's text for labels: whitespace made visible (space ·,
   newline ↵, tab →, CR ␍), every other such character escaped.
 - `duration(seconds)` and `size(n_bytes)`: the one spelling of a time (an elapsed time, an
@@ -50,6 +50,11 @@ def visible_token(s: str, max_len: int = 0) -> str:
 def head_name(layer: int, head: int) -> str:
     """The one spelling of a head: `L{layer}.H{head}`, e.g. L1.H2."""
     return f"L{layer}.H{head}"
+
+
+def mlp_name(layer: int) -> str:
+    """The one spelling of a layer's MLP as a node of a circuit: `L{layer}.MLP`, e.g. L0.MLP."""
+    return f"L{layer}.MLP"
 
 
 def duration(seconds: float) -> str:

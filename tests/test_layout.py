@@ -140,14 +140,16 @@ def test_ground_floor_and_config_do_not_import_torch():
 
 
 CORE_MAY_IMPORT = {"torch", "minigpt.config.settings", "minigpt.errors"}
-# the analyses may also read the model and each other, and state their cost as a `Cost`
-INTERP_MAY_IMPORT = CORE_MAY_IMPORT | {"minigpt.cost"}
+# the analyses may also read the model and each other, state their cost as a `Cost` and name a
+# head or an MLP node by its one spelling (display.head_name, display.mlp_name: standard
+# library only)
+INTERP_MAY_IMPORT = CORE_MAY_IMPORT | {"minigpt.cost", "minigpt.display"}
 
 
 def outside_imports(path: Path, room: str = "core") -> set[str]:
     """What a file of `room` (core or interp) imports beyond torch, the standard library, the
     settings dataclasses, the errors and the rooms it may read: core reads core; interp reads
-    core, interp and the Cost type."""
+    core, interp, the Cost type and the names of heads."""
     rooms = ("minigpt.core",) if room == "core" else ("minigpt.core", "minigpt.interp")
     may = CORE_MAY_IMPORT if room == "core" else INTERP_MAY_IMPORT
 

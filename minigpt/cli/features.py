@@ -14,7 +14,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import _Group, app, err_console, out_console, say
-from minigpt.display import duration, printable
+from minigpt.display import duration, head_name, printable
 from minigpt.errors import ArgumentError
 
 features_app = typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=None,
@@ -248,7 +248,7 @@ def features_table(view):
     table.add_column("feature", justify="right")
     table.add_column("density", justify="right")
     for h in range(view.n_head):
-        table.add_column(f"L{view.layer}.H{h}", justify="right")
+        table.add_column(head_name(view.layer, h), justify="right")
     for name in ("top context", "+", "-"):
         table.add_column(name, overflow="fold")
     for f in view.features:

@@ -182,7 +182,7 @@ def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
     """The `--qk` heads' names (checked: interp.qk), before any work."""
     from minigpt.interp.qk import resolve_heads
 
-    return [f"L{la}.H{h}" for la, h in resolve_heads(mcfg, qk)] if qk else []
+    return [head_name(la, h) for la, h in resolve_heads(mcfg, qk)] if qk else []
 
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,

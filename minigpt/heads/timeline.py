@@ -141,7 +141,7 @@ def qk_record(model: torch.nn.Module, ids: Sequence[int], induction: tuple[int, 
     idx = torch.tensor([list(ids)], dtype=torch.long, device=device_of(model))
     h = qk_attribution(model, idx, [induction], induction_pairs(ids, len(ids) // 2))[0]
     query = "embed" if "embed" in h.writers else "embed.tok"
-    key = f"L{previous[0]}.H{previous[1]}"
+    key = head_name(*previous)
     q, k, _, margin = h.terms()[0]
     return {"term": [query, key], "margin": round(h.term_margin(query, key), 6),
             "top": [q, k, round(margin, 6)]}

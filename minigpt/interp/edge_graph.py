@@ -78,6 +78,7 @@ from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
 from minigpt.cost import Cost
+from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
 from minigpt.interp.patching import SMALL_GAP, Metric, record, run_value, sweep
@@ -148,7 +149,7 @@ class Graph:
         if u == 0:
             return "embed"
         layer, i = divmod(u - 1, self.stride)
-        return f"L{layer}.MLP" if i == self.n_head else f"L{layer}.H{i}"
+        return mlp_name(layer) if i == self.n_head else head_name(layer, i)
 
     def reader_name(self, v: int) -> tuple[str, str]:
         """(node name, input): ("L1.H0", "k"), ("L0.MLP", "mlp"), ("logits", "logits")."""
@@ -156,9 +157,9 @@ class Graph:
             return "logits", "logits"
         layer, i = divmod(v, self.per_layer)
         if i == 3 * self.n_head:
-            return f"L{layer}.MLP", "mlp"
+            return mlp_name(layer), "mlp"
         kind, head = divmod(i, self.n_head)
-        return f"L{layer}.H{head}", INPUTS[kind]
+        return head_name(layer, head), INPUTS[kind]
 
     def node_of_reader(self, v: int) -> int | None:
         """The writer index of reader v's node (None for the logits)."""

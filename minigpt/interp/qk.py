@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, apply_rope, device_of, eval_mode
+from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError
 from minigpt.interp.edge_graph import graph_of, layer_head
 from minigpt.interp.patching import Progress, Record
@@ -87,7 +88,7 @@ class QKHead:
 
     @property
     def name(self) -> str:
-        return f"L{self.layer}.H{self.head}"
+        return head_name(self.layer, self.head)
 
     @property
     def closure(self) -> float:
@@ -301,11 +302,11 @@ class _Writers:
             w_o = c_proj.weight.double().view(cfg.n_embd, cfg.n_head, cfg.head_dim)
             z = self.rec.z[la].double()  # (B, H, T, D)
             for h in range(cfg.n_head):
-                self._add(f"L{la}.H{h}", z[:, h] @ w_o[:, h].T)  # (B, T, D) @ (D, C)
+                self._add(head_name(la, h), z[:, h] @ w_o[:, h].T)  # (B, T, D) @ (D, C)
             if c_proj.bias is not None:
                 self.const = self.const + c_proj.bias.double()
             if la in self.rec.mlp:
-                self._add(f"L{la}.MLP", self.rec.mlp[la])
+                self._add(mlp_name(la), self.rec.mlp[la])
             self.layers += 1
         n = len(self.names)
         return [*self.names, BIAS], self.buf[:n], self.const
