@@ -265,3 +265,12 @@ def test_wheel_ships_every_bundled_config_and_the_corpus(tmp_path):
 
     modules = {p.relative_to(PACKAGE_DIR.parent).as_posix() for p in PACKAGE_DIR.rglob("*.py")}
     assert modules <= names
+
+
+def test_one_parser_reads_every_comma_separated_list():
+    """config.fields.comma_list: items stripped, in order, across repeated values; a blank item
+    kept for its caller to refuse by name (a `--format png,` names '')."""
+    from minigpt.config.fields import comma_list
+
+    assert comma_list("a, b") == ["a", "b"] and comma_list(["a,b", " c "]) == ["a", "b", "c"]
+    assert comma_list([]) == [] and comma_list("png,") == ["png", ""]

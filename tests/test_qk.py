@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from minigpt.cli import app
 from minigpt.config import load_config
+from minigpt.config.fields import comma_list
 from minigpt.core.gpt import GPT
 from minigpt.errors import ArgumentError
 from minigpt.interp.qk import (
@@ -133,12 +134,12 @@ def test_a_term_that_adds_the_same_to_every_key_has_no_margin():
 
 def test_head_names_are_the_circuits_and_pairs_are_checked():
     cfg = tiny(CONFIGS["none"]).cfg
-    assert resolve_heads(cfg, ["L1.H0,L0.H1", "L1.H0"]) == [(1, 0), (0, 1)]
+    assert resolve_heads(cfg, comma_list(["L1.H0,L0.H1", "L1.H0"])) == [(1, 0), (0, 1)]
     assert len(resolve_heads(cfg, ["all"])) == 6
     for bad in ("L9.H9", "L1H0", "L0.MLP", "embed", "1.0", ""):
         with pytest.raises(ArgumentError, match="qk"):
             resolve_heads(cfg, [bad])
-    assert parse_pairs(["7:3, 9:5", "2:2"], 10) == [(0, 7, 3), (0, 9, 5), (0, 2, 2)]
+    assert parse_pairs(comma_list(["7:3, 9:5", "2:2"]), 10) == [(0, 7, 3), (0, 9, 5), (0, 2, 2)]
     for bad, why in (("3:5", "after query"), ("10:1", "past the input"), ("3-5", "QUERY:KEY"),
                      ("-1:0", "QUERY:KEY")):
         with pytest.raises(ArgumentError, match=why):

@@ -13,6 +13,7 @@ import typer
 import minigpt.cli.options as opt
 from minigpt.cli.main import EtaLines, app, load_inspected, out_console, say
 from minigpt.cli.shading import shade as _shade
+from minigpt.config.fields import comma_list
 from minigpt.display import head_name, printable
 from minigpt.errors import ArgumentError
 from minigpt.files import shown
@@ -182,7 +183,7 @@ def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
     """The `--qk` heads' names (checked: interp.qk), before any work."""
     from minigpt.interp.qk import resolve_heads
 
-    return [head_name(la, h) for la, h in resolve_heads(mcfg, qk)] if qk else []
+    return [head_name(la, h) for la, h in resolve_heads(mcfg, comma_list(qk))] if qk else []
 
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
@@ -213,8 +214,9 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
                          target=None if target is None else token_id(tok, target, "target"),
                          answer=None if answer is None else token_id(tok, answer, "answer"),
                          wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
-                         qk=resolve_heads(loaded.cfg.model, qk) if qk else None,
-                         qk_pairs=parse_pairs(qk_pairs, len(inp.tokens)) if qk_pairs else None)
+                         qk=resolve_heads(loaded.cfg.model, comma_list(qk)) if qk else None,
+                         qk_pairs=(parse_pairs(comma_list(qk_pairs), len(inp.tokens))
+                                   if qk_pairs else None))
     if patch_from is not None:
         req.patch_tokens, req.patch_source = corrupted_input(
             loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,

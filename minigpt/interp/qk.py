@@ -130,26 +130,25 @@ class QKHead:
 # What to split: heads and pairs, checked.
 
 
-def resolve_heads(cfg, values: Sequence[str]) -> list[tuple[int, int]]:
-    """(layer, head) of each `--qk` value: a head's node name as `minigpt circuit` prints it
-    (`L1.H2`; the graph's own names, interp/edge_graph.py), several comma-separated, or `all`; in
-    order, each once. ArgumentError (`qk`) for any other name."""
+def resolve_heads(cfg, names: Sequence[str]) -> list[tuple[int, int]]:
+    """(layer, head) of each `--qk` name: a head's node name as `minigpt circuit` prints it
+    (`L1.H2`; the graph's own names, interp/edge_graph.py), or `all`; in order, each once.
+    ArgumentError (`qk`) for any other name."""
     graph = graph_of(cfg)
     heads = [graph.writer_name(u) for la in range(graph.n_layer)
              for u in range(graph.head_writers(la).start, graph.head_writers(la).stop)]
     out: list[tuple[int, int]] = []
-    for value in values:
-        for name in (v.strip() for v in value.split(",")):
-            chosen = heads if name.lower() == "all" else [name]
-            for n in chosen:
-                if n not in heads:
-                    raise ArgumentError("qk", f"'{name}' is not a head of this model: heads are "
-                                        f"named as `minigpt circuit` prints them, L0.H0 .. "
-                                        f"{heads[-1]} ({cfg.n_layer} layers of {cfg.n_head} "
-                                        "heads), or all")
-                pair = layer_head(n)
-                if pair not in out:
-                    out.append(pair)
+    for name in names:
+        chosen = heads if name.lower() == "all" else [name]
+        for n in chosen:
+            if n not in heads:
+                raise ArgumentError("qk", f"'{name}' is not a head of this model: heads are "
+                                    f"named as `minigpt circuit` prints them, L0.H0 .. "
+                                    f"{heads[-1]} ({cfg.n_layer} layers of {cfg.n_head} "
+                                    "heads), or all")
+            pair = layer_head(n)
+            if pair not in out:
+                out.append(pair)
     if not out:
         raise ArgumentError("qk", "names no head; give e.g. L0.H0, or all")
     return out
@@ -158,25 +157,23 @@ def resolve_heads(cfg, values: Sequence[str]) -> list[tuple[int, int]]:
 _PAIR = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
 
 
-def parse_pairs(values: Sequence[str], n_tokens: int) -> list[tuple[int, int, int]]:
-    """(batch 0, query, key) of each `--qk-pairs` value `QUERY:KEY` (several comma-separated):
-    positions of the input, the key at or before the query (the causal mask). ArgumentError
-    (`qk_pairs`) otherwise."""
+def parse_pairs(items: Sequence[str], n_tokens: int) -> list[tuple[int, int, int]]:
+    """(batch 0, query, key) of each `--qk-pairs` item `QUERY:KEY`: positions of the input,
+    the key at or before the query (the causal mask). ArgumentError (`qk_pairs`) otherwise."""
     out = []
-    for value in values:
-        for part in value.split(","):
-            m = _PAIR.fullmatch(part)
-            if m is None:
-                raise ArgumentError("qk_pairs", f"'{part.strip()}' is not QUERY:KEY (two "
-                                    "positions, e.g. 7:3)")
-            t, s = int(m.group(1)), int(m.group(2))
-            if t >= n_tokens:
-                raise ArgumentError("qk_pairs", f"{t}:{s}: query {t} is past the input's last "
-                                    f"position {n_tokens - 1}")
-            if s > t:
-                raise ArgumentError("qk_pairs", f"{t}:{s}: key {s} is after query {t}; the "
-                                    "causal mask lets a query attend to keys 0..query only")
-            out.append((0, t, s))
+    for part in items:
+        m = _PAIR.fullmatch(part)
+        if m is None:
+            raise ArgumentError("qk_pairs", f"'{part.strip()}' is not QUERY:KEY (two "
+                                "positions, e.g. 7:3)")
+        t, s = int(m.group(1)), int(m.group(2))
+        if t >= n_tokens:
+            raise ArgumentError("qk_pairs", f"{t}:{s}: query {t} is past the input's last "
+                                f"position {n_tokens - 1}")
+        if s > t:
+            raise ArgumentError("qk_pairs", f"{t}:{s}: key {s} is after query {t}; the "
+                                "causal mask lets a query attend to keys 0..query only")
+        out.append((0, t, s))
     return out
 
 
