@@ -20,6 +20,7 @@ from test_cli_circuits import make_run
 from minigpt import cost, device
 from minigpt.cost import Cost, check_cost, largest_fitting
 from minigpt.errors import ArgumentError
+from minigpt.events import Progress
 from minigpt.interp.edge_graph import circuit_cost, find_circuit
 
 PROBE = ("--probe", "induction", "--patch-from", "corrupted")
@@ -109,8 +110,8 @@ def test_progress_has_an_eta(run_dir, monkeypatch):
     bar.clock = lambda: float(next(clock))
     bar.start = bar.last = bar.prev = bar.clock()
     for k in range(1, 11):
-        bar("scoring edges", k, 10)
-    bar("circuit search", 1, 2)
+        bar(Progress("scoring edges", k, 10))
+    bar(Progress("circuit search", 1, 2))
     assert lines and all(x.startswith("circuit: ") for x in lines)
     assert any("ETA" in x for x in lines if "scoring edges" in x and "10/10" not in x)
     assert any("10/10" in x for x in lines)  # each stage's end is said once the bar speaks
@@ -280,7 +281,9 @@ def test_inspect_heads_reports_each_long_part(run_dir):
     req.patch_tokens, req.patch_source = corrupted_input(loaded.cfg, loaded.tokenizer, inp,
                                                          "corrupted")
     seen = []
-    inspect(loaded.model, inp, ablate="zero", circuits=req, progress=lambda *a: seen.append(a))
+    inspect(loaded.model, inp, ablate="zero", circuits=req, on_event=seen.append)
+    assert all(isinstance(e, Progress) for e in seen)
+    seen = [(e.stage, e.done, e.total) for e in seen]
     stages = {s for s, _, _ in seen}
     assert stages == {"ablating heads", "patching heads", "splitting qk", "composition"}
     for name in stages:

@@ -151,8 +151,9 @@ def test_inspect_heads_shows_the_active_features(tiny):
 
 
 def test_a_killed_training_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
+    from minigpt.events import SaeStep
     from minigpt.features import train_features as build
-    from minigpt.features.fit import SaeSettings, SaeStep
+    from minigpt.features.fit import SaeSettings
     from minigpt.features.train_features import Source, train_features
     from minigpt.infer.inputs import load_run_or_model
 

@@ -85,8 +85,9 @@ def circuit_command(
         f"corrupted: {shown(p.corrupted_source, 240)}); metric: {p.metric.describe()}; estimated "
         f"{cost[0].describe()}")
     with cpu_threads(threads, loaded.model):
-        result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
-                                curve, lens, EtaLines("circuit"))
+        search = {"direction": patch_direction, "ig_steps": ig_steps, "edges": edges,
+                  "recover": recover, "curves": curve}
+        result, seen = _measure(loaded.model, p, search, lens, EtaLines("circuit"))
     tok = loaded.tokenizer
     lens_records = seen.records(token_str=tok.token_str) if seen is not None else None
     say(summary_line(result))
@@ -134,16 +135,17 @@ def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
             out_console.print(table)
 
 
-def _measure(model, p, direction, ig_steps, edges, recover, curve, lens, progress=None):
-    """The circuit of the pairs `p` and, with `lens`, the logit lens (interp.lens.Lens) of the
-    first clean input at the metric's positions, of the metric's token (with --answer: the
-    answer's, at the last position); None without."""
+def _measure(model, p, search: dict, lens: bool, on_event):
+    """The circuit of the pairs `p` (`search`: find_circuit's settings) and, with `lens`, the
+    logit lens (interp.lens.Lens) of the first clean input at the metric's positions, of the
+    metric's token (with --answer: the answer's, at the last position); None without. The
+    search's progress goes to `on_event` (events.Progress)."""
+    from minigpt.events import progress_to
     from minigpt.interp.edge_graph import find_circuit
     from minigpt.interp.lens import logit_lens
 
-    result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets,
-                          direction=direction, ig_steps=ig_steps, edges=edges,
-                          recover=recover, curves=curve, progress=progress)
+    result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets, **search,
+                          progress=progress_to(on_event))
     if not lens:
         return result, None
     tokens, m = p.clean[0].tolist(), p.metric

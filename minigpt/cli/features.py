@@ -145,13 +145,13 @@ class _Bar:
             self.progress.stop()
 
     def __call__(self, e) -> None:
-        from minigpt.features.train_features import Collecting, Starting
+        from minigpt import events
 
-        if isinstance(e, Starting):
+        if isinstance(e, events.SaeStarting):
             say(f"features: a TopK SAE on {e.what}; into {e.out}")
             return
-        if isinstance(e, Collecting):
-            what, done, total, stats = f"z of {e.split}", e.done, e.total, ""
+        if isinstance(e, events.Progress):
+            what, done, total, stats = e.stage, e.done, e.total, ""
         else:
             what, done, total = "SAE step", e.step, e.steps
             stats = f"mse {e.mse:.4f} | dead {100 * e.dead_fraction:.1f}%"

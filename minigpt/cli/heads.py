@@ -104,7 +104,7 @@ def inspect_heads_command(
                 "lower bound)")
         insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
                        seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
-                       progress=EtaLines("inspect-heads"))
+                       on_event=EtaLines("inspect-heads"))
         active = _active_features(sae, loaded, inp.tokens)
     _say_measured(insp, loaded)
     if out_dir is not None:

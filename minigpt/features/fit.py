@@ -1,8 +1,8 @@
 """Training a TopK SAE (`interp.sae`) on a `[n, d_in]` set of activations: Adam, batches drawn
 from a generator seeded by `seed`, decoder rows renormalised after every step, dead features
 (no activation for `dead_after` training rows) fed by AuxK. Progress goes to `on_event`
-(`SaeStep` every `report_every` steps). Every `save_every` steps, and at the end, `save(state)`
-gets the whole training state as tensors (`TrainState`: the SAE, Adam's moments, each
+(`events.SaeStep` every `report_every` steps). Every `save_every` steps, and at the end,
+`save(state)` gets the whole training state as tensors (`TrainState`: the SAE, Adam's moments, each
 feature's rows since it last fired, the generator's state), so an interrupted training
 resumes where it was and ends with the same weights as an uninterrupted one (same machine,
 same thread count).
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from minigpt.errors import ArgumentError
+from minigpt.events import SaeStep
 from minigpt.interp.sae import TopKSAE, default_lr, losses
 
 FEATURES_PER_INPUT = 8  # the automatic width: 8 features per dimension of the input
@@ -75,18 +76,6 @@ class SaeSettings:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class SaeStep:
-    """Progress: `step` of `steps` done, the step's losses, seconds so far."""
-
-    step: int
-    steps: int
-    mse: float
-    aux: float
-    dead_fraction: float
-    elapsed: float
 
 
 @dataclass

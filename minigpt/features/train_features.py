@@ -17,6 +17,7 @@ from minigpt.core.gpt import flops_per_token
 from minigpt.cost import TRAIN_LIMIT_S, Work, check_flops
 from minigpt.data.rows import HELD_OUT_FRACTION, held_out_count
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.events import Progress, SaeStarting, no_events
 from minigpt.features import collect, store
 from minigpt.features.fit import SaeSettings, TrainState, default_width, fit_sae, new_state
 from minigpt.interp.sae import ce_recovered, quality
@@ -24,23 +25,6 @@ from minigpt.run.safetensors_io import load_tensors
 
 DEFAULT_TOKENS = 262_144     # activations to train on
 DEFAULT_HELD_OUT = 32_768    # held-out tokens the quality is measured on
-
-
-@dataclass
-class Starting:
-    """Every check passed (the cost included): the SAE on `what` starts, into `out`."""
-
-    what: str
-    out: Path
-
-
-@dataclass
-class Collecting:
-    """Progress: `done` of `total` rows of the `split` run through the model."""
-
-    split: str
-    done: int
-    total: int
 
 
 @dataclass
@@ -126,7 +110,7 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
         r = collect.draw_rows(rows, split, n, seed + salt)
 
         def report(done: int, split=split, total=r.shape[0]) -> None:
-            on_event(Collecting(split, done, total))
+            on_event(Progress(f"z of {split}", done, total))
 
         out.append((collect.collect(model, r, src.layer, report), r))
     return out[0][0], out[1][0], out[1][1]
@@ -137,7 +121,7 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     """Train (or, with `resume`, continue) an SAE on `src` into `out` (module docstring);
     refused before the work when its estimate does not fit (`check_features_cost`), unless
     `force`."""
-    on_event = on_event or (lambda e: None)
+    on_event = on_event or no_events
     settings.check()
     s = None  # the settings resolved for the input's width, once it is known
     if src.loaded is not None:
@@ -149,13 +133,13 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
             raise ArgumentError(name, f"must be a positive number, got {getattr(src, name)}")
     if s is not None:
         check_features_cost(src, s, collect.z_width(src.loaded.cfg.model), force=force)
-        on_event(Starting(src.describe(), out))
+        on_event(SaeStarting(src.describe(), out))
     t0 = time.monotonic()
     x, held, held_rows = gather(src, settings.seed, on_event)
     if s is None:
         s = settings.resolved(x.shape[1])
         check_features_cost(src, s, x.shape[1], x.shape[0] + held.shape[0], force=force)
-        on_event(Starting(src.describe(), out))
+        on_event(SaeStarting(src.describe(), out))
     state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
                                     "source": src.describe()}
     resumed = _resume(out, state, meta) if resume else 0

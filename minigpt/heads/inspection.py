@@ -20,6 +20,7 @@ from torch import Tensor
 from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.cost import Cost, Work, check_flops
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.events import OnEvent, progress_to
 from minigpt.heads.probes import ProbeInput
 from minigpt.interp.head_circuits import (
     KIND_HELP,
@@ -44,7 +45,7 @@ from minigpt.interp.heads import (
     score_heads,
 )
 from minigpt.interp.lens import Lens, logit_lens
-from minigpt.interp.patching import Progress, make_metric
+from minigpt.interp.patching import OnProgress, make_metric
 from minigpt.interp.qk import QKHead, induction_pairs, qk_attribution
 
 # --------------------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
             run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0,
             circuits: CircuitRequest | None = None,
             token_str: Callable[[int], str] | None = None,
-            progress: Progress | None = None) -> Inspection:
+            on_event: OnEvent | None = None) -> Inspection:
     """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
     on `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of interp.heads' ablation) also measures what each
@@ -267,12 +268,13 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
     The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
     orders the resample ablation's reference. `circuits` adds direct logit attribution,
     composition, patching and the logit lens (scored where the ablation is); `token_str`
-    (the tokenizer's) names the lens's tokens. `progress(stage, done, total)` as the long
+    (the tokenizer's) names the lens's tokens. `on_event` gets an events.Progress as the long
     parts (ablation, patching, the qk split, composition) go on; `inspect_cost` estimates
     them all before."""
     tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
+    progress = progress_to(on_event) if on_event is not None else None
     dev = torch.device(device) if device is not None else device_of(model)
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
@@ -296,7 +298,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
 
 
 def measure_circuits(insp: Inspection, model, req: CircuitRequest,
-                     positions: Sequence[int] | None, progress: Progress | None = None
+                     positions: Sequence[int] | None, progress: OnProgress | None = None
                      ) -> None:
     """Fill `insp.dla`, `.patch`, `.composition`, `.lens` and `.qk` as `req` asks
     (interp.head_circuits, interp.lens, interp.qk), reporting `progress`."""

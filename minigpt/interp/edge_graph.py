@@ -70,7 +70,7 @@ CMD: 0 is best). The baseline ranks edges by their real single-edge patching eff
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -81,7 +81,7 @@ from minigpt.cost import Cost
 from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
-from minigpt.interp.patching import SMALL_GAP, Metric, record, run_value, sweep
+from minigpt.interp.patching import SMALL_GAP, Metric, OnProgress, record, run_value, sweep
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's sizes
 INPUTS = ("q", "k", "v")
@@ -267,12 +267,9 @@ class _Attribute(Intervention):
         return xf
 
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total): a long search's progress
-
-
 def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
                     targets: Tensor | None, ig_steps: int = 1,
-                    progress: Progress | None = None) -> tuple[Tensor, Tensor]:
+                    progress: OnProgress | None = None) -> tuple[Tensor, Tensor]:
     """(EAP, EAP-IG) scores (U, R) float64 (NaN where no edge) of every edge for the base
     run on `base` (B, T) with values from `source` (B, T) (module docstring: the estimate of
     metric(base with the edge patched from source) - metric(base)); `targets` (B, P) the
@@ -630,7 +627,7 @@ def layer_head(name: str) -> tuple[int | None, int | None]:
 def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
                  targets: Tensor | None, *, direction: str = "noising", ig_steps: int = 5,
                  edges: int | None = None, recover: float | None = None, curves: bool = True,
-                 baseline: bool | None = None, progress: Progress | None = None) -> Circuit:
+                 baseline: bool | None = None, progress: OnProgress | None = None) -> Circuit:
     """Score every edge on the pairs (clean, corrupted) (B, T) (EAP, or EAP-IG when
     `ig_steps` > 1, in `direction`), keep the circuit of the top `edges` (or the smallest top-N
     that recovers `recover`; neither: DEFAULT_RECOVER), prune it, and measure what it

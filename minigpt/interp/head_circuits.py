@@ -55,7 +55,7 @@ from minigpt.interp.patching import (
     SMALL_GAP,
     HeadRows,
     Metric,
-    Progress,
+    OnProgress,
     Record,
     check_same_length,
     record,
@@ -262,7 +262,7 @@ def _r_factor(x: Tensor) -> Tensor:
     return torch.linalg.qr(x, mode="r").R
 
 
-def composition_from_weights(w: dict[str, Tensor], progress: Progress | None = None
+def composition_from_weights(w: dict[str, Tensor], progress: OnProgress | None = None
                              ) -> dict[str, Tensor]:
     """The three score tensors (L, H, L, H) of `head_weights`' matrices.
 
@@ -318,7 +318,7 @@ def check_composition(cfg) -> None:
 
 
 @torch.no_grad()
-def composition_scores(model, progress: Progress | None = None) -> Composition:
+def composition_scores(model, progress: OnProgress | None = None) -> Composition:
     """Q-, K- and V-composition of `model`'s heads from its weights alone; MinigptError when
     it has a single layer (no head has an earlier one to read from)."""
     cfg = model.cfg
@@ -372,7 +372,7 @@ class Patching:
 @torch.no_grad()
 def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: Metric, *,
                 direction: str = "noising", source: str = "",
-                progress: Progress | None = None) -> Patching:
+                progress: OnProgress | None = None) -> Patching:
     """Every head patched alone (module docstring): one run of the input the outputs come
     from, then the input that receives them: interp.patching's `HeadRows` run by its `sweep`,
     the driver ablation runs (one clean pass keeps its residual stream, and the rows patching

@@ -62,7 +62,7 @@ from minigpt.core.gpt import ForwardSpec, apply_rope, device_of, eval_mode
 from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError
 from minigpt.interp.edge_graph import graph_of, layer_head
-from minigpt.interp.patching import Progress, Record
+from minigpt.interp.patching import OnProgress, Record
 
 BIAS = "bias"  # the writer of every constant (norm and projection biases)
 PREVIOUS_TERM = ("embed", "previous")  # the textbook induction term: (query, key) writers
@@ -215,7 +215,7 @@ class _QKRecord(Record):
 @torch.no_grad()
 def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
                    pairs: Sequence[tuple[int, int, int]] | None = None,
-                   progress: Progress | None = None) -> list[QKHead]:
+                   progress: OnProgress | None = None) -> list[QKHead]:
     """Each head of `heads` ((layer, head)) split at `pairs` ((batch, query, key)) of the
     input idx (B, T) (None: each query's most attended key, queries 1..T-1, per head); one
     forward pass, then per layer one projection of every writer (module docstring);
