@@ -75,7 +75,7 @@ class Inspection:
     step: int = 0
     notes: list[str] = field(default_factory=list)
     ablation: Ablation | None = None  # what each head carries (`ablate_heads`), if asked for
-    dla: Attribution | None = None  # each head's direct share of the logit (heads.circuits)
+    dla: Attribution | None = None  # each head's direct share of the logit (interp.head_circuits)
     patch: Patching | None = None  # each head patched from a corrupted input
     composition: Composition | None = None  # Q/K/V composition from the weights
     copy_start: int | None = None    # induction probe: the position its second copy starts at

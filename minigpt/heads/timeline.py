@@ -10,7 +10,7 @@ those records.
 `circuit` (models of two layers or more, `circuit_record`): the best induction head of the
 layers after the first, the best previous-token head of the layers before it, the
 K-composition of the two (how much the induction head's keys read what the previous-token head
-writes: heads.circuits) beside the score of random weights, and the head with the largest
+writes: interp.head_circuits) beside the score of random weights, and the head with the largest
 direct logit attribution on the induction probe's second copy: the circuit forming, not only
 the patterns.
 `circuit["edges"]` (`edge_record`): the EAP score (interp/edge_graph.py, one step, noising;
