@@ -338,3 +338,26 @@ def test_every_module_a_docstring_or_comment_names_by_dotted_name_exists():
                         MODULES["minigpt." + ".".join(parts[:k])])):
                     missing.append(f"{path.relative_to(root)}:{n}: {m.group(1)}")
     assert not missing, missing
+
+
+MAX_POSITIONAL = 6  # a helper's positional parameters: more are read by position, mixed up
+
+
+def test_no_cli_helper_takes_more_than_six_positional_parameters():
+    """Every function of minigpt/cli but the commands themselves (typer reads those by name)
+    takes at most MAX_POSITIONAL positional parameters (self and cls not counted): more go by
+    keyword, or together in one value."""
+    many = []
+    for name, path in MODULES.items():
+        if not name.startswith("minigpt.cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("command" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            args = [a.arg for a in node.args.posonlyargs + node.args.args]
+            n = len(args) - (args[:1] in (["self"], ["cls"]))
+            if n > MAX_POSITIONAL:
+                many.append(f"{name}.{node.name}: {n}")
+    assert not many, many

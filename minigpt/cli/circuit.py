@@ -38,9 +38,9 @@ CurveOpt = Annotated[bool, typer.Option(
     "single-edge patching effects.")]
 TopOpt = Annotated[int, typer.Option("--top", help="Edges in the table.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png (circuit.png, faithfulness.png), html "
-    "(circuit.html), json (circuit.json) (table: none); repeatable or comma-separated. The "
-    "table is printed in every case, except with --json.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png (circuit.png, "
+    "faithfulness.png), html (circuit.html), json (circuit.json) (table: none); repeatable or "
+    "comma-separated. The table is printed in every case, except with --json.")]
 
 
 @app.command("circuit")
@@ -75,7 +75,8 @@ def circuit_command(
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
     out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
     cost = []  # the estimate, made once the first pair's length is known
-    check = _cost_check(loaded, threads, pairs, ig_steps, curve, force, cost)
+    check = _cost_check(loaded, threads, pairs=pairs, ig_steps=ig_steps, curve=curve,
+                        force=force, cost=cost)
     p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
                       text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
                       eot_first=loaded.eot_first, pairs=pairs, metric=metric, target=target,
@@ -103,7 +104,7 @@ def circuit_command(
         _print_tables(result, top, seen, tok, p.clean[0].tolist())
 
 
-def _cost_check(loaded, threads: int, pairs: int, ig_steps: int, curve: bool, force: bool,
+def _cost_check(loaded, threads: int, *, pairs: int, ig_steps: int, curve: bool, force: bool,
                 cost: list):
     """circuit_pairs' `check`: the search's cost estimated from the first pair's length and
     refused when too large (heads.edge_circuit.check_circuit_cost); the estimate appended to

@@ -20,13 +20,14 @@ FORMATS = ("hf", "gguf")
 @app.command("export")
 def export_command(
     out: Annotated[Path, typer.Option(
-        "--out", "-o", help="hf: a directory to create (missing or empty); gguf: a new file "
-        "(FILE.gguf). Never overwritten.")],
+        "--out", "-o", metavar=opt.OUT, help="hf: a directory to create (missing or empty); "
+        "gguf: a new file (FILE.gguf). Never overwritten.")],
     run: opt.Run = None,
     fmt: Annotated[str, typer.Option(
-        "--format", help="hf: a directory AutoModelForCausalLM / AutoTokenizer.from_pretrained "
-        "load (learned positions -> GPT-2, RoPE -> GPT-NeoX). gguf: one file llama.cpp loads "
-        "(gpt2 / gptneox; needs pip install 'minigpt-lab[gguf]').")] = "hf",
+        "--format", metavar="FORMAT", help="hf: a directory AutoModelForCausalLM / "
+        "AutoTokenizer.from_pretrained load (learned positions -> GPT-2, RoPE -> GPT-NeoX). "
+        "gguf: one file llama.cpp loads (gpt2 / gptneox; needs pip install "
+        "'minigpt-lab[gguf]').")] = "hf",
     dtype: Annotated[str, typer.Option(
         "--dtype", help="gguf only: float32 (exact) or float16 (half the size) for the "
         "matrices (f32 and f16 still read).")] = "float32",

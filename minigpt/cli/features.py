@@ -23,8 +23,8 @@ features_app = typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=No
 app.add_typer(features_app, name="features")
 
 LayerOpt = Annotated[int | None, typer.Option(
-    "--layer", help="The layer whose heads' outputs z (all heads, n_head x d_head wide) the "
-    "SAE reads. Required with --run / --model.")]
+    "--layer", metavar="LAYER", help="The layer whose heads' outputs z (all heads, n_head x "
+    "d_head wide) the SAE reads. Required with --run / --model.")]
 ActivationsOpt = Annotated[Path | None, typer.Option(
     "--activations", help="Train on the one [n, d] tensor of this safetensors file instead "
     "of a model's layer (a tenth is held out).")]
@@ -45,7 +45,8 @@ HeldOutOpt = Annotated[int, typer.Option(
 SeedOpt = Annotated[int, typer.Option(
     "--seed", help="Seed of the tokens drawn, the SAE's initial weights and its batches.")]
 OutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="The SAE's directory (SAELens's layout). Default: <run>/features/layer<L>.")]
+    "--out", "-o", metavar=opt.OUT, help="The SAE's directory (SAELens's layout). Default: "
+    "<run>/features/layer<L>.")]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue the unfinished training in --out (same flags).")]
 SaeOpt = Annotated[Path, typer.Option("--sae", help="An SAE directory features train wrote.")]
@@ -53,10 +54,11 @@ FeatureOpt = Annotated[int | None, typer.Option("--feature", help="Show this fea
 TopOpt = Annotated[int, typer.Option("--top", help="Show the N features active on the most "
                                      "held-out tokens.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png (features.png: features x heads), html "
-    "(features.html); repeatable or comma-separated.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png (features.png: features "
+    "x heads), html (features.html); repeatable or comma-separated.")]
 ShowOutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="Directory for the files. Default: the SAE's directory.")]
+    "--out", "-o", metavar=opt.OUT, help="Directory for the files. Default: the SAE's "
+    "directory.")]
 
 
 @features_app.command("train")

@@ -19,12 +19,13 @@ from minigpt.errors import ArgumentError
 from minigpt.files import shown
 
 LayerOpt = Annotated[list[int] | None, typer.Option(
-    "--layer", help="Layer to show (repeatable). Default: all.")]
+    "--layer", metavar="LAYER", help="Layer to show (repeatable). Default: all.")]
 HeadOpt = Annotated[list[int] | None, typer.Option(
     "--head", help="Head to show (repeatable). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png, html, safetensors, json (table: none); "
-    "repeatable or comma-separated. The table is printed in every case, except with --json.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png, html, safetensors, json "
+    "(table: none); repeatable or comma-separated. The table is printed in every case, "
+    "except with --json.")]
 AblateOpt = Annotated[str | None, typer.Option(
     "--ablate", metavar="MODE", help="Also measure what each head carries: the loss with that "
     "head alone ablated minus the loss without (nats/token). zero: its output replaced by "

@@ -27,8 +27,8 @@ def train_command(
         "--set", help="Override one setting: section.key=value (repeatable), e.g. "
         "--set train.max_steps=500.")] = None,
     out: Annotated[str | None, typer.Option(
-        "--out", "-o", help="Run directory (default: <run.out_dir>/<run.name>, i.e. "
-        "runs/<config name>).")] = None,
+        "--out", "-o", metavar=opt.OUT, help="Run directory (default: "
+        "<run.out_dir>/<run.name>, i.e. runs/<config name>).")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the run in --out from its last checkpoint, with its own "
         "config.yaml: --config and --set values equal to the stored ones are accepted, and "
