@@ -13,8 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import in_process
-from test_cli_circuits import error_line, make_run
+from conftest import SHARP_INDUCTION, error_line, in_process, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -25,7 +24,7 @@ from minigpt.run import load_run
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
 
 
 def invoke(run_dir: Path, *args: str, width: int | None = None):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import error_line
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -33,14 +34,6 @@ def run_dir(tmp_path_factory) -> Path:
 def invoke(run_dir: Path, *args: str):
     return CliRunner().invoke(app, ["inspect-heads", "--run", str(run_dir), "--device", "cpu",
                                     *args], catch_exceptions=False)
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr  # one line, no traceback
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def test_default_prints_summary_and_the_parity_check(run_dir):

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import in_process
-from test_cli_circuits import make_run
+from conftest import SHARP_INDUCTION, error_line, in_process, make_run
 
 from minigpt import cost, device
 from minigpt.cost import Cost, check_cost, largest_fitting
@@ -28,14 +27,7 @@ PROBE = ("--probe", "induction", "--patch-from", "corrupted")
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
-
-
-def error_line(r) -> str:
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
 
 
 def circuit(run_dir: Path, *args: str):
@@ -440,12 +432,12 @@ def test_features_show_refuses_a_huge_tokens_before_the_work(run_dir, tmp_path):
 def test_sample_refuses_what_cannot_end_in_an_hour_and_force_runs_it(tmp_path, monkeypatch):
     """On a machine slow enough (patched) that 3 samples of 20 tokens take 2 h, `sample` is
     refused in one line naming --num-samples and the largest that fits (1); --force samples."""
-    from conftest import save_tiny_run
+    from conftest import make_run
 
     from minigpt.infer import sample as smp
     from minigpt.run import load_run
 
-    run = save_tiny_run(tmp_path / "run")
+    run = make_run(tmp_path / "run", top_files=True)
     loaded = load_run(run, "cpu")
     prompt = len(loaded.tokenizer.encode("ab"))
     flops = smp.sample_flops(loaded.model.cfg, prompt, 20, 3)

@@ -271,11 +271,11 @@ def test_every_link_resolves(doc):
 
 def test_the_readme_python_runs(tmp_path, monkeypatch):
     """The README's Python API block, as written, in a directory whose runs/ holds a run."""
-    from conftest import save_tiny_run
+    from conftest import make_run
 
     blocks = re.findall(r"^```python\n(.*?)^```", README, flags=re.DOTALL | re.MULTILINE)
     assert len(blocks) == 1
-    save_tiny_run(tmp_path / "runs" / "tiny")
+    make_run(tmp_path / "runs" / "tiny", top_files=True)
     monkeypatch.chdir(tmp_path)
     script = tmp_path / "readme_api.py"
     script.write_text(blocks[0])

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import AS_TRAINED, TINY_MODEL, error_line, make_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -36,35 +37,14 @@ from minigpt.core.gpt import GPT
 from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.run.checkpoint import save_checkpoint
 from minigpt.run.lock import LOCK_NAME
-from minigpt.run.state import TrainerState, rng_state
-from minigpt.train.weights import build_optimizer
 
-BLOCK = 16
-MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK}
+BLOCK = TINY_MODEL["block_size"]
 
 
 # --------------------------------------------------------------------------------------------
 # The world every case runs against: one good run, damaged copies of it, bad corpora, bad
 # config files. Built once per module (no training: a random-init model saved as a committed
 # checkpoint through the real save path).
-
-
-def make_run(run_dir: Path, weights_model: dict | None = None, **model) -> Path:
-    """A committed step-7 checkpoint of a random-init model with a complete trainer state (+
-    the top-level files train writes). `weights_model` saves weights of a different shape than
-    config.yaml records."""
-    tok = bytes_tokenizer()
-    sec = {**MODEL, **model, "vocab_size": tok.n_vocab}
-    cfg = from_dict({"model": sec, "tokenizer": {"vocab_size": 256}})
-    wcfg = from_dict({"model": {**sec, **weights_model}}) if weights_model else cfg
-    model = GPT.from_config(wcfg, seed=0)
-    optimizer, names = build_optimizer(model, cfg.train, torch.device("cpu"))
-    state = TrainerState(step=7).as_json(rng_state(torch.Generator().manual_seed(0)))
-    ckpt = save_checkpoint(run_dir, step=7, model=model, cfg=cfg, tokenizer=tok,
-                           trainer_state=state, optimizer=optimizer, param_names=names)
-    for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json"):  # as train leaves them
-        shutil.copy(ckpt / name, run_dir / name)
-    return run_dir
 
 
 def tree_hash(root: Path) -> dict[str, str]:
@@ -118,7 +98,7 @@ TINY_SETS = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.b
 
 def build_world(root: Path) -> World:
     root.mkdir(parents=True, exist_ok=True)
-    good = make_run(root / "good")
+    good = make_run(root / "good", **AS_TRAINED)
     runs: dict[str, Path] = {"good": good}
 
     def copy(name: str) -> Path:
@@ -151,7 +131,7 @@ def build_world(root: Path) -> World:
     os.symlink("step-999999", copy("dangling-latest") / "checkpoints" / ".latest-new")
     os.replace(runs["dangling-latest"] / "checkpoints" / ".latest-new",
                runs["dangling-latest"] / "checkpoints" / "latest")
-    runs["shape"] = make_run(root / "runs" / "shape", weights_model={"n_embd": 64})
+    runs["shape"] = make_run(root / "runs" / "shape", weights_model={"n_embd": 64}, **AS_TRAINED)
     trunc = copy("truncated")
     w = weights_of(trunc)
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
@@ -208,7 +188,8 @@ def build_world(root: Path) -> World:
     corpus = d / "good-corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 60)
     build_records(d, files)
-    runs["sinusoidal"] = make_run(root / "runs" / "sinusoidal", pos_encoding="sinusoidal")
+    runs["sinusoidal"] = make_run(root / "runs" / "sinusoidal", pos_encoding="sinusoidal",
+                                  **AS_TRAINED)
     build_resumable(root, runs, corpus)
     nonempty = root / "runs" / "nonempty-out"
     nonempty.mkdir()
@@ -297,9 +278,9 @@ def build_models(root: Path) -> dict[str, Path]:
     from minigpt.hf import export_hf
     from minigpt.run import load_run
 
-    learned = make_run(root / "learned-run", pos_encoding="learned", bias=True)
+    learned = make_run(root / "learned-run", pos_encoding="learned", bias=True, **AS_TRAINED)
     models = {"gpt2": export_hf(load_run(learned, "cpu"), root / "gpt2").out}
-    rope = make_run(root / "rope-run")
+    rope = make_run(root / "rope-run", **AS_TRAINED)
     models["neox"] = export_hf(load_run(rope, "cpu"), root / "neox").out
 
     def copy(name: str, src: str = "gpt2") -> Path:
@@ -708,24 +689,13 @@ XFAIL: dict[str, str] = {
 
 
 def check_error(result, case: Case) -> str:
-    """Exit 2, exactly one error line, no traceback; returns the error line."""
-    out = (result.stderr or "") + (result.stdout or "")
-    assert "Traceback" not in out, out
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        f"uncaught {type(result.exception).__name__}: {result.exception}")
-    assert result.exit_code == 2, f"exit {result.exit_code}: {out}"
+    """Exit 2, exactly one error line, no traceback (conftest.error_line); returns the error
+    line. train reports its data progress before it can find an --out problem: the error is
+    then still exactly one line, and the last one. A usage error (`case.usage`) is the
+    parser's message, one line as well."""
     lines = [x for x in result.stderr.splitlines() if x.strip()]
-    if lines and lines[0].startswith(("data: ", "training the BPE")):
-        # train reports its data progress before it can find an --out problem: the error is
-        # still exactly one line, and the last one.
-        assert not any(x.lower().startswith("error") for x in lines[:-1]), result.stderr
-        lines = lines[-1:]
-    if case.usage:  # click's own usage error: a usage line, a hint, one `Error:` line
-        errs = [x for x in lines if x.lower().startswith("error")]
-        assert len(errs) == 1, result.stderr
-        return errs[0]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+    return error_line(result, after_progress=bool(lines) and lines[0].startswith(
+        ("data: ", "training the BPE")))
 
 
 @pytest.mark.parametrize("case", [
@@ -783,10 +753,7 @@ def test_real_process_exit_code_and_stderr(world, tmp_path, name, args, needle):
                        cwd=tmp_path,
                        capture_output=True, text=True, timeout=120,
                        env={**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")})
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert needle in error_line(r), r.stderr
     assert tree_hash(world.good) == before
 
 
@@ -804,11 +771,10 @@ def test_record_corpora_through_the_installed_command(case, world, tmp_path):
     r = subprocess.run([MINIGPT, *case.args(world, tmp_path)], check=False, cwd=tmp_path,
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "MINIGPT_CACHE": str(tmp_path / "cache")})
-    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    line = error_line(r, after_progress=True)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert lines and lines[-1].startswith("error: "), r.stderr
     assert all(x.startswith(("data: ", "training the BPE")) for x in lines[:-1]), r.stderr
-    assert all(n in lines[-1] for n in case.needles), lines[-1]
+    assert all(n in line for n in case.needles), line
     assert not (tmp_path / "new-run").exists()
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
 
@@ -873,16 +839,11 @@ _values = st.one_of(st.text(max_size=20), st.integers().map(str),
 
 
 def _loads_or_one_line(result) -> None:
-    out = (result.stderr or "") + (result.stdout or "")
-    assert "Traceback" not in out
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
-        result.exception)
-    if result.exit_code == 0:
-        assert result.stdout.startswith("model:")
+    """The config printed, or one clean error line (conftest.error_line)."""
+    if result.exit_code == 0 and result.exception is None:
+        assert result.stdout.startswith("model:") and "Traceback" not in result.stderr
     else:
-        assert result.exit_code == 2, out
-        lines = [x for x in result.stderr.splitlines() if x.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        error_line(result)
 
 
 @settings(max_examples=60, deadline=None,
@@ -962,15 +923,6 @@ def run_minigpt(args: list[str], cwd: Path, prefix: tuple[str, ...] = (),
     return subprocess.run([*prefix, MINIGPT, *args], check=False, cwd=cwd, env=environ,
                           capture_output=True, text=True, timeout=CASE_TIMEOUT_S,
                           preexec_fn=_capped)
-
-
-def one_error_line(r: subprocess.CompletedProcess) -> str:
-    out = r.stdout + r.stderr
-    assert "Traceback" not in out, out[-2000:]
-    assert r.returncode == 2, f"exit {r.returncode}: {out[-2000:]}"
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
-    return lines[0]
 
 
 # Quick cases of the process tables below that the quick tier runs in this process, through the
@@ -1239,7 +1191,7 @@ def test_files_from_elsewhere(case: HostileCase, how: str, hostile: Hostile, tmp
     before = tree_hash(hostile.root / "models"), tree_hash(hostile.root / "runs")
     r = (run_minigpt(case.args(hostile, tmp_path), tmp_path, tuple(prefix), **case.env)
          if how == "process" else in_process(case.args(hostile, tmp_path), **case.env))
-    line = one_error_line(r)
+    line = error_line(r)
     for needle in case.needles:
         assert needle in line, f"{needle!r} not in {line!r}"
     assert len(line) < 600, line
@@ -1317,11 +1269,11 @@ class Elsewhere:
 def nan_run(run_dir: Path, layer: int | None) -> Path:
     """make_run's model with NaN in the input norm of block `layer` (its attention is NaN), or
     (None) in the final norm (the attention is finite, the logits are not)."""
-    model = GPT.from_config(from_dict({"model": {**MODEL, "vocab_size": 257}}), seed=0)
+    model = GPT.from_config(from_dict({"model": {**TINY_MODEL, "vocab_size": 257}}), seed=0)
     module = model.ln_f if layer is None else model.blocks[layer]
     with torch.no_grad():
         next(module.parameters()).fill_(float("nan"))
-    cfg = from_dict({"model": {**MODEL, "vocab_size": 257}, "tokenizer": {"vocab_size": 256}})
+    cfg = from_dict({"model": {**TINY_MODEL, "vocab_size": 257}, "tokenizer": {"vocab_size": 256}})
     save_checkpoint(run_dir, step=7, model=model, cfg=cfg, tokenizer=bytes_tokenizer(),
                     trainer_state={"step": 7})
     return run_dir
@@ -1465,11 +1417,9 @@ def test_from_elsewhere_through_the_installed_command(case: Outside, how: str, w
     r = installed(args, tmp_path) if how == "process" else in_process(args)
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
     if case.needles:
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stderr)
-        assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+        line = error_line(r)
         for needle in case.needles:
-            assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+            assert needle in line, f"{needle!r} not in {line!r}"
     else:
         assert r.returncode == 0, r.stderr
     if case.check is not None:
@@ -2074,11 +2024,7 @@ def test_one_door_for_files(case: DoorCase, how: str, door: Door, world: World,
     elif case.stderr == "full":  # the error line could not be written; the exit code says it
         assert r.returncode == 2, f"exit {r.returncode}"
     else:  # progress lines (data:, sampling from ...) may come first; one error line, last
-        assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-2000:]}"
-        lines = [x for x in r.stderr.splitlines() if x.strip()]
-        assert lines and lines[-1].startswith("error: "), r.stderr[-2000:]
-        assert not any(x.lower().startswith("error") for x in lines[:-1]), r.stderr[-2000:]
-        line = lines[-1]
+        line = error_line(r, after_progress=True)
         for needle in case.needles:
             assert needle in line, f"{needle!r} not in {line!r}"
         assert len(line) < 600, line

@@ -9,22 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import in_process
-from test_cli_circuits import make_run
+from conftest import SHARP_INDUCTION, error_line, in_process, make_run
 
 from minigpt.heads import output
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("minor") / "tiny")
-
-
-def one_line(r) -> str:
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
+    return make_run(tmp_path_factory.mktemp("minor") / "tiny", **SHARP_INDUCTION)
 
 
 def test_no_probe_file_is_left_in_heads(run_dir, tmp_path):
@@ -63,7 +55,7 @@ def test_gguf_export_refuses_a_read_only_directory(run_dir, tmp_path):
     ro.chmod(0o555)
     try:
         r = in_process(["export", "--format", "gguf", "--run", run_dir, "--out", ro / "m.gguf"])
-        line = one_line(r)
+        line = error_line(r)
         assert f"{ro} is a read-only directory (mode 555)" in line and "--out" in line
         assert list(ro.iterdir()) == []
     finally:
@@ -71,7 +63,7 @@ def test_gguf_export_refuses_a_read_only_directory(run_dir, tmp_path):
 
 
 def test_a_config_name_typo_gets_a_did_you_mean(tmp_path):
-    line = one_line(in_process(["train", "--config", "inductoin"], cwd=tmp_path))
+    line = error_line(in_process(["train", "--config", "inductoin"], cwd=tmp_path))
     assert "did you mean" in line.lower() and "induction" in line, line
 
 
@@ -80,7 +72,7 @@ def test_a_cut_checkpoint_config_is_blamed_not_the_users_set(trained_runs, tmp_p
     cfg = (run / "checkpoints" / "latest").resolve() / "config.yaml"
     data = cfg.read_bytes()
     cfg.write_bytes(data[: len(data) // 2])
-    line = one_line(in_process(["train", "--out", run, "--resume", "--set",
+    line = error_line(in_process(["train", "--out", run, "--resume", "--set",
                                 "train.batch_size=8"]))
     assert f"{cfg}" in line and "corrupted" in line, line
     assert "cannot change on --resume" not in line
@@ -119,9 +111,7 @@ def test_a_full_disk_says_what_was_written_and_what_not(run_dir, tmp_path, monke
     out = tmp_path / "out"
     r = in_process([command, "--run", run_dir, "--device", "cpu", "--probe", "induction", *args,
                     "--out", out])
-    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
-    assert r.returncode == 2 and len(errors) == 1 and r.stderr.strip().endswith(errors[0])
-    line = errors[0]
+    line = error_line(r, after_progress=True)
     assert "no space left on device" in line and fails in line
     written = line.split("(complete): ")[1].split(";")[0].split(", ")
     not_written = line.split("not written: ")[1].split(", ")
@@ -144,7 +134,7 @@ def test_shown_cuts_between_words():
 
 
 def test_probe_induction_is_not_suggested_to_who_gave_it(tmp_path):
-    make_run(tmp_path / "runs" / "tiny")
+    make_run(tmp_path / "runs" / "tiny", **SHARP_INDUCTION)
     given = in_process(["inspect-heads", "--device", "cpu", "--probe", "induction"],
                        cwd=tmp_path)
     assert given.returncode == 0, given.stderr

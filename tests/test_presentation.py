@@ -476,12 +476,13 @@ def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
     from minigpt.cli.sample import _SampleView
 
     prompt = SimpleNamespace(text="ROMEO:", ids=[1, 2])
-    view = _SampleView(prompt, 1, 1, False, True, 0.0, "ROMEO:\x1b[31m\n")
+    view = _SampleView(prompt, 1, 1, json_out=False, streaming=True, t_start=0.0,
+                       shown_prompt="ROMEO:\x1b[31m\n")
     view.on_text(0, " But")
     view.on_text(0, " soft")
     out = capsys.readouterr().out
     assert out == "\x1b[2mROMEO:\\x1b[31m\n\x1b[0m But soft"  # once, dimmed, escapes shown
-    piped = _SampleView(prompt, 1, 1, False, False, 0.0, "")
+    piped = _SampleView(prompt, 1, 1, json_out=False, streaming=False, t_start=0.0)
     piped.on_done(SimpleNamespace(index=0, text=" But soft", token_ids=[3], tokens_per_s=1.0,
                                   first_token_s=0.1, finish_reason="length"))
     assert capsys.readouterr().out == " But soft\n"  # piped: the generated text only

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import attention_maps_unrendered, in_process
-from test_cli_circuits import error_line, make_run
+from conftest import SHARP_INDUCTION, attention_maps_unrendered, error_line, in_process, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -158,7 +157,7 @@ def test_induction_pairs_are_the_key_after_the_earlier_copy():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
 
 
 def invoke(run_dir: Path, *args: str):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_hardening import MODEL, make_run, weights_of
+from conftest import AS_TRAINED, TINY_MODEL, error_line, make_run
+from test_hardening import weights_of
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -122,8 +123,6 @@ FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "j
               "torch.load", "read_parquet", "fdopen"}
 
 DOOR_EXCEPTIONS = {
-    ("cost.py", "open"): "the kernel's /proc/meminfo (MemAvailable), read only; core "
-                                "imports no minigpt.files",
     ("data/records.py", "json.loads"): "one JSON Lines record, already cut to MAX_RECORD_BYTES, "
                                   "parsed with files.json_int and RecursionError caught (its "
                                   "error names the column)",
@@ -213,7 +212,7 @@ class _Payload:
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("sec") / "good")
+    return make_run(tmp_path_factory.mktemp("sec") / "good", **AS_TRAINED)
 
 
 @pytest.mark.parametrize("container", ["pickle", "zip"])
@@ -289,7 +288,7 @@ def test_consistent_huge_header_is_checked_against_the_config_before_loading(tmp
                                 "data_offsets": [0, 4 * HUGE]}}, sparse_to=4 * HUGE)
     except OSError as e:  # a filesystem without sparse files this big
         pytest.skip(f"cannot create a 4 TiB sparse file here: {e}")
-    cfg = from_dict({"model": {**MODEL, "vocab_size": 257}})
+    cfg = from_dict({"model": {**TINY_MODEL, "vocab_size": 257}})
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(Exception, match="wte.weight"):
         load_model_weights(GPT(cfg.model), Checkpoint(ckdir, 1, cfg, {}))
@@ -356,7 +355,7 @@ class _Elements(HTMLParser):
 
 def test_viewer_html_escapes_hostile_token_text(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run = make_run(tmp_path / "run", block_size=64)
+    run = make_run(tmp_path / "run", block_size=64, **AS_TRAINED)
     hostile = "<script>alert(1)</script><img src=x onerror=alert(2)>\u2028&amp;"
     assert len(hostile.encode()) <= 64  # byte tokens: the whole text fits the context
     r = CliRunner().invoke(app, ["inspect-heads", "--run", str(run), "--text", hostile,
@@ -515,7 +514,7 @@ def exported(tmp_path_factory) -> Path:
     from minigpt.run import load_run
 
     root = tmp_path_factory.mktemp("exported")
-    run = make_run(root / "run", pos_encoding="learned", bias=True)
+    run = make_run(root / "run", pos_encoding="learned", bias=True, **AS_TRAINED)
     return export_hf(load_run(run, "cpu"), root / "model").out
 
 
@@ -548,7 +547,7 @@ def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(exported, tm
     """The real cache layout (links out of the snapshot into the repo's blobs/) is accepted,
     through the installed command, both as a directory and as hf:REPO offline; a link from a
     snapshot into ANOTHER repo's cache folder is not."""
-    from test_hardening import one_error_line, run_minigpt
+    from test_hardening import run_minigpt
 
     snap = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/tiny")
     assert (snap / "config.json").is_symlink()
@@ -565,7 +564,7 @@ def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(exported, tm
     other = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/other")
     (snap / "tokenizer.json").unlink()
     os.symlink(os.path.relpath(other / "tokenizer.json", snap), snap / "tokenizer.json")
-    line = one_error_line(run_minigpt([*args, "--model", str(snap)], tmp_path))
+    line = error_line(run_minigpt([*args, "--model", str(snap)], tmp_path))
     assert "tokenizer.json" in line and "outside the model directory" in line
     assert str(tmp_path / "hf-home" / "hub" / "models--someone--tiny") in line
 
@@ -856,7 +855,7 @@ def test_an_unreadable_run_directory_is_one_permission_denied_line(tmp_path, mon
     from minigpt.run.choice import pick_run
     from minigpt.run.resume import train_config
 
-    run = make_run(tmp_path / "runs" / "good")
+    run = make_run(tmp_path / "runs" / "good", **AS_TRAINED)
     locked = run / "checkpoints" / "step-000007" if where == "checkpoint" else tmp_path / "runs"
     monkeypatch.chdir(tmp_path)
     calls = [lambda: load_run(None), lambda: train_config(None, ["run.name=good"], resume=True)]
