@@ -161,7 +161,7 @@ AS_TRAINED = {"optimizer": True, "top_files": True}
 def make_run(run_dir: Path, *, tokenizer=None, seed: int = 0, step: int = 7,
              sections: dict | None = None, weights_model: dict | None = None,
              perturbed: bool = False, sharpen: float = 1.0, says: int | None = None,
-             nan: bool = False, optimizer: bool = False, top_files: bool = False,
+             nan: str | None = None, optimizer: bool = False, top_files: bool = False,
              **model) -> Path:
     """The one maker of a run directory without training: a committed checkpoint at `step` of
     a random-init model (weights from `seed`) of TINY_MODEL with `model`'s settings, its
@@ -172,8 +172,9 @@ def make_run(run_dir: Path, *, tokenizer=None, seed: int = 0, step: int = 7,
     records; `perturbed` adds noise to every parameter (`perturb`: norms and biases no longer
     1 and 0); `sharpen` multiplies every matrix; `says=b` makes the model write byte b, b, b,
     ... (the final norm ignores its input: weight 0, bias e_0, and b's embedding is 50 e_0, so
-    every next-token distribution puts all but ~e^-50 of its mass on b); `nan` makes the final
-    norm's weight NaN (a run whose logits are not finite). `optimizer`: a complete trainer
+    every next-token distribution puts all but ~e^-50 of its mass on b); `nan` makes the first
+    parameter of that module NaN ("ln_f": the logits are not finite, the attention is;
+    "blocks.1": layer 1's attention is not finite). `optimizer`: a complete trainer
     state (AdamW's, the data generator's) as training saves it, else the step alone;
     `top_files`: the top-level files `minigpt train` leaves beside the checkpoints."""
     from minigpt.config import from_dict
@@ -207,7 +208,8 @@ def make_run(run_dir: Path, *, tokenizer=None, seed: int = 0, step: int = 7,
     return run_dir
 
 
-def _edit_weights(net: torch.nn.Module, sharpen: float, says: int | None, nan: bool) -> None:
+def _edit_weights(net: torch.nn.Module, sharpen: float, says: int | None,
+                  nan: str | None) -> None:
     """make_run's `sharpen`, `says` and `nan`."""
     with torch.no_grad():
         if sharpen != 1.0:
@@ -220,8 +222,8 @@ def _edit_weights(net: torch.nn.Module, sharpen: float, says: int | None, nan: b
             net.ln_f.bias[0] = 1.0
             net.wte.weight[:, 0] = 0.0
             net.wte.weight[says, 0] = 50.0
-        if nan:
-            net.ln_f.weight.fill_(math.nan)
+        if nan is not None:
+            next(net.get_submodule(nan).parameters()).fill_(math.nan)
 
 
 def error_line(result, *, after_progress: bool = False) -> str:
@@ -244,6 +246,21 @@ def error_line(result, *, after_progress: bool = False) -> str:
         lines = lines[-1:]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
     return lines[0]
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    """The world the tests of bad input run against (tests/cli_world.py), built once."""
+    from cli_world import build_world
+
+    return build_world(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """cwd (so a default `runs/` lands in tmp) and the token cache both under tmp."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINIGPT_CACHE", str(tmp_path / "cache"))
 
 
 # Settings neither export format (a Hugging Face GPT-2 / GPT-NeoX directory, a GGUF file) can

@@ -122,7 +122,7 @@ def test_tiny_temperature_is_greedy_through_the_cli(run_dir):
 
 
 def test_non_finite_logits_are_one_error_line_naming_the_step(tmp_path):
-    run = make_run(tmp_path / "nan", nan=True, top_files=True)
+    run = make_run(tmp_path / "nan", nan="ln_f", top_files=True)
     for t in ("0", "1", "1e-40"):
         r = invoke("--run", str(run), "-n", "1", "-t", t, "--seed", "0")
         assert r.exit_code == 2 and r.stdout == "" and "Traceback" not in r.stderr

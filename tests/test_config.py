@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import error_line, in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -274,3 +275,8 @@ def test_one_parser_reads_every_comma_separated_list():
 
     assert comma_list("a, b") == ["a", "b"] and comma_list(["a,b", " c "]) == ["a", "b", "c"]
     assert comma_list([]) == [] and comma_list("png,") == ["png", ""]
+
+
+def test_a_config_name_typo_gets_a_did_you_mean(tmp_path):
+    line = error_line(in_process(["train", "--config", "inductoin"], cwd=tmp_path))
+    assert "did you mean" in line.lower() and "induction" in line, line

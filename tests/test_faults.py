@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_world import tree_hash
 from conftest import error_line, kill_trials
-from test_hardening import tree_hash
 from typer.testing import CliRunner
 
 from minigpt.cli import app

@@ -139,8 +139,8 @@ def test_no_runs_is_one_line_saying_where_it_looked(tmp_path, what):
 
 
 def test_a_run_with_files_it_cannot_read_is_marked_and_the_others_listed(tmp_path):
+    from cli_world import run_minigpt, unprivileged_prefix
     from conftest import in_process, make_run
-    from test_hardening import run_minigpt, unprivileged_prefix
 
     prefix = unprivileged_prefix()
     root = tmp_path / "runs"
@@ -191,7 +191,7 @@ def test_a_run_with_files_it_cannot_read_is_marked_and_the_others_listed(tmp_pat
 
 
 def test_runs_on_a_directory_it_cannot_read_is_one_line(tmp_path):
-    from test_hardening import run_minigpt, unprivileged_prefix
+    from cli_world import run_minigpt, unprivileged_prefix
 
     prefix = unprivileged_prefix()
     if prefix is None:

@@ -578,3 +578,16 @@ def test_heads_png_names_the_pair_at_each_point_and_calls_a_head_formed_only_whe
     early = timeline._pair_title(recs[0]["circuit"], recs[0]["scores"])
     assert early == ("L0.H1 (best previous 0.20, not formed) -> "
                      "L1.H0 (best induction 0.10, not formed)")
+
+
+def test_shown_cuts_between_words():
+    from minigpt.files import shown
+
+    text = ("corrupted-second: the induction probe with its second copy replaced by fresh "
+            "tokens: the first copy's tokens are there, but no query asks for them)")
+    short = shown(text)
+    assert " ... " in short and len(short) <= 80
+    head, tail = short.split(" ... ")
+    assert text.startswith(head) and text.endswith(tail)
+    words = set(text.split())
+    assert head.split()[-1] in words and tail.split()[0] in words  # no word cut in two

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_world import weights_of
 from conftest import AS_TRAINED, TINY_MODEL, error_line, make_run
-from test_hardening import weights_of
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -486,7 +486,7 @@ def test_nothing_is_written_outside_in_a_fresh_process(tmp_path):
 # --------------------------------------------------------------------------------------------
 # 6. Files from elsewhere (issue 26; docs/security.md): what `--model` may read through a
 # symlink, the readers that never block or balloon, run names that stay inside run.out_dir,
-# and the cache when HOME is empty. The hostile-input table is in tests/test_hardening.py.
+# and the cache when HOME is empty. The hostile-input table is in tests/test_hostile_files.py.
 
 
 def hf_cache_layout(model: Path, hub: Path, repo: str) -> Path:
@@ -547,7 +547,7 @@ def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(exported, tm
     """The real cache layout (links out of the snapshot into the repo's blobs/) is accepted,
     through the installed command, both as a directory and as hf:REPO offline; a link from a
     snapshot into ANOTHER repo's cache folder is not."""
-    from test_hardening import run_minigpt
+    from cli_world import run_minigpt
 
     snap = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/tiny")
     assert (snap / "config.json").is_symlink()
@@ -598,7 +598,7 @@ def test_permission_denied_is_reported_with_the_path_in_process(exported, tmp_pa
                                                                 monkeypatch):
     """What an unreadable directory or config.json says, where the process cannot be made to
     lack the permission (root without setpriv): the OS error is simulated. The real thing runs
-    in tests/test_hardening.py (model-dir-unreadable, config-unreadable)."""
+    in tests/test_hostile_files.py (model-dir-unreadable, config-unreadable)."""
     import errno
 
     from minigpt.errors import MinigptError
@@ -720,7 +720,7 @@ def test_a_tokenizer_with_too_many_special_tokens_is_refused_before_tiktoken_bui
 # --------------------------------------------------------------------------------------------
 # 7. The file door (issue 32; minigpt/files.py): the rules every read and write goes through,
 # checked in-process. The same causes through the installed command:
-# tests/test_hardening.py::test_one_door_for_files.
+# tests/test_file_door.py::test_one_door_for_files.
 
 
 def test_the_reader_refuses_what_is_not_a_regular_file_with_one_line(tmp_path):
@@ -849,7 +849,7 @@ def test_an_unreadable_run_directory_is_one_permission_denied_line(tmp_path, mon
     --resume. Now one line naming the directory. Where mode bits bind, the directory really
     is mode 000; as root they do not, and the denial is simulated at the OS calls
     (`_as_if_unreadable`). Through the installed command, under setpriv as root:
-    tests/test_hardening.py (the `unreadable-dir` cases)."""
+    tests/test_file_door.py (the `unreadable-dir` cases)."""
     from minigpt.errors import MinigptError
     from minigpt.run import load_run
     from minigpt.run.choice import pick_run
