@@ -266,3 +266,15 @@ def test_in_process_works_like_the_command(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("why it attends where it does") == 6
     assert "each query's most attended key (queries 1..11" in r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_cost_counts_the_writers_the_split_makes(name):
+    """interp.qk.writer_count, the count qk_cost prices, is the number of writers the split
+    of a head of each layer actually has (embedding parts, biases, earlier heads and MLPs)."""
+    from minigpt.interp.qk import writer_count
+
+    model = tiny(CONFIGS[name])
+    idx = torch.randint(0, 40, (1, 4), generator=torch.Generator().manual_seed(0))
+    for h in qk_attribution(model, idx, [(la, 0) for la in range(3)], every_pair(4)[:2]):
+        assert len(h.writers) == writer_count(model.cfg, h.layer), (h.layer, h.writers)

@@ -27,6 +27,7 @@ from minigpt.interp.head_circuits import (
     Attribution,
     Composition,
     Patching,
+    composition_cost,
     composition_scores,
     direct_logit_attribution,
     patch_heads,
@@ -46,7 +47,7 @@ from minigpt.interp.heads import (
 )
 from minigpt.interp.lens import Lens, logit_lens
 from minigpt.interp.patching import OnProgress, make_metric
-from minigpt.interp.qk import QKHead, induction_pairs, qk_attribution
+from minigpt.interp.qk import QKHead, induction_pairs, qk_attribution, qk_cost
 
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
@@ -369,13 +370,11 @@ def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
     ModelConfig) with what is asked for: a forward pass is a third of core.gpt.flops_per_token
     per token; the maps take two (explicit and SDPA), an ablation or a patching sweep about
     half a pass per head (each row runs from its head's layer on), DLA, the lens and
-    --features one each; the qk split projects every writer of a head's layer and keeps two
-    (pairs x writers x writers) grids per head in float64; composition one product per later
-    layer (3 C^3 per layer pair). Memory: the maps (three copies of layers x heads x T x T
-    floats: the pass, the scores, the copy kept) and the qk split's grids and writers, or
-    composition's products, whichever is larger."""
-    T, L, H, C = n_tokens, cfg.n_layer, cfg.n_head, cfg.n_embd
-    D = C // H
+    --features one each; the qk split and composition as their own formulas say
+    (interp.qk.qk_cost, interp.head_circuits.composition_cost). Memory: the maps (three copies
+    of layers x heads x T x T floats: the pass, the scores, the copy kept) and the qk split's
+    or composition's, whichever is larger."""
+    T, L, H = n_tokens, cfg.n_layer, cfg.n_head
     pass_flops = flops_per_token(cfg, T) * T / 3
     sweeps = (ablate is not None) + (req is not None and req.patch_tokens is not None)
     passes = 2 + sweeps * (L * H / 2 + 2) + features
@@ -384,18 +383,12 @@ def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
     flops, held = passes * pass_flops, 12.0 * L * H * T * T
     extra = 0.0
     if req is not None and req.qk:
-        P = max(1, min(len(req.qk_pairs) if req.qk_pairs else T, T - 1))
-
-        def writers(la: int) -> int:  # the writers of the stream entering layer la
-            return 2 + la * (H + cfg.mlp)
-
-        flops += sum(4 * writers(la) * T * C * D + 4 * P * writers(la) ** 2 * D
-                     for la, _ in req.qk)
-        extra = (8.0 * (2 + L * (H + cfg.mlp)) * T * C
-                 + sum(16.0 * P * writers(la) ** 2 for la, _ in req.qk))
+        pairs = max(1, min(len(req.qk_pairs) if req.qk_pairs else T, T - 1))
+        qk = qk_cost(cfg, T, req.qk, pairs)
+        flops, extra = flops + qk.flops, qk.bytes
     if req is not None and req.composition:
-        flops += 3.0 * C ** 3 * L * (L - 1) / 2
-        extra = max(extra, 60.0 * L * C * C)
+        comp = composition_cost(cfg)
+        flops, extra = flops + comp.flops, max(extra, comp.bytes)
     return flops, held + extra
 
 

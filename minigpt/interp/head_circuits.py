@@ -49,6 +49,7 @@ from torch import Tensor
 
 from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.kernels import norm
+from minigpt.cost import Work
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.edge_args import check_direction
 from minigpt.interp.patching import (
@@ -290,6 +291,14 @@ def composition_from_weights(w: dict[str, Tensor], progress: OnProgress | None =
         if progress is not None:
             progress("composition", l2, L - 1)
     return {kind: s[i] for i, kind in enumerate(KINDS)}
+
+
+def composition_cost(cfg) -> Work:
+    """What `composition_scores` of a model of `cfg` costs: one (C x C)-sized product per later
+    layer, 3 C^3 FLOPs per layer pair; memory: the factored weights and products, ~60 L C^2
+    bytes."""
+    L, C = cfg.n_layer, cfg.n_embd
+    return Work(3.0 * C ** 3 * L * (L - 1) / 2, 60.0 * L * C * C)
 
 
 def composition_baseline(n_head: int, n_embd: int, head_dim: int, centred: bool,

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, apply_rope, device_of, eval_mode
+from minigpt.cost import Work
 from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError
 from minigpt.interp.edge_graph import graph_of, layer_head
@@ -212,6 +213,27 @@ class _QKRecord(Record):
         return q, k
 
 
+def writer_count(cfg, layer: int) -> int:
+    """How many writers the stream entering `layer` of a model of `cfg` (a ModelConfig) is
+    split into: the embedding (token and position apart where positions are added: learned,
+    sinusoidal), each earlier layer's heads and MLP, and the constant of the biases."""
+    embed = 2 if cfg.pos_encoding in ("learned", "sinusoidal") else 1
+    return embed + layer * (cfg.n_head + bool(cfg.mlp)) + 1
+
+
+def qk_cost(cfg, n_tokens: int, heads: Sequence[tuple[int, int]], pairs: int) -> Work:
+    """What `qk_attribution` of `heads` on `n_tokens` tokens and `pairs` pairs costs: every
+    writer projected through each head's layer (4 W T C D FLOPs a head), each pair's grid (4
+    W^2 D); memory: every writer's output (float64, W x T x C; the biases are one constant) and
+    two float64 grids (pairs x W x W) per head."""
+    T, C, D, L = n_tokens, cfg.n_embd, cfg.head_dim, cfg.n_layer
+    flops = sum(4 * writer_count(cfg, la) * T * C * D + 4 * pairs * writer_count(cfg, la) ** 2
+                * D for la, _ in heads)
+    held = (8.0 * (writer_count(cfg, L) - 1) * T * C
+            + sum(16.0 * pairs * writer_count(cfg, la) ** 2 for la, _ in heads))
+    return Work(flops, held)
+
+
 @torch.no_grad()
 def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
                    pairs: Sequence[tuple[int, int, int]] | None = None,
@@ -274,7 +296,7 @@ class _Writers:
         cfg = model.cfg
         self.model, self.rec, self.centred = model, rec, cfg.norm != "rmsnorm"
         B, T = idx.shape
-        n = 2 + cfg.n_layer * (cfg.n_head + bool(cfg.mlp))
+        n = writer_count(cfg, cfg.n_layer) - 1  # every writer but the biases' constant
         self.buf = torch.empty(n, B, T, cfg.n_embd, dtype=torch.float64, device=idx.device)
         self.names: list[str] = []
         if model.wpe is not None or cfg.pos_encoding == "sinusoidal":
