@@ -72,7 +72,7 @@ def duration(seconds: float) -> str:
         return f"{r // 60}m{r % 60:02d}s"
     if r < 2 * 86400:
         return f"{r // 3600}h{r % 3600 // 60:02d}m"
-    return f"{r // 86400}d"
+    return f"{round(s / 86400)}d"
 
 
 YEAR = 365 * 86400.0
