@@ -25,11 +25,12 @@ from minigpt.cli import app
 # option -> (the commands where it means something of their own, why). Those commands still
 # spell it the same (the same flags); the other commands sharing it agree in everything.
 OWN_MEANING = {
-    "--out": ({"train", "curves", "export", "bench", "features train", "features show"}, (
-        "what is written is the command's own: a run directory (train), a picture (curves), "
-        "an export (export), a JSON report (bench), an SAE's directory (features train), an "
-        "SAE's pictures beside it (features show); inspect-heads and circuit share one --out "
-        "for their files")),
+    "--out": ({"train", "curves", "export", "bench", "compile", "features train",
+               "features show"}, (
+        "what is written is the command's own: a run directory (train, compile), a picture "
+        "(curves), an export (export), a JSON report (bench), an SAE's directory (features "
+        "train), an SAE's pictures beside it (features show); inspect-heads and circuit share "
+        "one --out for their files")),
     "--layer": ({"inspect-heads", "features train"}, (
         "inspect-heads shows the layers given (repeatable, default all); features train reads "
         "one layer's head outputs (required)")),
