@@ -38,9 +38,9 @@ CurveOpt = Annotated[bool, typer.Option(
     "single-edge patching effects.")]
 TopOpt = Annotated[int, typer.Option("--top", help="Edges in the table.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png (circuit.png, faithfulness.png), html "
-    "(circuit.html), json (circuit.json) (table: none); repeatable or comma-separated. The "
-    "table is printed in every case, except with --json.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png (circuit.png, "
+    "faithfulness.png), html (circuit.html), json (circuit.json) (table: none); repeatable or "
+    "comma-separated. The table is printed in every case, except with --json.")]
 
 
 @app.command("circuit")
@@ -74,11 +74,13 @@ def circuit_command(
     truth = read_truth(loaded.run_dir)  # a compiled program's known circuit, or None
     out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
     cost = []  # the estimate, made once the first pair's length is known
-    check = _cost_check(loaded, threads, pairs, ig_steps, curve, force, cost)
+    check = _cost_check(loaded, threads, pairs=pairs, ig_steps=ig_steps, curve=curve,
+                        force=force, cost=cost)
     if truth is not None:
-        p = _program_pairs(loaded, truth, patch_from, pairs, seed, max_tokens, check,
-                           text=text, text_file=text_file, probe=probe, metric=metric,
-                           target=target, answer=answer, wrong=wrong)
+        p = _program_pairs(loaded, truth, patch_from, pairs=pairs, seed=seed,
+                           max_tokens=max_tokens, check=check, text=text, text_file=text_file,
+                           probe=probe, metric=metric, target=target, answer=answer,
+                           wrong=wrong)
     else:
         p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
                           text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
@@ -90,14 +92,16 @@ def circuit_command(
         f"corrupted: {shown(p.corrupted_source, 240)}); metric: {p.metric.describe()}; estimated "
         f"{cost[0].describe()}")
     with cpu_threads(threads, loaded.model):
-        result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
-                                curve, lens, EtaLines("circuit"))
+        search = {"direction": patch_direction, "ig_steps": ig_steps, "edges": edges,
+                  "recover": recover, "curves": curve}
+        result, seen = _measure(loaded.model, p, search, lens, EtaLines("circuit"))
         scored = _truth(loaded, result, truth, p, seed) if truth is not None else None
     out_str = truth.output_str if truth is not None else loaded.tokenizer.token_str
-    _report(loaded, p, result, seen, scored, out_dir, fmts, json_out, top, out_str)
+    _report(loaded, p, result, seen, scored, out_dir=out_dir, fmts=fmts, json_out=json_out,
+            top=top, out_str=out_str)
 
 
-def _report(loaded, p, result, seen, scored, out_dir, fmts, json_out: bool, top: int,
+def _report(loaded, p, result, seen, scored, *, out_dir, fmts, json_out: bool, top: int,
             out_str) -> None:
     """What the search found: the summary on stderr, the files asked for, and the JSON or the
     tables (with a compiled program's truth, `scored`, when there is one); `out_str(i)` names
@@ -126,7 +130,7 @@ def _report(loaded, p, result, seen, scored, out_dir, fmts, json_out: bool, top:
                 out_console.print(table)
 
 
-def _program_pairs(loaded, truth, patch_from, pairs, seed, max_tokens, check, **unused):
+def _program_pairs(loaded, truth, patch_from, *, pairs, seed, max_tokens, check, **unused):
     """A compiled run's pairs (truth.inputs.program_pairs), the search's cost checked first;
     the flags that choose a text, a probe or a metric are refused: a program is scored on its
     own inputs and output."""
@@ -162,7 +166,7 @@ def _f(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _cost_check(loaded, threads: int, pairs: int, ig_steps: int, curve: bool, force: bool,
+def _cost_check(loaded, threads: int, *, pairs: int, ig_steps: int, curve: bool, force: bool,
                 cost: list):
     """circuit_pairs' `check`: the search's cost estimated from the first pair's length and
     refused when too large (heads.edge_circuit.check_circuit_cost); the estimate appended to
@@ -194,16 +198,17 @@ def _print_tables(result, top: int, seen, tok, tokens: list[int], out_str) -> No
             out_console.print(table)
 
 
-def _measure(model, p, direction, ig_steps, edges, recover, curve, lens, progress=None):
-    """The circuit of the pairs `p` and, with `lens`, the logit lens (interp.lens.Lens) of the
-    first clean input at the metric's positions, of the metric's token (with --answer: the
-    answer's, at the last position); None without."""
+def _measure(model, p, search: dict, lens: bool, on_event):
+    """The circuit of the pairs `p` (`search`: find_circuit's settings) and, with `lens`, the
+    logit lens (interp.lens.Lens) of the first clean input at the metric's positions, of the
+    metric's token (with --answer: the answer's, at the last position); None without. The
+    search's progress goes to `on_event` (events.Progress)."""
+    from minigpt.events import progress_to
     from minigpt.interp.edge_graph import find_circuit
     from minigpt.interp.lens import logit_lens
 
-    result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets,
-                          direction=direction, ig_steps=ig_steps, edges=edges,
-                          recover=recover, curves=curve, progress=progress)
+    result = find_circuit(model, p.clean, p.corrupted, p.metric, p.targets, **search,
+                          progress=progress_to(on_event))
     if not lens:
         return result, None
     tokens, m = p.clean[0].tolist(), p.metric

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minigpt.config.fields import comma_list
 from minigpt.core.sampling import check_seed
 from minigpt.errors import ArgumentError
 from minigpt.interp.edge_args import ABLATIONS, check_direction
@@ -20,13 +21,12 @@ def parse_formats(values: Sequence[str], valid: Sequence[str] = FORMATS) -> list
     """Format names (each may be comma-separated), validated against `valid` (inspect-heads':
     FORMATS); none given: the table."""
     out: list[str] = []
-    for value in values:
-        for name in (v.strip().lower() for v in value.split(",")):
-            if name not in valid:
-                raise ArgumentError("format", f"'{name}' is not a format; valid: "
-                                   f"{', '.join(valid)}")
-            if name not in out:
-                out.append(name)
+    for name in (v.lower() for v in comma_list(values)):
+        if name not in valid:
+            raise ArgumentError("format", f"'{name}' is not a format; valid: "
+                               f"{', '.join(valid)}")
+        if name not in out:
+            out.append(name)
     return out or ["table"]
 
 

@@ -79,7 +79,7 @@ CMD: 0 is best). The baseline ranks edges by their real single-edge patching eff
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -87,6 +87,7 @@ from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
 from minigpt.cost import Cost
+from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.edge_args import (
     ABLATIONS,
@@ -95,7 +96,7 @@ from minigpt.interp.edge_args import (
     check_ig_steps,
     check_search,
 )
-from minigpt.interp.patching import SMALL_GAP, Metric, record, run_value, sweep
+from minigpt.interp.patching import SMALL_GAP, Metric, OnProgress, record, run_value, sweep
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's sizes
 INPUTS = ("q", "k", "v")
@@ -163,7 +164,7 @@ class Graph:
         if u == 0:
             return "embed"
         layer, i = divmod(u - 1, self.stride)
-        return f"L{layer}.MLP" if i == self.n_head else f"L{layer}.H{i}"
+        return mlp_name(layer) if i == self.n_head else head_name(layer, i)
 
     def reader_name(self, v: int) -> tuple[str, str]:
         """(node name, input): ("L1.H0", "k"), ("L0.MLP", "mlp"), ("logits", "logits")."""
@@ -171,9 +172,9 @@ class Graph:
             return "logits", "logits"
         layer, i = divmod(v, self.per_layer)
         if i == 3 * self.n_head:
-            return f"L{layer}.MLP", "mlp"
+            return mlp_name(layer), "mlp"
         kind, head = divmod(i, self.n_head)
-        return f"L{layer}.H{head}", INPUTS[kind]
+        return head_name(layer, head), INPUTS[kind]
 
     def node_of_reader(self, v: int) -> int | None:
         """The writer index of reader v's node (None for the logits)."""
@@ -296,12 +297,9 @@ class _Attribute(Intervention):
         return xf
 
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total): a long search's progress
-
-
 def attribute_edges(model, base: Tensor, source: Source, metric: Metric,
                     targets: Tensor | None, ig_steps: int = 1,
-                    progress: Progress | None = None) -> tuple[Tensor, Tensor]:
+                    progress: OnProgress | None = None) -> tuple[Tensor, Tensor]:
     """(EAP, EAP-IG) scores (U, R) float64 (NaN where no edge) of every edge for the base
     run on `base` (B, T) with values from `source` (B, T) ids or an ablation (module
     docstring: the estimate of
@@ -664,7 +662,7 @@ def layer_head(name: str) -> tuple[int | None, int | None]:
 def find_circuit(model, clean: Tensor, corrupted: Source, metric: Metric,
                  targets: Tensor | None, *, direction: str = "noising", ig_steps: int = 5,
                  edges: int | None = None, recover: float | None = None, curves: bool = True,
-                 baseline: bool | None = None, progress: Progress | None = None) -> Circuit:
+                 baseline: bool | None = None, progress: OnProgress | None = None) -> Circuit:
     """Score every edge on the pairs (clean, corrupted) (B, T) (`corrupted` may be an
     ablation: zero or mean; module docstring) (EAP, or EAP-IG when
     `ig_steps` > 1, in `direction`), keep the circuit of the top `edges` (or the smallest top-N
