@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli_circuits import error_line, make_run
+from conftest import SHARP_INDUCTION, error_line, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -32,7 +32,7 @@ def invoke(*args: str):
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
     """The tiny run's circuit as a graph, and its JSON with positions."""
-    run = make_run(tmp_path_factory.mktemp("runs") / "tiny")
+    run = make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
     out = tmp_path_factory.mktemp("graph")
     r = invoke("circuit", "--run", str(run), "--device", "cpu", *PROBE, "--ig-steps", "3",
                "--format", "graph", "--out", str(out), "--slug", "tiny-induction", "--json")

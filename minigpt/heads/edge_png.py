@@ -7,7 +7,7 @@ ranking, with each curve's area)."""
 
 from __future__ import annotations
 
-from minigpt.display import figure_png, head_name
+from minigpt.display import figure_png, head_name, mlp_name
 from minigpt.interp.edge_graph import FRACTIONS, Circuit
 
 BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
@@ -26,7 +26,7 @@ def _positions(result: Circuit) -> dict[str, tuple[float, float]]:
         for h in range(g.n_head):
             pos[head_name(layer, h)] = (float(h), y)
         if g.mlp:
-            pos[f"L{layer}.MLP"] = ((g.n_head - 1) / 2, y + 1)
+            pos[mlp_name(layer)] = ((g.n_head - 1) / 2, y + 1)
         y += 2 if g.mlp else 1
     pos["logits"] = ((g.n_head - 1) / 2, y)
     return pos

@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from minigpt.config.fields import comma_list
 from minigpt.core.sampling import check_seed
 from minigpt.errors import ArgumentError
-from minigpt.interp.edge_args import check_direction
+from minigpt.interp.edge_args import ABLATIONS, check_direction
 from minigpt.interp.modes import check_mode
 from minigpt.threads import check_threads
 
@@ -22,13 +23,12 @@ def parse_formats(values: Sequence[str], valid: Sequence[str] = FORMATS) -> list
     """Format names (each may be comma-separated), validated against `valid` (inspect-heads':
     FORMATS); none given: the table."""
     out: list[str] = []
-    for value in values:
-        for name in (v.strip().lower() for v in value.split(",")):
-            if name not in valid:
-                raise ArgumentError("format", f"'{name}' is not a format; valid: "
-                                   f"{', '.join(valid)}")
-            if name not in out:
-                out.append(name)
+    for name in (v.lower() for v in comma_list(values)):
+        if name not in valid:
+            raise ArgumentError("format", f"'{name}' is not a format; valid: "
+                               f"{', '.join(valid)}")
+        if name not in out:
+            out.append(name)
     return out or ["table"]
 
 
@@ -46,6 +46,14 @@ def check_patch_direction(patch_from: str | None, direction: str | None) -> str:
         raise ArgumentError("patch_direction", "applies to --patch-from only; give --patch-from "
                             "too, or leave it out")
     return check_direction("noising" if direction is None else direction)
+
+
+def check_heads_patch_from(patch_from: str | None) -> None:
+    """inspect-heads' `--patch-from`: a corrupted input, never an ablation (`zero` and `mean`
+    ablate the edges of `minigpt circuit`; a head's ablation is `--ablate`)."""
+    if patch_from in ABLATIONS:
+        raise ArgumentError("patch_from", f"{patch_from} is an ablation of edges, for minigpt "
+                            f"circuit; a head's is --ablate {patch_from}")
 
 
 def check_early(formats: Sequence[str] | None, seed: int, threads: int, *,

@@ -49,8 +49,8 @@ from torch import Tensor, nn
 
 from minigpt.core.gpt import apply_rope
 from minigpt.core.kernels import linear, norm
-from minigpt.interp.edge_graph import INPUTS, Graph, Progress, attribute_edges, graph_of
-from minigpt.interp.patching import Metric
+from minigpt.interp.edge_graph import INPUTS, Graph, attribute_edges, graph_of
+from minigpt.interp.patching import Metric, OnProgress
 
 
 @dataclass
@@ -320,7 +320,7 @@ def position_cost(cfg, n_tokens: int, pairs: int, curves: bool) -> tuple[float, 
 
 def attribute_positions(model, base: Tensor, source: Tensor, metric: Metric,
                         targets: Tensor | None, ig_steps: int = 1,
-                        progress: Progress | None = None
+                        progress: OnProgress | None = None
                         ) -> tuple[Tensor, Tensor, PositionScores]:
     """`attribute_edges`' (EAP, EAP-IG) summed scores (U, R) and the position-aware scores of
     the method's (EAP-IG when ig_steps > 1, else EAP) from the same passes (module

@@ -49,13 +49,14 @@ from torch import Tensor
 
 from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.kernels import norm
+from minigpt.cost import Work
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.edge_args import check_direction
 from minigpt.interp.patching import (
     SMALL_GAP,
     HeadRows,
     Metric,
-    Progress,
+    OnProgress,
     Record,
     check_same_length,
     record,
@@ -102,7 +103,10 @@ class Attribution:
 
 
 def _final_scale(model, resid: Tensor) -> Tensor:
-    """The final norm's per-position scale s (..., 1) on the residual `resid` (..., C)."""
+    """The final norm's per-position scale s (..., 1) on the residual `resid` (..., C); 1
+    without a norm (model.norm none)."""
+    if model.cfg.norm == "none":
+        return torch.ones_like(resid[..., :1])
     eps = model.ln_f.eps  # make_norm always sets it (cfg.norm_eps)
     if model.cfg.norm == "rmsnorm":
         return (resid.square().mean(-1, keepdim=True) + eps).sqrt()
@@ -110,8 +114,8 @@ def _final_scale(model, resid: Tensor) -> Tensor:
 
 
 def _centre(model, x: Tensor) -> Tensor:
-    """LayerNorm's centring over the width (RMSNorm: none)."""
-    return x if model.cfg.norm == "rmsnorm" else x - x.mean(-1, keepdim=True)
+    """LayerNorm's centring over the width (RMSNorm, no norm: none)."""
+    return x - x.mean(-1, keepdim=True) if model.cfg.norm == "layernorm" else x
 
 
 def _norm_params(norm, width: int) -> tuple[Tensor, Tensor]:
@@ -236,7 +240,7 @@ def head_weights(model, layers: Sequence[int] | None = None) -> dict[str, Tensor
     those (in that order; default all)."""
     cfg = model.cfg
     H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
-    centred = cfg.norm != "rmsnorm"
+    centred = cfg.norm == "layernorm"
     out = {n: [] for n in ("q", "k", "v", "o")}
     for la in range(cfg.n_layer) if layers is None else layers:
         attn = model.blocks[la].attn
@@ -262,7 +266,7 @@ def _r_factor(x: Tensor) -> Tensor:
     return torch.linalg.qr(x, mode="r").R
 
 
-def composition_from_weights(w: dict[str, Tensor], progress: Progress | None = None
+def composition_from_weights(w: dict[str, Tensor], progress: OnProgress | None = None
                              ) -> dict[str, Tensor]:
     """The three score tensors (L, H, L, H) of `head_weights`' matrices.
 
@@ -292,6 +296,14 @@ def composition_from_weights(w: dict[str, Tensor], progress: Progress | None = N
     return {kind: s[i] for i, kind in enumerate(KINDS)}
 
 
+def composition_cost(cfg) -> Work:
+    """What `composition_scores` of a model of `cfg` costs: one (C x C)-sized product per later
+    layer, 3 C^3 FLOPs per layer pair; memory: the factored weights and products, ~60 L C^2
+    bytes."""
+    L, C = cfg.n_layer, cfg.n_embd
+    return Work(3.0 * C ** 3 * L * (L - 1) / 2, 60.0 * L * C * C)
+
+
 def composition_baseline(n_head: int, n_embd: int, head_dim: int, centred: bool,
                          draws: int = BASELINE_DRAWS, seed: int = 0) -> dict[str, float]:
     """The mean score of `draws` x `draws` pairs of heads whose weights are standard Gaussian,
@@ -318,13 +330,13 @@ def check_composition(cfg) -> None:
 
 
 @torch.no_grad()
-def composition_scores(model, progress: Progress | None = None) -> Composition:
+def composition_scores(model, progress: OnProgress | None = None) -> Composition:
     """Q-, K- and V-composition of `model`'s heads from its weights alone; MinigptError when
     it has a single layer (no head has an earlier one to read from)."""
     cfg = model.cfg
     check_composition(cfg)
     scores = composition_from_weights(head_weights(model), progress)
-    base = composition_baseline(cfg.n_head, cfg.n_embd, cfg.head_dim, cfg.norm != "rmsnorm")
+    base = composition_baseline(cfg.n_head, cfg.n_embd, cfg.head_dim, cfg.norm == "layernorm")
     return Composition(scores, base)
 
 
@@ -372,7 +384,7 @@ class Patching:
 @torch.no_grad()
 def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: Metric, *,
                 direction: str = "noising", source: str = "",
-                progress: Progress | None = None) -> Patching:
+                progress: OnProgress | None = None) -> Patching:
     """Every head patched alone (module docstring): one run of the input the outputs come
     from, then the input that receives them: interp.patching's `HeadRows` run by its `sweep`,
     the driver ablation runs (one clean pass keeps its residual stream, and the rows patching

@@ -40,6 +40,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from minigpt import display
 from minigpt.errors import MinigptError
 from minigpt.events import CircuitCheck, circuit_check
 from minigpt.files import ReadError, load_json, open_regular, parse_yaml, read_problem, read_regular
@@ -154,7 +155,7 @@ def read_run_metrics(run_dir: Path) -> tuple[list[dict], int]:
     except OSError as e:
         raise Unreadable(path, read_problem(e)) from None
     if size > MAX_METRICS_BYTES:
-        raise Unreadable(path, f"larger than {MAX_METRICS_BYTES >> 20} MiB; not a metrics log")
+        raise Unreadable(path, f"larger than {display.size(MAX_METRICS_BYTES)}; not a metrics log")
     try:
         return read_metrics(path)
     except ReadError as e:  # replaced between the check and the read
@@ -218,12 +219,15 @@ class RunStatus:
         of = f" of {self.max_steps}" if self.max_steps is not None else ""
         if self.status == "training":
             return f"still training (step {self.step or 0}{of} committed)"
-        if self.status in ("interrupted", "stopped", "killed", "formed", "finished"):
+        if self.status in ("interrupted", "stopped", "killed", "formed", "finished",
+                           "compiled"):
             return f"{self.status} at step {self.step}{of}"
         return self.status
 
 
-DONE = ("finished", "formed")  # formed: ended by train.stop_when_formed, as it was asked to
+# formed: ended by train.stop_when_formed, as it was asked to; compiled: a program compiled by
+# minigpt compile (its summary.md says so), complete as it was written
+DONE = ("finished", "formed", "compiled")
 
 
 def run_status(run_dir: Path) -> RunStatus:
@@ -335,7 +339,8 @@ def run_config(run_dir: Path) -> tuple[dict | None, str | None]:
 
 
 def data_kind(run_dir: Path) -> dict:
-    """What a run was trained on, from its config.yaml: {"source": "text" | "induction",
+    """What a run was trained on, from its config.yaml: {"source": "text" | "induction" |
+    "program" (compiled, not trained),
     "tokenizer": a phrase naming its tokens ("bytes", "BPE 1024 (gpt4)", "gpt2 encoding",
     "synthetic ids 0..127")}; {} when it has no config.yaml; {"problem": "<path>: <why>"}
     when it cannot be read or does not say (never a kind guessed from the defaults). For
@@ -351,6 +356,8 @@ def data_kind(run_dir: Path) -> dict:
         return {"problem": f"{path}: no {missing} section, so what the run was trained on "
                 "is unknown"}
     source = data.get("source")
+    if source == "program":
+        return {"source": "program", "tokenizer": "a compiled program's tokens"}
     if source == "induction":
         vocab = data.get("induction_vocab")
         tokens = f"synthetic ids 0..{vocab - 1}" if isinstance(vocab, int) else "synthetic ids"
