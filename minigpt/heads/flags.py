@@ -4,6 +4,7 @@ torch and the model have loaded (seconds on a busy laptop)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from minigpt.config.fields import comma_list
@@ -14,7 +15,8 @@ from minigpt.interp.modes import check_mode
 from minigpt.threads import check_threads
 
 FORMATS = ("table", "png", "html", "safetensors", "json")
-CIRCUIT_FORMATS = ("table", "png", "html", "json")  # what `minigpt circuit --format` writes
+CIRCUIT_FORMATS = ("table", "png", "html", "json", "graph")  # `minigpt circuit --format`
+SLUG = re.compile(r"[A-Za-z0-9_-]{1,100}")  # a graph's name (heads/attribution_graph.py)
 
 
 def parse_formats(values: Sequence[str], valid: Sequence[str] = FORMATS) -> list[str]:
@@ -64,3 +66,14 @@ def check_early(formats: Sequence[str] | None, seed: int, threads: int, *,
     check_ablate(ablate)
     check_threads(threads)
     return fmts
+
+
+def check_slug(slug: str) -> str:
+    """`circuit --slug`: a graph's name, 1 to 100 letters, digits, `_` or `-` (what Neuronpedia
+    accepts, and a file name and a URL part for circuit-tracer's viewer); ArgumentError
+    otherwise."""
+    if not SLUG.fullmatch(slug):
+        raise ArgumentError("slug", "must be 1 to 100 letters, digits, '_' or '-' (the "
+                            "characters the graph viewers accept in a graph's name), e.g. "
+                            "induction-circuit", subject=slug)
+    return slug

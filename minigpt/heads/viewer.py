@@ -124,6 +124,10 @@ TYPE_HELP = {
     "local": "most attention on the query and the 3 tokens before it",
     "n/a": "a single token: nothing to score",
 }
+# A type that is also a score column is explained once, under the score's name, in the
+# glossary (a browser showed "local" twice: once as the score, once as the type).
+TYPE_AS_SCORE = {"local": "; as a dominant type: the local score is at least 0.4 and no "
+                          "pattern score is, nor is the attention diffuse"}
 GLYPHS = {
     "·": "a space inside a token",
     "↵": "a newline",
@@ -138,10 +142,10 @@ GLYPHS = {
 def glossary() -> list[list[str]]:
     """[term, meaning] pairs: every score column, the dominant types that are not scores, the
     glyphs token labels use (`visible_token`) and the ablation column."""
-    return ([[n, SCORE_HELP[n]] for n in SCORE_NAMES]
+    return ([[n, SCORE_HELP[n] + TYPE_AS_SCORE.get(n, "")] for n in SCORE_NAMES]
             + [["dominant", ("the pattern score (induction .. delimiter) that is highest and "
-                "at least 0.4; otherwise one of the types below")]]
-            + [[n, v] for n, v in TYPE_HELP.items()]
+                "at least 0.4; otherwise one of the types below, or local")]]
+            + [[n, v] for n, v in TYPE_HELP.items() if n not in SCORE_HELP]
             + [["prev@k", (f"the best previous-token score over lags k = 1..{LAG_WINDOW} "
                 "(attention from t to t-k), @ that lag")],
                ["ind@k", (f"the best induction score over lags k = 1..{LAG_WINDOW} (attention "
