@@ -191,3 +191,26 @@ def test_graphs_in_one_directory_are_listed_together(graph, tmp_path):
     line = error_line(invoke(*args, "--slug", "third"))
     assert "graph-metadata.json: not the viewer's list of graphs" in line
     assert not (out / "third.json").exists()
+
+
+def test_the_graphs_memory_is_part_of_the_cost_and_refused_when_it_cannot_fit(graph, tmp_path,
+                                                                               monkeypatch):
+    """--format graph holds its N x N links at once (N = the writers at every position and the
+    logits): on a machine with too little memory free for them, one line naming the graph's
+    size and the fix (fewer tokens), nothing written; the same search without the graph runs."""
+    from minigpt import device
+    from minigpt.heads.attribution_graph import graph_bytes
+    from minigpt.interp.edge_graph import graph_of
+    from minigpt.run import load_run
+
+    cfg = load_run(graph["run"], "cpu").cfg.model
+    n = graph_of(cfg).n_writers * 24 + 24
+    assert graph_bytes(cfg, 24) == 32.0 * n * n  # grows with the square of the tokens
+    assert graph_bytes(cfg, 48) > 3.9 * graph_bytes(cfg, 24)
+    monkeypatch.setattr(device, "available_bytes", lambda d: 5e5)  # 0.5 MB free
+    out = tmp_path / "g"
+    r = invoke("circuit", "--run", str(graph["run"]), "--device", "cpu", *PROBE, "--ig-steps",
+               "1", "--format", "graph", "--out", str(out), "--max-tokens", "24")
+    line = error_line(r)
+    assert "attribution graph of 24 tokens alone holds" in line and "fewer tokens" in line, line
+    assert not out.exists() or not any(out.iterdir())

@@ -87,7 +87,7 @@ def circuit_command(
     out_dir, graph = _destination(loaded, fmts, out, curve, slug, truth)
     cost = []  # the estimate, made once the first pair's length is known
     check = _cost_check(loaded, threads, pairs=pairs, ig_steps=ig_steps, curve=curve,
-                        force=force, cost=cost, positions=positions)
+                        force=force, cost=cost, positions=positions, graph="graph" in fmts)
     if truth is not None:
         p = _program_pairs(loaded, truth, patch_from, pairs=pairs, seed=seed,
                            max_tokens=max_tokens, check=check, text=text, text_file=text_file,
@@ -181,7 +181,7 @@ def _f(x) -> str:
 
 
 def _cost_check(loaded, threads: int, *, pairs: int, ig_steps: int, curve: bool, force: bool,
-                cost: list, positions: bool = False):
+                cost: list, positions: bool = False, graph: bool = False):
     """circuit_pairs' `check`: the search's cost estimated from the first pair's length and
     refused when too large (heads.edge_circuit.check_circuit_cost); the estimate appended to
     `cost`."""
@@ -191,7 +191,7 @@ def _cost_check(loaded, threads: int, *, pairs: int, ig_steps: int, curve: bool,
     def check(n_tokens: int) -> None:
         with cpu_threads(threads, loaded.model):
             cost.append(check_circuit_cost(loaded.model, n_tokens, pairs, ig_steps, curve, force,
-                                           positions))
+                                           positions, graph))
     return check
 
 

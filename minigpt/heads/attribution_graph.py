@@ -116,6 +116,20 @@ class _Nodes:
                 "jsNodeId": f"{layer}_{feature}-{t}"}
 
 
+GRAPH_BYTES_PER_ENTRY = 32  # W (float64) and, at the peak of `prune`, 24 bytes more per entry
+                           # (measured: ru_maxrss over prune of a random acyclic W, N = 3000)
+
+
+def graph_bytes(cfg, n_tokens: int) -> float:
+    """The memory `build` holds at once for a model of `cfg` on `n_tokens` tokens: its dense
+    N x N links, N = the writers at every position and the logits (GPT-2 small at 64 tokens:
+    N = 10,112, 3.3 GB)."""
+    from minigpt.interp.edge_graph import graph_of
+
+    n = graph_of(cfg).n_writers * n_tokens + n_tokens
+    return float(GRAPH_BYTES_PER_ENTRY) * n * n
+
+
 def weights(pos, logit_pos: list[int], sign: float) -> Tensor:
     """W (N, N) float64, W[n, m] the link m -> n (module docstring) from the position-aware
     scores `pos` (edge_positions.PositionScores) and the scored positions."""
@@ -163,8 +177,12 @@ def _normalised(W: Tensor) -> Tensor:
 
 
 def _threshold(scores: Tensor, fraction: float) -> float:
-    """The score at which the largest scores reach `fraction` of their total."""
-    s = scores.sort(descending=True).values
+    """The score at which the largest scores reach `fraction` of their total (the scores are
+    >= 0; only the positive ones are sorted, as zeros add nothing to the total: a graph's
+    links are a small part of its N x N entries)."""
+    s = scores[scores > 0].sort(descending=True).values
+    if not len(s):
+        return 0.0
     cum = s.cumsum(0) / s.sum().clamp(min=1e-30)
     return float(s[min(int(torch.searchsorted(cum, fraction)), len(s) - 1)])
 
