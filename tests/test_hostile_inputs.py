@@ -430,16 +430,16 @@ def test_in_process(case: Case, world: World, tmp_path: Path, monkeypatch):
 
 def test_the_memory_cases_in_process_with_little_memory_free(world: World, tmp_path: Path,
                                                              monkeypatch):
-    """The quick twins of UNDER_A_LIMIT: the same checks with the free memory said to be 1 GiB
-    (cost.free_memory), so nothing is allocated if one fails."""
+    """The quick twins of UNDER_A_LIMIT: the same checks with the memory available said to be
+    1 GiB (device.available_bytes, the one reader), so nothing is allocated if one fails."""
     import sys
 
-    from minigpt import cost
+    from minigpt import device
 
-    real = cost.free_memory
+    real = device.available_bytes
     for mod in list(sys.modules.values()):  # wherever it was imported
-        if getattr(mod, "free_memory", None) is real:
-            monkeypatch.setattr(mod, "free_memory", lambda device: float(1 << 30))
+        if getattr(mod, "available_bytes", None) is real:
+            monkeypatch.setattr(mod, "available_bytes", lambda dev: 1 << 30)
     for case in CASES:
         if case.id in UNDER_A_LIMIT:
             d = tmp_path / case.id

@@ -16,7 +16,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import _Group, app, err_console, out_console, say
-from minigpt.display import printable
+from minigpt.display import duration, head_name, printable
 from minigpt.errors import ArgumentError
 
 features_app = typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=None,
@@ -43,8 +43,8 @@ ShowTextOpt = Annotated[Path | None, typer.Option(
     "--text-file", metavar="PATH", help="Measure the features on this UTF-8 text's last 10% "
     "instead of the run's validation split; needed with --model.")]
 LayerOpt = Annotated[int | None, typer.Option(
-    "--layer", help="The layer whose heads' outputs z (all heads, n_head x d_head wide) the "
-    "SAE reads. Required with --run / --model.")]
+    "--layer", metavar="LAYER", help="The layer whose heads' outputs z (all heads, n_head x "
+    "d_head wide) the SAE reads. Required with --run / --model.")]
 ActivationsOpt = Annotated[Path | None, typer.Option(
     "--activations", help="Train on the one [n, d] tensor of this safetensors file instead "
     "of a model's layer (a tenth is held out).")]
@@ -68,7 +68,7 @@ HeldOutOpt = Annotated[int, typer.Option(
 SeedOpt = Annotated[int, typer.Option(
     "--seed", help="Seed of the tokens drawn, the SAE's initial weights and its batches.")]
 OutOpt = Annotated[Path | None, typer.Option(
-    "--out", "-o", metavar="DIR", help="The SAE's directory (SAELens's layout). Default: "
+    "--out", "-o", metavar=opt.OUT, help="The SAE's directory (SAELens's layout). Default: "
     "<run>/features/layer<L>.")]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue the unfinished training in --out (same flags).")]
@@ -97,11 +97,11 @@ ShowTokensOpt = Annotated[int, typer.Option(
 ShowSeedOpt = Annotated[int, typer.Option(
     "--seed", help="Seed of the held-out rows drawn (the same seed, the same tokens).")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", metavar="table|png|html|json",
-    help="Files to write as well: png (features.png: features x heads), html "
-    "(features.html), json (features_shown.json); repeatable or comma-separated.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png (features.png: features "
+    "x heads), html (features.html), json (features_shown.json); repeatable or "
+    "comma-separated.")]
 ShowOutOpt = Annotated[Path | None, typer.Option(
-    "--out", "-o", metavar="DIR", help="Directory for the files. Default: the SAE's "
+    "--out", "-o", metavar=opt.OUT, help="Directory for the files. Default: the SAE's "
     "directory.")]
 
 
@@ -132,10 +132,18 @@ def train_command(
         if out is None:
             raise ArgumentError("out", "is needed with --activations: give {name} DIR")
     from minigpt.device import cpu_threads
-    from minigpt.features.train_features import train_features
+    from minigpt.features.train_features import Source, train_features
 
-    src = _source(run, model, checkpoint, device, layer, text_file, activations, tokens,
-                  held_out, settings)
+    if activations is not None:
+        src = Source(activations=activations, tokens=tokens, held_out=held_out)
+    elif layer is None:
+        raise ArgumentError("layer", "is needed: the layer whose heads' outputs the SAE "
+                            "reads (or give --activations FILE)")
+    else:
+        from minigpt.cli.main import load_inspected
+
+        src = Source(load_inspected(run, model, device, checkpoint), layer, text_file,
+                     tokens=tokens, held_out=held_out)
     if out is None:
         if src.loaded.run_dir is None:
             raise ArgumentError("out", "is needed with --model: give {name} DIR")
@@ -175,23 +183,6 @@ def resume_command(ctx, out: Path) -> str:
     return shlex.join([*words, "--out", str(out), "--resume"])
 
 
-def _source(run, model, checkpoint, device, layer, text_file, activations, tokens, held_out,
-            settings):
-    from minigpt.features.train_features import Source, check_layer
-
-    if activations is not None:
-        return Source(activations=activations, tokens=tokens, held_out=held_out)
-    if layer is None:
-        raise ArgumentError("layer", "is needed: the layer whose heads' outputs the SAE "
-                            "reads (or give --activations FILE)")
-    from minigpt.cli.main import load_inspected
-
-    loaded = load_inspected(run, model, device, checkpoint)
-    check_layer(layer, loaded)
-    settings.resolved(loaded.cfg.model.n_head * loaded.cfg.model.head_dim)  # --k vs the width
-    return Source(loaded, layer, text_file, tokens=tokens, held_out=held_out)
-
-
 def summary_line(info: dict) -> str:
     """The SAE's held-out numbers in one line (what features.json holds of them)."""
     q = info.get("quality") or {}
@@ -213,7 +204,7 @@ def summary_line(info: dict) -> str:
                  + (f"{100 * rec:.1f}% of the loss recovered" if rec is not None else
                     "ablating the layer costs nothing"))
     seconds = info.get("seconds")
-    return line + (f" ({seconds:.0f} s)" if seconds is not None else "")
+    return line + (f" ({duration(seconds)})" if seconds is not None else "")
 
 
 class _Bar:
@@ -235,14 +226,14 @@ class _Bar:
             self.progress.stop()
 
     def __call__(self, e) -> None:
-        from minigpt.features.train_features import Collecting, Starting
+        from minigpt import events
 
-        if isinstance(e, Starting):
+        if isinstance(e, events.SaeStarting):
             say(f"features: a TopK SAE on {e.what}; into {e.out}")
             self.idle = e.idle_after
             return
-        if isinstance(e, Collecting):
-            what, done, total, stats = f"z of {e.split}", e.done, e.total, ""
+        if isinstance(e, events.Progress):
+            what, done, total, stats = e.stage, e.done, e.total, ""
         else:
             what, done, total = "SAE step", e.step, e.steps
             stats = (f"mse {e.mse:.4f} | idle {100 * e.dead_fraction:.1f}% (no firing in "
@@ -385,7 +376,7 @@ def _feature_lines(f, view, width: int) -> list:
     largest activations in context."""
     from rich.text import Text
 
-    from minigpt.display import head_name, visible_token
+    from minigpt.display import visible_token
 
     dense = f" (dense: above {view.options.dense:g})" if f.dense else ""
     head = Text(f"feature {f.index}", style="bold")

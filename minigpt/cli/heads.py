@@ -14,12 +14,15 @@ import minigpt.cli.options as opt
 from minigpt.cli.main import EtaLines, app, load_inspected, out_console, say
 from minigpt.cli.shading import shade as _shade
 from minigpt.cli.shading import worded
+from minigpt.config.fields import comma_list
 from minigpt.display import head_name, printable, visible_token
 from minigpt.errors import ArgumentError
 from minigpt.files import shown
 
 LayerOpt = Annotated[list[int] | None, typer.Option(
-    "--layer", help="Layer to show (repeatable). Default: all.")]
+    "--layer", metavar="LAYER", help="Layer to show (repeatable). Default: all.")]
+
+
 def head_index(value: str) -> int:
     """--head's value: a head's index in the layers chosen; a head's name (L1.H2) is answered
     with the flags that mean it here."""
@@ -40,8 +43,9 @@ HeadOpt = Annotated[list[int] | None, typer.Option(
     "--head", parser=head_index, metavar="H",
     help="Head to show (repeatable; with --layer, head H of those layers). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png, html, safetensors, json (table: none); "
-    "repeatable or comma-separated. The table is printed in every case, except with --json.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png, html, safetensors, json "
+    "(table: none); repeatable or comma-separated. The table is printed in every case, "
+    "except with --json.")]
 AblateOpt = Annotated[str | None, typer.Option(
     "--ablate", metavar="MODE", help="Also measure what each head carries: the loss with that "
     "head alone ablated minus the loss without (nats/token). zero: its output replaced by "
@@ -124,7 +128,7 @@ def inspect_heads_command(
                 "lower bound)")
         insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
                        seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
-                       progress=EtaLines("inspect-heads"))
+                       on_event=EtaLines("inspect-heads"))
         active = _active_features(sae, loaded, inp.tokens)
     _say_measured(insp, loaded)
     if out_dir is not None:
@@ -216,7 +220,7 @@ def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
     """The `--qk` heads' names (checked: interp.qk), before any work."""
     from minigpt.interp.qk import resolve_heads
 
-    return [f"L{la}.H{h}" for la, h in resolve_heads(mcfg, qk)] if qk else []
+    return [head_name(la, h) for la, h in resolve_heads(mcfg, comma_list(qk))] if qk else []
 
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
@@ -247,7 +251,7 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
                          target=None if target is None else token_id(tok, target, "target"),
                          answer=None if answer is None else token_id(tok, answer, "answer"),
                          wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
-                         qk=resolve_heads(loaded.cfg.model, qk) if qk else None,
+                         qk=resolve_heads(loaded.cfg.model, comma_list(qk)) if qk else None,
                          qk_pairs=_qk_pairs(qk_pairs, inp) if qk_pairs else None)
     if patch_from is not None:
         req.patch_tokens, req.patch_source = corrupted_input(
@@ -261,12 +265,13 @@ def _qk_pairs(values: list[str], inp):
     """--qk-pairs: `induction` (the induction probe's targets), or QUERY:KEY pairs."""
     from minigpt.interp.qk import INDUCTION, parse_pairs
 
-    if [v.strip().lower() for v in values] == [INDUCTION]:
+    items = comma_list(values)
+    if [v.lower() for v in items if v] == [INDUCTION]:
         if inp.source != "probe:induction":
             raise ArgumentError("qk_pairs", "induction names the induction probe's targets; "
                                 "give --probe induction too, or QUERY:KEY pairs")
         return INDUCTION
-    return parse_pairs(values, len(inp.tokens))
+    return parse_pairs(items, len(inp.tokens))
 
 
 def _say_circuits(insp) -> None:

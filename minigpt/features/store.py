@@ -203,9 +203,10 @@ def load_weights(directory: Path, d_in: int, d_sae: int, k: int) -> TopKSAE:
 def check_fits_memory(path: Path, nbytes: int, what: str, copies: float = 2.0) -> None:
     """A file of `nbytes` tensor bytes (read whole, then `copies` - 1 more in float32) fits in
     MEMORY_SHARE of the free memory; a MinigptError naming it otherwise, before it is read."""
-    from minigpt.cost import MEMORY_SHARE, free_memory, size
+    from minigpt.cost import memory_limit
+    from minigpt.display import size
 
-    need, free = copies * nbytes, MEMORY_SHARE * free_memory("cpu")
+    need, free = copies * nbytes, memory_limit("cpu")
     if need > free:
         raise MinigptError(f"{path}: its {what} declare {size(nbytes)} of tensors; reading them "
                            f"needs about {size(need)}, more than the {size(free)} of memory "

@@ -10,7 +10,6 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -18,35 +17,25 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import flops_per_token
-from minigpt.cost import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.cost import TRAIN_LIMIT_S, Work, check_flops
+from minigpt.data.rows import HELD_OUT_FRACTION, held_out_count
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.events import Progress, SaeStarting, no_events
 from minigpt.features import collect, store
-from minigpt.features.fit import Diverged, SaeSettings, TrainState, fit_sae, new_state
+from minigpt.features.fit import (
+    Diverged,
+    SaeSettings,
+    TrainState,
+    default_width,
+    fit_sae,
+    new_state,
+)
 from minigpt.files import check_new_path, read_only_dir, remove_stale_temps, shown
 from minigpt.interp.sae import ce_recovered, quality
 from minigpt.run.safetensors_io import DTYPE_SIZES, check_against, load_tensors, read_header
 
 DEFAULT_TOKENS = 262_144     # activations to train on
 DEFAULT_HELD_OUT = 32_768    # held-out tokens the quality is measured on
-
-
-@dataclass
-class Starting:
-    """Every check passed (the cost included): the SAE on `what` starts, into `out`; a
-    feature with no firing in `idle_after` training tokens counts as idle (dead, for AuxK)."""
-
-    what: str
-    out: Path
-    idle_after: int = 0
-
-
-@dataclass
-class Collecting:
-    """Progress: `done` of `total` rows of the `split` run through the model."""
-
-    split: str
-    done: int
-    total: int
 
 
 @dataclass
@@ -129,7 +118,8 @@ def activations_shape(path: Path) -> list[int]:
                             "must be one 2-D float tensor [n, d]", subject=path)
     if shape[0] < 20 or shape[1] < 1:
         raise ArgumentError("activations", f"holds {shape[0]} rows of {shape[1]}; at "
-                            "least 20 are needed (a tenth is held out)", subject=path)
+                            f"least 20 are needed (the last {HELD_OUT_FRACTION:.0%} is held out)",
+                            subject=path)
     nbytes = info["data_offsets"][1] - info["data_offsets"][0]
     store.check_fits_memory(path, nbytes, "activations", copies=2 + 4 / DTYPE_SIZES[info["dtype"]])
     return shape
@@ -160,7 +150,7 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
     if src.loaded is None:
         x = read_activations(src.activations)
         perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
-        cut = x.shape[0] - max(1, x.shape[0] // 10)
+        cut = x.shape[0] - held_out_count(x.shape[0])
         return x[perm[:cut]], x[perm[cut:]], None
     rows = collect.run_rows(src.loaded, src.text_file)
     model = src.loaded.model
@@ -169,7 +159,7 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
         r = collect.draw_rows(rows, split, n, (seed + salt) % 2**64)
 
         def report(done: int, split=split, total=r.shape[0]) -> None:
-            on_event(Collecting(split, done, total))
+            on_event(Progress(f"z of {split}", done, total))
 
         out.append((collect.collect(model, r, src.layer, report), r))
     return out[0][0], out[1][0], out[1][1]
@@ -181,37 +171,31 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     refused before the work when its estimate does not fit (`check_features_cost`), unless
     `force`. `stop()` true after a step (a signal): the state is saved and the result says
     where it stopped. A failure in the work leaves `out` as it was (a new one removed)."""
-    on_event = on_event or (lambda e: None)
+    on_event = on_event or no_events
     settings.check()
     if src.loaded is not None:
         check_layer(src.layer, src.loaded)
-        mcfg = src.loaded.cfg.model
-        settings.resolved(mcfg.n_head * mcfg.head_dim)  # --k against the automatic width
     check_out(out, resume)
     for name in ("tokens", "held_out"):
         if getattr(src, name) < 1:
             raise ArgumentError(name, f"must be a positive number, got {getattr(src, name)}")
-    if src.loaded is not None and not force:
-        check_features_cost(src, settings, mcfg.n_head * mcfg.head_dim)
-    t0 = time.monotonic()
-    d_in = (mcfg.n_head * mcfg.head_dim if src.loaded is not None
+    d_in = (collect.z_width(src.loaded.cfg.model) if src.loaded is not None
             else activations_shape(src.activations)[1])
     s = settings.resolved(d_in)
     meta = {"settings": s.to_json(), "d_in": d_in, "source": src.describe()}
     saved = _saved_state(out, meta, s) if resume else None  # checked before any work
     if src.loaded is not None:
-        on_event(Starting(src.describe(), out, s.dead_after))
+        check_features_cost(src, s, d_in, force=force)
+        on_event(SaeStarting(src.describe(), out, s.dead_after))
+    t0 = time.monotonic()
     x, held, held_rows = gather(src, settings.seed, on_event)
     if src.loaded is None:
-        if not force:
-            check_features_cost(src, settings, x.shape[1], x.shape[0] + held.shape[0])
-        on_event(Starting(src.describe(), out, s.dead_after))
+        check_features_cost(src, s, d_in, x.shape[0] + held.shape[0], force=force)
+        on_event(SaeStarting(src.describe(), out, s.dead_after))
     state = new_state(x, s)
-    resumed = 0
     if saved is not None:
         state.load(saved)
-        resumed = state.step
-    fresh = not out.exists()
+    resumed, fresh = state.step, not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fit_sae(x, s, state, on_event=on_event, stop=stop,
@@ -238,58 +222,49 @@ def check_finite_sae(state: TrainState) -> None:
                        "activations")
 
 
-def features_cost(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None,
-                  rate: float = FLOOR_RATE) -> Cost:
-    """What `train_features` costs: collecting `rows` z of width `d_in` (a third of
+def features_work(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None) -> Work:
+    """What `train_features` does: collecting `rows` z of width `d_in` (a third of
     core.gpt.flops_per_token each, with the model `mcfg`; none for a file), `s.steps` steps
     of `s.batch_size` rows through the encoder and decoder (12 x width x d_in FLOPs a row,
-    forward and backward), the held-out measures; at `rate` FLOP/s. Memory: the z, the SAE's
-    two matrices with their gradients and Adam moments, a batch's latents."""
-    width = s.width or 8 * d_in
+    forward and backward), the held-out measures. Memory: the z, the SAE's two matrices with
+    their gradients and Adam moments, a batch's latents."""
+    width = s.width
     per_token = flops_per_token(mcfg, mcfg.block_size) / 3 if mcfg is not None else 0.0
     flops = (rows * per_token + s.steps * s.batch_size * 12.0 * width * d_in
              + held_out * (4.0 * width * d_in + 3 * per_token))
     held = 4.0 * rows * d_in + 32.0 * width * d_in + 12.0 * s.batch_size * width
-    return Cost(flops / rate, held)
+    return Work(flops, held)
 
 
-def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None
-                        ) -> None:
-    """`features_cost` checked by cost's rule (a week, the training bound; 80% of the
-    free memory), naming the number furthest above its default (--width, --tokens,
-    --held-out, --batch-size, --steps; a file's rows are what it holds) and the largest value
-    of it that fits with the others as given. The time is at this machine's measured matmul
-    rate (a lower bound), measured only when the FLOPs could take that long at FLOOR_RATE."""
+def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None, *,
+                        force: bool = False) -> None:
+    """`features_work` of the resolved settings `s` on inputs `d_in` wide checked by cost's
+    rule (`cost.check_flops`: a week, the training bound; a share of the free memory), naming
+    the number furthest above its default (--width, --tokens, --held-out, --batch-size,
+    --steps; a file's rows are what it holds) and the largest value of it that fits with the
+    others as given, unless `force`."""
     mcfg = src.loaded.cfg.model if src.loaded is not None else None
     device = src.loaded.device if src.loaded is not None else "cpu"
-    given = {"width": s.width or 8 * d_in, "steps": s.steps, "batch_size": s.batch_size}
-    usual = {"width": 8 * d_in, "steps": 2000, "batch_size": 1024}
+    given = {"width": s.width, "steps": s.steps, "batch_size": s.batch_size}
+    usual = {"width": default_width(d_in), "steps": 2000, "batch_size": 1024}
     if mcfg is not None:
         given.update(tokens=src.tokens, held_out=src.held_out)
         usual.update(tokens=DEFAULT_TOKENS, held_out=DEFAULT_HELD_OUT)
     rows = rows if rows is not None else src.tokens + src.held_out
-
-    def cost_at(rate: float, name: str) -> Callable[[int], Cost]:
-        def cost_of(v: int) -> Cost:
-            n = {**given, name: v}
-            at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
-            if mcfg is None:
-                return features_cost(at, d_in, rows, max(1, rows // 10), None, rate)
-            return features_cost(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg,
-                                 rate)
-        return cost_of
-
     name = max(given, key=lambda k: given[k] / usual[k])
-    rate, basis = FLOOR_RATE, "a count of what it holds (its FLOPs fit at any speed)"
-    if cost_at(FLOOR_RATE, name)(given[name]).seconds > TRAIN_LIMIT_S:
-        rate = matmul_rate(device)
-        basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
-                 "GFLOP/s: a lower bound")
+
+    def work_of(v: int) -> Work:
+        n = {**given, name: v}
+        at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
+        if mcfg is None:
+            return features_work(at, d_in, rows, held_out_count(rows))
+        return features_work(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg)
+
     others = ", ".join(f"--{k.replace('_', '-')} {v:,}" for k, v in given.items() if k != name)
-    check_cost(name, given[name], cost_at(rate, name), device=device, basis=basis,
-               limit_s=TRAIN_LIMIT_S, limit_what="an SAE's training may take",
-               what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
-               f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
+    check_flops(name, given[name], work_of, device=device, force=force, limit_s=TRAIN_LIMIT_S,
+                limit_what="an SAE's training may take",
+                what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
+                f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
 
 
 def _saved_state(out: Path, meta: dict, s: SaeSettings) -> dict[str, Tensor] | None:
