@@ -94,11 +94,11 @@ def test_every_json_names_a_head_one_way(tmp_path):
     import json
     import re
 
-    from conftest import in_process, save_tiny_run
+    from conftest import in_process, make_run
 
     from minigpt.events import CircuitCheck
 
-    run = save_tiny_run(tmp_path / "run")
+    run = make_run(tmp_path / "run", top_files=True)
     r = in_process(["inspect-heads", "--run", run, "--probe", "induction", "--json",
                     "--composition", "--qk", "all"])
     assert r.returncode == 0, r.stderr

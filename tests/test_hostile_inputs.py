@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import in_process, save_tiny_run, shakespeare
+from conftest import error_line, in_process, make_run, shakespeare
 
 from minigpt.run.safetensors_io import tensors_to_bytes
 
@@ -30,24 +30,6 @@ SMALL = ["--tokens", "2048", "--held-out", "512", "--steps", "30", "--width", "3
          "--batch-size", "256"]
 MEMORY_LIMIT = 3 << 30  # bytes of address space for the installed command
 TIMEOUT_S = 300
-
-
-def model_run(run_dir: Path, seed: int = 0, **model) -> Path:
-    """A committed checkpoint of a random-init byte model of the given shape (no training)."""
-    from minigpt.config import from_dict
-    from minigpt.core.gpt import GPT
-    from minigpt.data.tokenizer import bytes_tokenizer
-    from minigpt.run.checkpoint import save_checkpoint
-
-    tok = bytes_tokenizer()
-    sec = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, **model,
-           "vocab_size": tok.n_vocab}
-    cfg = from_dict({"model": sec, "tokenizer": {"vocab_size": 256}})
-    ckpt = save_checkpoint(run_dir, step=7, model=GPT.from_config(cfg, seed=seed), cfg=cfg,
-                           tokenizer=tok, trainer_state={"step": 7})
-    for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json"):
-        shutil.copy(ckpt / name, run_dir / name)
-    return run_dir
 
 
 @dataclass
@@ -64,7 +46,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> World:
     root = tmp_path_factory.mktemp("hostile57")
-    run = save_tiny_run(root / "run")
+    run = make_run(root / "run", top_files=True)
     text = root / "text.txt"
     text.write_text(shakespeare()[:6000])
     sae = root / "sae"
@@ -88,7 +70,8 @@ def world(tmp_path_factory) -> World:
     src = tf.Source(activations=acts)
     res = tf.train_features(src, SaeSettings(16, 4, 30, 64, 0.0, 0), state, stop=interrupt)
     assert res.interrupted and (state / "train_state.safetensors").is_file()
-    wide = model_run(root / "wide", n_layer=4, n_head=8, n_embd=64, block_size=256)
+    wide = make_run(root / "wide", top_files=True, n_layer=4, n_head=8, n_embd=64,
+                    block_size=256)
     return World(root, run, text, sae, acts, state, wide)
 
 
@@ -205,7 +188,7 @@ def _relative_run_elsewhere(w: World, d: Path) -> list[str]:
     run (another seed): features.json found its run by a path relative to the working
     directory, and showed the other one (exit 0). Now found from the SAE's own directory."""
     for where, seed in (("a", 0), ("b", 1)):
-        model_run(d / where / "runs" / "x", seed=seed)
+        make_run(d / where / "runs" / "x", seed=seed, top_files=True)
     sae = d / "a" / "sae"
     r = in_process(["features", "train", "--run", "runs/x", "--layer", "1", "--text-file",
                     w.text, "--out", sae, *SMALL], cwd=d / "a")
@@ -399,21 +382,12 @@ UNDER_A_LIMIT = {"weights-declaring-4-gib", "acts-declaring-16-gib",
                  "qk-every-pair-of-a-wide-model"}
 
 
-def one_error_line(r: subprocess.CompletedProcess) -> str:
-    out = r.stdout + r.stderr
-    assert "Traceback" not in out, out[-3000:]
-    assert r.returncode == 2, f"exit {r.returncode}: {out[-3000:]}"
-    lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("note: ")]
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
-    return lines[0]
-
-
 def judge(case: Case, r: subprocess.CompletedProcess, d: Path) -> None:
     assert "Traceback" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     if case.check is not None:
         case.check(r, d)
     else:
-        line = one_error_line(r)
+        line = error_line(r, after_progress=True)
         for needle in case.needles:
             assert needle in line, line
     if case.left is not None:

@@ -210,11 +210,11 @@ def test_an_induction_run_has_no_bits_per_byte_and_a_refused_checkpoint_is_damag
     figure (`runs --json` said best_val_bpb 3.77 of ids that stand for no bytes); a finished
     run whose checkpoint every loading command refuses (a listed file missing, another size, an
     unsound weights header) is `damaged`, not `finished`."""
-    from conftest import save_tiny_run
+    from conftest import make_run
 
     from minigpt.config import from_dict, to_yaml
 
-    run = save_tiny_run(tmp_path / "ind")
+    run = make_run(tmp_path / "ind", top_files=True)
     cfg = from_dict({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16,
                                "vocab_size": 257}, "tokenizer": {"vocab_size": 256},
                      "data": {"source": "induction"}, "train": {"max_steps": 7}})

@@ -37,10 +37,10 @@ ShowCheckpointOpt = Annotated[int | None, typer.Option(
     "--checkpoint", metavar="STEP", help="Show the SAE on the run's kept checkpoint of this "
     "step. Default: the step it was trained on.")]
 TrainTextOpt = Annotated[Path | None, typer.Option(
-    "--text-file", metavar="PATH", help="Train on this UTF-8 text's tokens (its first 90%; "
+    "--text-file", help="Train on this UTF-8 text's tokens (its first 90%; "
     "the last 10% held out) instead of the run's own data; needed with --model.")]
 ShowTextOpt = Annotated[Path | None, typer.Option(
-    "--text-file", metavar="PATH", help="Measure the features on this UTF-8 text's last 10% "
+    "--text-file", help="Measure the features on this UTF-8 text's last 10% "
     "instead of the run's validation split; needed with --model.")]
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="LAYER", help="The layer whose heads' outputs z (all heads, n_head x "
@@ -77,9 +77,9 @@ SaeOpt = Annotated[Path, typer.Option("--sae", metavar="DIR",
 FeatureOpt = Annotated[int | None, typer.Option(
     "--feature", metavar="N", help="Show this feature alone (flagged when dense or rare).")]
 HeadNameOpt = Annotated[str | None, typer.Option(
-    "--head", metavar="L1.H2", help="Show the features this head writes most: those with the "
-    "largest share of their decoder norm in its slice.")]
-TopOpt = Annotated[int, typer.Option("--top", metavar="N", help="Show the first N features "
+    "--head", metavar="HEAD", help="Show the features this head writes most (L1.H2: those "
+    "with the largest share of their decoder norm in its slice).")]
+TopOpt = Annotated[int, typer.Option("--top", help="Show the first N features "
                                      "of the list (--sort), dense and dead ones left out.")]
 SortOpt = Annotated[str, typer.Option(
     "--sort", metavar="selectivity|density|index",
@@ -92,7 +92,7 @@ DenseOpt = Annotated[float, typer.Option(
     "--dense", metavar="FRACTION", help="A feature active on more than this fraction of the "
     "held-out tokens is dense: left out of the list and counted (1 keeps them all).")]
 ShowTokensOpt = Annotated[int, typer.Option(
-    "--tokens", metavar="N", help="Held-out tokens the features are measured on (the run's "
+    "--tokens", help="Held-out tokens the features are measured on (the run's "
     "validation split, or the last 10% of --text-file).")]
 ShowSeedOpt = Annotated[int, typer.Option(
     "--seed", help="Seed of the held-out rows drawn (the same seed, the same tokens).")]

@@ -40,7 +40,7 @@ def head_index(value: str) -> int:
 
 
 HeadOpt = Annotated[list[int] | None, typer.Option(
-    "--head", parser=head_index, metavar="H",
+    "--head", parser=head_index, metavar="HEAD",
     help="Head to show (repeatable; with --layer, head H of those layers). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", metavar="FORMAT", help="Files to write as well: png, html, safetensors, json "
