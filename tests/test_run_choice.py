@@ -169,7 +169,7 @@ def test_run_names_a_run_under_runs_in_every_command_with_a_did_you_mean(tmp_pat
 
     from minigpt.cli import app
 
-    make_run(tmp_path, "default", age=10)
+    aged_run(tmp_path, "default", age=10)
     tree = typer.main.get_command(app)
     takers = []
     for name, cmd in tree.commands.items():

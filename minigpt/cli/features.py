@@ -157,16 +157,22 @@ def train_command(
     if result.resumed_from:
         say(f"resumed from step {result.resumed_from}")
     if result.interrupted:
-        name = signal.Signals(flag.signum).name
-        say(f"interrupted by {name} after step {result.step} of {settings.steps}; the training "
-            f"state is saved in {out}")
-        say(f"resume with: {resume_command(ctx, out)}")
-        raise typer.Exit({"SIGINT": 130, "SIGTERM": 143}.get(name, 1))
+        _stopped(ctx, flag.signum, result, settings.steps, out)
     say(summary_line(result.info))
     say(f"wrote {out}")
     if json_out:
         sys.stdout.write(json.dumps({"sae": str(out), **result.info}, allow_nan=False) + "\n")
         sys.stdout.flush()
+
+
+def _stopped(ctx, signum: int, result, steps: int, out: Path) -> None:
+    """A training a signal stopped: the step its state was saved at, the command that resumes
+    it, and the signal's exit code (130 for SIGINT, 143 for SIGTERM, as `train`)."""
+    name = signal.Signals(signum).name
+    say(f"interrupted by {name} after step {result.step} of {steps}; the training state is "
+        f"saved in {out}")
+    say(f"resume with: {resume_command(ctx, out)}")
+    raise typer.Exit({"SIGINT": 130, "SIGTERM": 143}.get(name, 1))
 
 
 def resume_command(ctx, out: Path) -> str:
