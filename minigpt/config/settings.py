@@ -158,6 +158,11 @@ class TrainConfig:
         0.0, "0 = off; else evaluate, sample and save (model.safetensors) an exponential moving "
         "average of the weights with this decay per step (the plain mean of all steps so far until "
         "its horizon 1/(1-ema) is reached)", min=0.0, max_exclusive=1.0)
+    data_order: str = setting(
+        "random", "the rows each step reads: random = windows at random offsets, drawn with "
+        "replacement; epochs = every epoch a fresh shuffle of back-to-back windows at a random "
+        "phase, so every training token is read once per epoch (corpus data)",
+        choices=("random", "epochs"))
     grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 = off", min=0.0)
     eval_interval: int = setting(250, "evaluate every this many steps", min=1)
     eval_batches: int = setting(20, "validation batches per evaluation", min=1)

@@ -154,7 +154,8 @@ class Trainer:
         """One optimizer step on this rank's share of the next global batch. Returns (mean loss
         of the global batch, lr, grad norm before clipping, whether any rank was signalled)."""
         step = self.state.step
-        r, lr, stop = self.weights.step(step, self.batches.train(), self.batches.n_micro, flag)
+        b = self.batches
+        r, lr, stop = self.weights.step(step, b.train(step), b.n_micro, flag)
         if not r.stepped:
             what = "the training loss" if not math.isfinite(r.loss) else "the gradient norm"
             raise self._diverged(step + 1, what)
