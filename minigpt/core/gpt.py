@@ -525,9 +525,13 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # (V, C)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # one Parameter, two uses
+        # model.mtp_weight: [stream, next token's embedding] (2C) -> C, added to the stream
+        self.mtp = nn.Linear(2 * cfg.n_embd, cfg.n_embd, bias=False) if cfg.mtp_weight else None
         self.apply(self._init_weights)
         if cfg.head_init == "zero":  # after the normal init, so every other weight is unchanged
             nn.init.zeros_(self.lm_head.weight)
+        if self.mtp is not None:  # starts as the identity on the stream
+            nn.init.zeros_(self.mtp.weight)
 
     def _init_weights(self, module: nn.Module) -> None:
         """GPT-2: N(0, 0.02) everywhere; projections into the residual stream (attention W_O,
@@ -595,18 +599,24 @@ class GPT(nn.Module):
         cached key and no mask is built. Training, sampling, inspection and imported models
         all run this pass."""
         x, _ = self._stream(idx, kv_cache, attn or self._spec)
-        cap = self.cfg.logit_softcap
-        if targets is not None and cap:  # soft-cap and cross-entropy in one pass
-            raw = self.raw_logits(x)  # (B, T, V)
-            logits, loss = softcap_cross_entropy(raw.view(-1, raw.shape[-1]),
-                                                 targets.reshape(-1), cap)
-            return logits.view(raw.shape), loss
-        logits = self.unembed(x)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1),
-                                   ignore_index=-1)
+        if targets is None:
+            return self.unembed(x), None
+        logits, loss = self._loss(self.raw_logits(x), targets)
+        if self.mtp is not None and self.training:  # model.mtp_weight: the token after next
+            nxt = embedding(self.wte, targets[:, :-1].clamp(min=0))  # (B, T-1, C)
+            y = x[:, :-1] + linear(self.mtp, torch.cat((x[:, :-1], nxt), dim=-1))  # (B, T-1, C)
+            loss = loss + self.cfg.mtp_weight * self._loss(self.raw_logits(y), targets[:, 1:])[1]
         return logits, loss
+
+    def _loss(self, raw: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """Raw logits (B, T, V) float32 and targets (B, T) (-1 = ignored) -> the logits
+        (soft-capped when cfg.logit_softcap: cap and cross-entropy in one pass) and the mean
+        cross-entropy."""
+        cap, flat = self.cfg.logit_softcap, raw.reshape(-1, raw.shape[-1])  # (B*T, V)
+        if cap:
+            logits, loss = softcap_cross_entropy(flat, targets.reshape(-1), cap)
+            return logits.view(raw.shape), loss
+        return raw, F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
 
     def forward_with_attention(self, idx: Tensor, scale: float | None = None,
                                causal: bool = True, head_hook=None) -> tuple[Tensor, list[Tensor]]:
@@ -711,7 +721,8 @@ class GPT(nn.Module):
         embedding matrix, counted in `embedding`; `lm_head` is then 0). `position` is the
         learned table (0 otherwise; rope/sinusoidal have no parameters). `non_embedding` =
         total - embedding - position (Kaplan et al.'s N). `matmul` = weights used in matrix
-        multiplies per token (blocks + LM head), the N of flops_per_token."""
+        multiplies per token (blocks + LM head), the N of flops_per_token. `mtp` = the
+        training-only matrix of model.mtp_weight (0 without it), in `total` only."""
         count = lambda ps: sum(p.numel() for p in ps)
         attn = count(p for b in self.blocks for p in b.attn.parameters())
         mlp = count(p for b in self.blocks if b.mlp is not None for p in b.mlp.parameters())
@@ -719,11 +730,12 @@ class GPT(nn.Module):
         emb = self.wte.weight.numel()
         pos = self.wpe.weight.numel() if self.wpe is not None else 0
         head = 0 if self.cfg.tie_weights else self.lm_head.weight.numel()
-        norm = total - attn - mlp - emb - pos - head
+        mtp = self.mtp.weight.numel() if self.mtp is not None else 0
+        norm = total - attn - mlp - emb - pos - head - mtp
         matmul = sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
         return {"total": total, "embedding": emb, "position": pos, "lm_head": head,
                 "attention": attn, "mlp": mlp, "norm": norm, "non_embedding": total - emb - pos,
-                "matmul": matmul + self.lm_head.weight.numel()}
+                "matmul": matmul + self.lm_head.weight.numel(), "mtp": mtp}
 
 
 @contextlib.contextmanager

@@ -42,6 +42,7 @@ from minigpt.device import amp_dtype, forward_context
 from minigpt.paths import cache_root
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.resume import Resumed
+from minigpt.train.distill import Teachers
 from minigpt.train.distributed import DistInfo, all_reduce_sum
 from minigpt.train.ema import WeightAverage
 from minigpt.train.muon import BatchedMuon
@@ -170,6 +171,7 @@ class Weights:
     precision: Context              # the context of every forward pass (autocast or none)
     no_sync: Context | None         # DDP: the context of every micro-batch but the last
     info: DistInfo
+    teachers: Teachers | None = None  # train.distill_from (distill.py)
 
     @classmethod
     def build(cls, cfg: Config, device: torch.device, start: Resumed | None,
@@ -211,7 +213,8 @@ class Weights:
         r = core_step.train_step(self.model, self.optimizer, batches, n_micro=n_micro,
                                  grad_clip=self.settings.grad_clip, fwd=self.fwd,
                                  precision=self.precision, no_sync=self.no_sync,
-                                 mean_loss=mean_loss)
+                                 mean_loss=mean_loss,
+                                 loss_of=self.teachers.loss if self.teachers else None)
         if r.stepped:
             self.average.update(it + 1)
         return r, lr, stop[0]
