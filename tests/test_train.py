@@ -528,7 +528,8 @@ def test_batched_muon_is_torch_muon_step_for_step():
 
 
 def test_the_compile_cache_lives_under_the_minigpt_cache(tmp_path, monkeypatch):
-    from minigpt.train.weights import compiles, use_compile_cache
+    from minigpt.device import use_compile_cache
+    from minigpt.train.weights import compiles
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     use_compile_cache(str(tmp_path / "c"))

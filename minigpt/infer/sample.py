@@ -22,6 +22,8 @@ from minigpt.core.generate import sampling_loop
 from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.core.sampling import Sampling
 from minigpt.cost import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.device import use_compile_cache
+from minigpt.errors import ArgumentError
 
 # --------------------------------------------------------------------------------------------
 # Token ids -> printable text.
@@ -136,10 +138,14 @@ def sample(model: torch.nn.Module, prompt_ids: Sequence[int],
            how: Sampling, *, seed: int = 0, stops: Sequence[str] = (),
            stop_ids: Sequence[int] = (), use_kv_cache: bool = True,
            on_text: Callable[[int, str], None] | None = None,
-           on_done: Callable[[SampleResult], None] | None = None) -> list[SampleResult]:
+           on_done: Callable[[SampleResult], None] | None = None,
+           compile_step: bool = False) -> list[SampleResult]:
     """Generate `how.num_samples` continuations of `prompt_ids` one after another from one
     generator seeded with `seed`. `on_text(sample_index, text)` receives printable text as it
-    becomes safe (see TextStream); `on_done(result)` is called as each sample ends."""
+    becomes safe (see TextStream); `on_done(result)` is called as each sample ends.
+    `compile_step`: decode through the compiled one-token step (`decode_compiles`)."""
+    if compile_step:
+        use_compile_cache("")  # inductor's caches under the minigpt cache: compiled once
     device = device_of(model)
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
@@ -151,7 +157,8 @@ def sample(model: torch.nn.Module, prompt_ids: Sequence[int],
         reason = "length"
         t0 = time.perf_counter()
         first = None
-        for tok in sampling_loop(model, prompt_ids, how, generator, use_kv_cache, (), None):
+        for tok in sampling_loop(model, prompt_ids, how, generator, use_kv_cache, (), None,
+                                 compile_step):
             if first is None:
                 first = time.perf_counter() - t0
             token_ids.append(tok)
@@ -215,3 +222,26 @@ def check_sample_cost(model, prompt_len: int, how: Sampling, kv_cache: bool = Tr
     check_cost(name, getattr(how, name), cost_of, device=device,
                what=f"{k:,} sample(s) of {n:,} tokens", basis=f"the model's FLOPs at this "
                f"machine's measured matmul rate, {rate / 1e9:.3g} GFLOP/s: a lower bound")
+
+
+# --------------------------------------------------------------------------------------------
+# Whether to decode through the compiled step.
+
+# `--compile` unset: the one-token step is compiled (core/decode.py) on a CPU when a command
+# decodes at least this many tokens. Compiling costs tens of seconds the first time (less with
+# inductor's caches warm) and saves a few ms a token at 6 x 384: benchmarks/README.md
+# ("The compiled decode step").
+AUTO_COMPILE_TOKENS = 20_000
+
+
+def decode_compiles(model, how: Sampling, use_kv_cache: bool, choice: bool | None) -> bool:
+    """`--compile` (True), `--no-compile` (False) or unset (None: on a CPU, when the samples
+    ask for AUTO_COMPILE_TOKENS tokens or more). The compiled step is the KV cache's: asking
+    for it without the cache is an ArgumentError."""
+    if choice and not use_kv_cache:
+        raise ArgumentError("compile", "--compile compiles the KV-cache decode step; drop "
+                            "--no-kv-cache, or --compile")
+    if choice is not None:
+        return choice
+    return (use_kv_cache and device_of(model).type == "cpu"
+            and how.max_new_tokens * how.num_samples >= AUTO_COMPILE_TOKENS)

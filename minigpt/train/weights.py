@@ -27,19 +27,16 @@ rank (rank 0's stream is the saved one).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from minigpt.config import Config, TrainConfig
 from minigpt.core import step as core_step
 from minigpt.core.gpt import GPT
-from minigpt.device import amp_dtype, forward_context
-from minigpt.paths import cache_root
+from minigpt.device import amp_dtype, forward_context, use_compile_cache
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.resume import Resumed
 from minigpt.train.distill import Teachers
@@ -254,25 +251,6 @@ def compiles(setting: str, device: torch.device) -> bool:
     if setting == "auto":
         return AUTO_COMPILE.get(device.type, False)
     return setting == "true"
-
-
-def compile_cache_dir(cache_dir: str) -> Path:
-    """Where torch.compile keeps its on-disk caches (inductor's FX graph and AOTAutograd
-    caches, compiled kernels; Triton's on CUDA): `<minigpt cache>/torch-compile`, the cache
-    root of `data.cache_dir` / $MINIGPT_CACHE (paths.cache_root), so a second run of the same
-    model loads its kernels instead of compiling them again."""
-    return cache_root(cache_dir) / "torch-compile"
-
-
-def use_compile_cache(cache_dir: str) -> None:
-    """Point inductor at `compile_cache_dir` unless the user chose a TORCHINDUCTOR_CACHE_DIR.
-    Inductor reads the variable whenever it opens its cache, and writes its default (a per-user
-    directory in /tmp) there the first time anything asks, so that default counts as unset."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir(cache_dir))
 
 
 def seed_rngs(seed: int, info: DistInfo, start: Resumed | None) -> None:
