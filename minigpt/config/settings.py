@@ -68,6 +68,9 @@ class ModelConfig:
     logit_softcap: float = setting(
         0.0, "0 = off; else logits = cap * tanh(logits / cap), for the loss and for sampling",
         min=0.0)
+    value_skip: bool = setting(
+        False, "every layer after the first adds a learned share (from 0.5) of the first layer's "
+        "values to its own (a value residual); export and analyses that start mid-model refuse it")
     mtp_weight: float = setting(
         0.0, "0 = off; else training adds this times the loss of predicting the token after next "
         "(the final stream and the next token's embedding through one extra matrix, then the final "

@@ -330,8 +330,8 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor] | None,
-                cache: KVCache | None, layer: int, spec: ForwardSpec
-                ) -> tuple[Tensor, Tensor | None]:
+                cache: KVCache | None, layer: int, spec: ForwardSpec,
+                values: ValueSkip | None = None) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C), or (3, H, B, T, C): each head's query, key and value input apart (an
         Intervention's `attn_in`). Returns the layer's output (B, T, C) and, when asked, the
         attention probabilities."""
@@ -357,6 +357,8 @@ class CausalSelfAttention(nn.Module):
                 qk = apply_rope(qk, *rope)  # tables (T, D) broadcast over (2, B, H)
             q, k = qk.unbind(0)  # 2 x (B, H, T, D)
             v = v.squeeze(0)  # (B, H, T, D)
+        if values is not None:  # model.value_skip
+            v = values(layer, v)
         if spec.intervention is not None:  # the queries and keys the scores read
             q, k = spec.intervention.qk(layer, q, k)
         past, mask = 0, None
@@ -418,6 +420,20 @@ class MLP(nn.Module):
         return dropout(y, self.dropout if self.training else 0.0)
 
 
+class ValueSkip:
+    """model.value_skip in one forward pass: layer 0's values v_0 (B, H, T, D), kept as it
+    computes them, and each later layer l's values become v_l + lambdas[l - 1] * v_0."""
+
+    def __init__(self, lambdas: Tensor) -> None:
+        self.lambdas, self.first = lambdas, None
+
+    def __call__(self, layer: int, v: Tensor) -> Tensor:
+        if layer == 0:
+            self.first = v
+            return v
+        return v + self.lambdas[layer - 1].to(v.dtype) * self.first
+
+
 class Block(nn.Module):
     """Pre-norm: x + attn(norm(x)), then x + mlp(norm(x)) (no MLP when cfg.mlp is false)."""
 
@@ -429,10 +445,12 @@ class Block(nn.Module):
         self.mlp = MLP(cfg) if cfg.mlp else None
 
     def forward(self, x: Tensor, *, rope, cache: KVCache | None, layer: int,
-                spec: ForwardSpec) -> tuple[Tensor, Tensor | None]:
+                spec: ForwardSpec, values: ValueSkip | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         g = spec.intervention  # what each reader reads and each writer writes, when set
         xa = x if g is None else g.attn_in(layer, x)  # (B, T, C) or (B, T, 3, H, C)
-        a, probs = self.attn(norm(self.ln_1, xa), rope=rope, cache=cache, layer=layer, spec=spec)
+        a, probs = self.attn(norm(self.ln_1, xa), rope=rope, cache=cache, layer=layer, spec=spec,
+                             values=values)
         x = x + a
         if self.mlp is not None:
             if g is None:
@@ -478,6 +496,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight  # one Parameter, two uses
         # model.mtp_weight: [stream, next token's embedding] (2C) -> C, added to the stream
         self.mtp = nn.Linear(2 * cfg.n_embd, cfg.n_embd, bias=False) if cfg.mtp_weight else None
+        self.value_lambdas = (nn.Parameter(torch.full((cfg.n_layer - 1,), 0.5))
+                              if cfg.value_skip else None)  # model.value_skip (ValueSkip)
         self.apply(self._init_weights)
         if cfg.head_init == "zero":  # after the normal init, so every other weight is unchanged
             nn.init.zeros_(self.lm_head.weight)
@@ -615,8 +635,12 @@ class GPT(nn.Module):
         Returns the stream leaving the last block as the final norm reads it (an
         Intervention's `final_in`)."""
         rope = self.rotary.tables(start, x.shape[1]) if self.rotary is not None else None
-        plain = spec.intervention is None and not spec.return_probs
+        plain = spec.intervention is None and not spec.return_probs and self.value_lambdas is None
         steps = decode_steps(self, kv_cache, x.shape[1], plain)  # compiled one-token steps
+        if self.value_lambdas is not None and first > 0:
+            raise ValueError(f"model.value_skip: a pass from block {first} on lacks the first "
+                             "layer's values; run the whole pass")
+        values = ValueSkip(self.value_lambdas) if self.value_lambdas is not None else None
         all_probs = []
         for i, block in enumerate(self.blocks):
             if i < first:
@@ -624,7 +648,7 @@ class GPT(nn.Module):
             if stream is not None:
                 stream.append(x)
             if steps is None:
-                x, probs = block(x, rope=rope, cache=kv_cache, layer=i, spec=spec)
+                x, probs = block(x, rope=rope, cache=kv_cache, layer=i, spec=spec, values=values)
             else:  # a compiled one-token step, on this layer's slot of the static cache
                 x, probs = steps[i](x, rope=rope, cache=kv_cache.slots[i], layer=i, spec=spec)
             if probs is not None:
