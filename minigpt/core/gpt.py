@@ -1,6 +1,7 @@
-"""The GPT, top to bottom in one file: the lecture's attention, the position encodings, the
-KV cache, then the transformer that uses them (CausalSelfAttention, MLP,
-Block, GPT), like nanoGPT's model.py. Tensors of attention are `[batch, head, query, key]`.
+"""The GPT, top to bottom in one file: the lecture's attention, the position encodings, then
+the transformer that uses them (CausalSelfAttention, MLP, Block, GPT), like nanoGPT's model.py.
+Tensors of attention are `[batch, head, query, key]`. The KV cache and the compiled one-token
+decode step of this same pass are core/decode.py's.
 
 The hand-written CPU pieces it calls (the fused attention kernel's CPU-bf16 rule, the
 soft-capped loss and ReLU^2 as one autograd node each, the packed dropout mask, the leaf layers
