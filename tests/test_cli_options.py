@@ -43,6 +43,9 @@ OWN_MEANING = {
         "sample draws a fresh seed by default (and prints it); inspect-heads and circuit seed "
         "their synthetic inputs with 0; each help says its default")),
     "--device": ({"train"}, "train's default is the config's run.device"),
+    "--compile": ({"bench", "sample"}, (
+        "bench also times the train and decode steps compiled; sample decodes through the "
+        "compiled one-token step")),
 }
 
 

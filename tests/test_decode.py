@@ -13,9 +13,8 @@ from minigpt.config import ModelConfig
 from minigpt.core.decode import decode_steps
 from minigpt.core.generate import generate
 from minigpt.core.gpt import GPT
-from minigpt.core.sampling import Sampling
 from minigpt.errors import ArgumentError
-from minigpt.infer.sample import AUTO_COMPILE_TOKENS, decode_compiles
+from minigpt.infer.sample import decode_compiles
 
 SPEEDRUN_LIKE = {"activation": "relu2", "qk_norm": True, "tie_weights": False,
                  "logit_softcap": 30.0}
@@ -73,15 +72,10 @@ def test_only_plain_one_token_steps_on_a_static_cache_run_compiled():
         handle.remove()
 
 
-def test_when_sample_compiles_its_decode_step():
-    m = model_of()
-    short, long = Sampling(1.0, 0, 1.0, 200, 1), Sampling(1.0, 0, 1.0, 1000, 20)
-    assert AUTO_COMPILE_TOKENS > 200 and 1000 * 20 >= AUTO_COMPILE_TOKENS
-    assert not decode_compiles(m, short, True, None) and decode_compiles(m, long, True, None)
-    assert not decode_compiles(m, long, False, None)  # no cache, nothing to compile
-    assert decode_compiles(m, short, True, True) and not decode_compiles(m, long, True, False)
+def test_compile_is_the_kv_caches_and_opt_in():
+    assert decode_compiles(True, True) and not decode_compiles(True, False)
     with pytest.raises(ArgumentError, match="--compile compiles the KV-cache decode step"):
-        decode_compiles(m, short, False, True)
+        decode_compiles(False, True)
 
 
 def test_the_arithmetic_of_a_decoded_token():

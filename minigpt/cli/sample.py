@@ -43,10 +43,9 @@ StreamOpt = Annotated[bool | None, typer.Option(
     "--stream/--no-stream", help="Print tokens as they come. Default: on a terminal.")]
 NoKvCacheOpt = Annotated[bool, typer.Option(
     "--no-kv-cache", help="Recompute the whole context for every token (slow).")]
-CompileOpt = Annotated[bool | None, typer.Option(
-    "--compile/--no-compile", help="Decode through the compiled one-token step (torch.compile: "
-    "tens of seconds to compile the first time, faster per token after). Default: on a CPU when "
-    "the samples ask for 20,000 tokens or more.")]
+CompileOpt = Annotated[bool, typer.Option(
+    "--compile", help="Decode through the compiled one-token step (torch.compile: tens of "
+    "seconds to compile a shape the first time, faster per token after; docs/cli.md).")]
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="One JSON document per sample on stdout.")]
 AllowSpecialOpt = Annotated[bool, typer.Option(
@@ -61,7 +60,7 @@ def sample_command(
     stop: StopOpt = None, stream: StreamOpt = None, no_kv_cache: NoKvCacheOpt = False,
     device: opt.Device = "auto", json_out: JsonOpt = False,
     allow_special: AllowSpecialOpt = False, model: opt.Model = None, threads: opt.Threads = 0,
-    force: opt.Force = False, compile_: CompileOpt = None,
+    force: opt.Force = False, compile_: CompileOpt = False,
 ) -> None:
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""
@@ -91,7 +90,7 @@ def sample_command(
             f"last {block} tokens")
     with decoding_threads(loaded.model, threads):
         smp.check_sample_cost(loaded.model, len(p.ids), how, not no_kv_cache, force)
-    compiled = smp.decode_compiles(loaded.model, how, not no_kv_cache, compile_)
+    compiled = smp.decode_compiles(not no_kv_cache, compile_)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     dev = loaded.device
     say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}"

@@ -637,7 +637,8 @@ class GPT(nn.Module):
         Intervention's `final_in`)."""
         rope = self.rotary.tables(start, x.shape[1]) if self.rotary is not None else None
         plain = spec.intervention is None and not spec.return_probs and self.value_lambdas is None
-        steps = decode_steps(self, kv_cache, x.shape[1], plain)  # compiled one-token steps
+        steps = (decode_steps(self, kv_cache, x.shape[1], plain)  # compiled one-token steps
+                 if kv_cache is not None and kv_cache.static else None)
         if self.value_lambdas is not None and first > 0:
             raise ValueError(f"model.value_skip: a pass from block {first} on lacks the first "
                              "layer's values; run the whole pass")

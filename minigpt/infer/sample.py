@@ -227,21 +227,13 @@ def check_sample_cost(model, prompt_len: int, how: Sampling, kv_cache: bool = Tr
 # --------------------------------------------------------------------------------------------
 # Whether to decode through the compiled step.
 
-# `--compile` unset: the one-token step is compiled (core/decode.py) on a CPU when a command
-# decodes at least this many tokens. Compiling costs tens of seconds the first time (less with
-# inductor's caches warm) and saves a few ms a token at 6 x 384: benchmarks/README.md
-# ("The compiled decode step").
-AUTO_COMPILE_TOKENS = 20_000
 
-
-def decode_compiles(model, how: Sampling, use_kv_cache: bool, choice: bool | None) -> bool:
-    """`--compile` (True), `--no-compile` (False) or unset (None: on a CPU, when the samples
-    ask for AUTO_COMPILE_TOKENS tokens or more). The compiled step is the KV cache's: asking
-    for it without the cache is an ArgumentError."""
-    if choice and not use_kv_cache:
+def decode_compiles(use_kv_cache: bool, compile_step: bool) -> bool:
+    """`--compile`: decode through the compiled one-token step (core/decode.py), the KV
+    cache's, so asking for it with `--no-kv-cache` is an ArgumentError. Off by default: the
+    compile (22-140 s measured here, benchmarks/README.md "The compiled decode step") costs
+    more than it saves on the token counts `minigpt sample` usually draws."""
+    if compile_step and not use_kv_cache:
         raise ArgumentError("compile", "--compile compiles the KV-cache decode step; drop "
                             "--no-kv-cache, or --compile")
-    if choice is not None:
-        return choice
-    return (use_kv_cache and device_of(model).type == "cpu"
-            and how.max_new_tokens * how.num_samples >= AUTO_COMPILE_TOKENS)
+    return compile_step

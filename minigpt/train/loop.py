@@ -7,11 +7,11 @@ four parts, each made once, in this order:
 
     batches.py    the tokenizer and the rows (token cache or synthetic induction rows), which
                   rows each step and each evaluation read, their copy to the device
-    saving.py     the run directory (a fresh one claimed now that the data is ready), the run
-                  lock, the checkpoints and the progress they record
     weights.py    the model, the optimizer and its learning-rate schedule, the weight average
-                  (ema.py), the RNGs, the teachers of train.distill_from (distill.py, opened
-                  before the run directory is claimed); one optimizer step through core/step.py
+                  (ema.py), the RNGs, the teachers of train.distill_from (distill.py); one
+                  optimizer step through core/step.py
+    saving.py     the run directory (a fresh one claimed now that the data and the weights are
+                  ready), the run lock, the checkpoints and the progress they record
     reporting.py  every event to the run files (outputs.py), TensorBoard and the caller; the
                   clock, the evaluations' samples and copy metrics, the head measurements
 
@@ -42,7 +42,6 @@ from minigpt.device import amp_dtype, resolve_device, training_threads
 from minigpt.errors import ArgumentError, MinigptError, TrainingDiverged
 from minigpt.events import DoneEvent, StartEvent, no_events
 from minigpt.train.batches import Batches, open_batches
-from minigpt.train.distill import open_teachers
 from minigpt.train.distributed import DistInfo, agree, setup, teardown
 from minigpt.train.reporting import Reporting, preflight
 from minigpt.train.safety import Session, StopFlag
@@ -95,10 +94,8 @@ def set_up(cfg: Config, saving: Saving, start: Resumed | None, device: torch.dev
     """The training session of `cfg` in `saving`'s run directory, continuing `start` (None: from
     step 0): its four parts, each made once (the module docstring)."""
     batches = open_batches(cfg, start, device, info, on_event, session)
-    teachers = open_teachers(cfg, batches.tokenizer, device)
+    weights = Weights.build(cfg, device, start, info, batches.tokenizer)
     saving.claim()
-    weights = Weights.build(cfg, device, start, info)
-    weights.teachers = teachers
     report = Reporting.build(cfg, saving.run_dir, batches.tokenizer, weights.average.model,
                              info, on_event,
                              resumed_at=saving.state.step if saving.resume else None)

@@ -39,7 +39,7 @@ from minigpt.core.gpt import GPT
 from minigpt.device import amp_dtype, forward_context, use_compile_cache
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.resume import Resumed
-from minigpt.train.distill import Teachers
+from minigpt.train.distill import Teachers, open_teachers
 from minigpt.train.distributed import DistInfo, all_reduce_sum
 from minigpt.train.ema import WeightAverage
 from minigpt.train.muon import BatchedMuon
@@ -172,11 +172,13 @@ class Weights:
 
     @classmethod
     def build(cls, cfg: Config, device: torch.device, start: Resumed | None,
-              info: DistInfo) -> Weights:
+              info: DistInfo, tokenizer=None) -> Weights:
         """The model (initialised from run.seed), its optimizer at update 0's learning rate and
         its WeightAverage, restored from the checkpoint on resume; what runs the forward pass;
-        then the RNGs seeded or restored (`seed_rngs`)."""
+        the teachers of train.distill_from (checked against `tokenizer`, the run's); then the
+        RNGs seeded or restored (`seed_rngs`)."""
         t = cfg.train
+        teachers = open_teachers(cfg, tokenizer, device) if t.distill_from else None
         model = GPT.from_config(cfg, seed=cfg.run.seed).to(device)
         optimizer, names = build_optimizer(model, t, device)
         average = WeightAverage(model, t.ema)
@@ -186,7 +188,7 @@ class Weights:
         fwd = forward_module(model, t, device, info, cfg.data.cache_dir)
         weights = cls(t, model, fwd, optimizer, names, average,
                       forward_context(device, amp_dtype(t.precision, device)),
-                      fwd.no_sync if info.enabled else None, info)
+                      fwd.no_sync if info.enabled else None, info, teachers)
         seed_rngs(cfg.run.seed, info, start)
         return weights
 
