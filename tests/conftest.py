@@ -174,6 +174,11 @@ UNEXPORTABLE = [
     ({"activation": "relu2"}, "model.activation"),
     ({"qk_norm": True}, "model.qk_norm"),
     ({"logit_softcap": 30.0}, "model.logit_softcap"),
+    ({"norm": "none"}, "model.norm"),
+    ({"activation": "relu"}, "model.activation"),
+    ({"d_head": 8}, "model.d_head"),
+    ({"d_mlp": 64}, "model.d_mlp"),
+    ({"d_vocab_out": 5, "tie_weights": False}, "model.d_vocab_out"),
 ]
 
 

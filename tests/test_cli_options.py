@@ -23,10 +23,10 @@ from minigpt.cli import app
 # option -> (the commands where it means something of their own, why). Those commands still
 # spell it the same (the same flags); the other commands sharing it agree in everything.
 OWN_MEANING = {
-    "--out": ({"train", "curves", "export", "bench"}, (
-        "what is written is the command's own: a run directory (train), a picture (curves), "
-        "an export (export), a JSON report (bench); inspect-heads and circuit share one --out "
-        "for their files")),
+    "--out": ({"train", "curves", "export", "bench", "compile"}, (
+        "what is written is the command's own: a run directory (train, compile), a picture "
+        "(curves), an export (export), a JSON report (bench); inspect-heads and circuit share "
+        "one --out for their files")),
     "--format": ({"inspect-heads", "circuit", "export"}, (
         "each command writes its own files (export: one format; inspect-heads and circuit: "
         "several, not the same ones)")),

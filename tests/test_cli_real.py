@@ -87,7 +87,7 @@ def test_the_documented_commands_were_found():
     kinds = {c[0] for c in COMMANDS}
     assert COMMANDS[:2] == [["train"], ["sample", "-p", "ROMEO:", "-n", "200"]]  # README first
     assert kinds == {"train", "sample", "inspect-heads", "circuit", "bench", "runs", "curves",
-                     "export", "features"}
+                     "export", "features", "compile"}
     assert ["sample", "--num-samples", "3", "--stop", "\\n\\n", "--json"] in COMMANDS
     assert ["train", "--out", "runs/default", "--resume"] in COMMANDS
     reasons = {why for _, why in SKIPPED}
@@ -191,7 +191,7 @@ def test_every_command_rejects_an_unknown_flag(program, env, tmp_path, installed
     help_text = run(["--help"]).stdout
     names = re.findall(r"^  ([a-z-]+) ", help_text[help_text.index("Commands:"):], re.MULTILINE)
     assert set(names) == {"train", "sample", "inspect-heads", "circuit", "bench", "runs",
-                          "curves", "export", "features"}
+                          "curves", "export", "features", "compile"}
     for name in [*names, "features train", "features show"]:
         _usage_error(run([*name.split(), "--no-such-flag"], ok=False),
                      "No such option: --no-such-flag")
@@ -232,6 +232,11 @@ def check_output(argv: list[str], r: subprocess.CompletedProcess, cwd: Path) -> 
             assert "of the loss recovered" in r.stderr or "costs nothing" in r.stderr, r.stderr
         else:
             assert "features of the SAE" in r.stdout, r.stdout
+    elif argv[0] == "compile":
+        if "--list" in argv:
+            assert len(r.stdout.strip().splitlines()) >= 6, r.stdout
+        else:
+            assert (cwd / r.stdout.strip() / "truth.json").is_file(), r.stdout
     elif argv[0] == "runs":
         if "--json" in argv:
             names = {x["name"]: x["status"] for x in json.loads(r.stdout)["runs"]}

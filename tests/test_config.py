@@ -101,7 +101,7 @@ def test_yaml_scalars_are_coerced_by_field_type(tmp_path, text, field, value):
     ("train:\n  batch_size: 12\n  micro_batch_size: 5\n", "train.micro_batch_size: 5 does not"),
     ("model:\n  head_init: zero\n", "model.head_init: zero needs model.tie_weights: false"),
     ("model:\n  head_init: zeros\n", "model.head_init: 'zeros' is not one of normal, zero"),
-    ("model:\n  activation: relu\n", "model.activation: 'relu' is not one of"),
+    ("model:\n  activation: tanh\n", "model.activation: 'tanh' is not one of"),
     ("model:\n  logit_softcap: -1\n", "model.logit_softcap: must be >= 0.0"),
     ("train:\n  optimizer: sgd\n", "train.optimizer: 'sgd' is not one of adamw, muon"),
     ("train:\n  schedule: linear\n", "train.schedule: 'linear' is not one of cosine, wsd"),

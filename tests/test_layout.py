@@ -27,7 +27,7 @@ FLOORS = [
     ("run", {"minigpt.run"}),
     ("hf", {"minigpt.hf"}),
     ("infer", {"minigpt.infer"}),
-    ("train, heads", {"minigpt.train", "minigpt.heads", "minigpt.features"}),
+    ("train, heads", {"minigpt.train", "minigpt.heads", "minigpt.features", "minigpt.truth"}),
     ("bench", {"minigpt.bench"}),
     ("cli", {"minigpt.cli", "minigpt.__main__"}),
 ]

@@ -20,6 +20,7 @@ except FileNotFoundError:
 from minigpt.cli import (  # noqa: F401 - importing registers the commands
     bench,
     circuit,
+    compile,
     curves,
     export,
     features,

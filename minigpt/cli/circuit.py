@@ -57,29 +57,34 @@ def circuit_command(
 ) -> None:
     """The circuit: which edges between heads, MLPs, embedding and logits carry a behaviour."""
     from minigpt.heads.flags import CIRCUIT_FORMATS, check_early
-    from minigpt.interp.edge_args import check_search
+    from minigpt.interp.edge_args import check_ablation, check_search
 
     fmts = check_early(formats, seed, threads, valid=CIRCUIT_FORMATS)  # before torch loads
     patch_direction = patch_direction or "noising"
     check_search(edges, recover, ig_steps, patch_direction)
+    check_ablation(patch_from or "", patch_direction)
     from minigpt.device import cpu_threads
     from minigpt.heads import output
-    from minigpt.heads.edge_circuit import (
-        circuit_file_names,
-        circuit_pairs,
-        circuit_title,
-    )
+    from minigpt.heads.edge_circuit import circuit_file_names, circuit_pairs
     from minigpt.interp.edge_graph import graph_of
+    from minigpt.truth.store import read_truth
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
     graph_of(loaded.cfg.model)  # a model with no head: refused before any work
+    truth = read_truth(loaded.run_dir)  # a compiled program's known circuit, or None
     out_dir = output.out_dir(fmts, out, loaded.run_dir, circuit_file_names(fmts, curve))
     cost = []  # the estimate, made once the first pair's length is known
     check = _cost_check(loaded, threads, pairs, ig_steps, curve, force, cost)
-    p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
-                      text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
-                      eot_first=loaded.eot_first, pairs=pairs, metric=metric, target=target,
-                      answer=answer, wrong=wrong, device=loaded.device, check=check)
+    if truth is not None:
+        p = _program_pairs(loaded, truth, patch_from, pairs, seed, max_tokens, check,
+                           text=text, text_file=text_file, probe=probe, metric=metric,
+                           target=target, answer=answer, wrong=wrong)
+    else:
+        p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from=patch_from, text=text,
+                          text_file=text_file, probe=probe, max_tokens=max_tokens, seed=seed,
+                          eot_first=loaded.eot_first, pairs=pairs, metric=metric,
+                          target=target, answer=answer, wrong=wrong, device=loaded.device,
+                          check=check)
     say(f"{'run' if loaded.run_dir is not None else 'model'} {loaded.label}: scoring every "
         f"edge on {p.clean.shape[0]} pair(s) of {p.clean.shape[1]} tokens ({p.source}; "
         f"corrupted: {shown(p.corrupted_source, 240)}); metric: {p.metric.describe()}; estimated "
@@ -87,19 +92,74 @@ def circuit_command(
     with cpu_threads(threads, loaded.model):
         result, seen = _measure(loaded.model, p, patch_direction, ig_steps, edges, recover,
                                 curve, lens, EtaLines("circuit"))
+        scored = _truth(loaded, result, truth, p, seed) if truth is not None else None
+    out_str = truth.output_str if truth is not None else loaded.tokenizer.token_str
+    _report(loaded, p, result, seen, scored, out_dir, fmts, json_out, top, out_str)
+
+
+def _report(loaded, p, result, seen, scored, out_dir, fmts, json_out: bool, top: int,
+            out_str) -> None:
+    """What the search found: the summary on stderr, the files asked for, and the JSON or the
+    tables (with a compiled program's truth, `scored`, when there is one); `out_str(i)` names
+    the model's output i (a token, or a compiled program's output value)."""
+    from minigpt.heads.edge_circuit import circuit_title
+
     tok = loaded.tokenizer
-    lens_records = seen.records(token_str=tok.token_str) if seen is not None else None
+    lens_records = seen.records(token_str=out_str) if seen is not None else None
     say(summary_line(result))
     for note in result.notes:
         say(f"note: {note}")
     if out_dir is not None:
         _write(result, out_dir, fmts, circuit_title(loaded.label, p), lens_records)
     if json_out:
-        sys.stdout.write(json.dumps(result.to_json(lens=lens_records), ensure_ascii=False,
-                                    allow_nan=False) + "\n")
+        doc = result.to_json(lens=lens_records)
+        if scored is not None:
+            doc["truth"] = scored
+        sys.stdout.write(json.dumps(doc, ensure_ascii=False, allow_nan=False) + "\n")
         sys.stdout.flush()
     else:
-        _print_tables(result, top, seen, tok, p.clean[0].tolist())
+        _print_tables(result, top, seen, tok, p.clean[0].tolist(), out_str)
+        if scored is not None:
+            from minigpt.cli.truth_tables import truth_tables
+
+            for table in truth_tables(scored):
+                out_console.print(table)
+
+
+def _program_pairs(loaded, truth, patch_from, pairs, seed, max_tokens, check, **unused):
+    """A compiled run's pairs (truth.inputs.program_pairs), the search's cost checked first;
+    the flags that choose a text, a probe or a metric are refused: a program is scored on its
+    own inputs and output."""
+    from minigpt.errors import ArgumentError
+    from minigpt.truth.inputs import program_pairs
+
+    given = [k for k, v in unused.items() if v is not None and (k, v) != ("metric", "loss")]
+    if given:
+        raise ArgumentError(given[0], "does not apply to a compiled program: its inputs are "
+                            "random inputs of its vocabulary (--pairs, --seed) and its metric "
+                            "is its output; leave {name} out")
+    check(loaded.cfg.model.block_size if max_tokens is None else max_tokens)
+    return program_pairs(loaded.model, loaded.tokenizer, truth, patch_from=patch_from,
+                         pairs=pairs, seed=seed, max_tokens=max_tokens)
+
+
+def _truth(loaded, result, truth, p, seed: int) -> dict:
+    """The circuit scored against the program's truth (truth.scoring), the one line of it on
+    stderr."""
+    from minigpt.truth.scoring import score
+
+    scored = score(loaded.model, loaded.cfg, loaded.tokenizer, result, truth, p, seed)
+    aurocs = ", ".join(f"{name} {_f(f['auroc']['all'])} / {_f(f['auroc']['revealed'])}"
+                       for name, f in scored["finders"].items())
+    c = scored["circuit"]
+    say(f"truth: {scored['edges']} edges ({scored['revealed']} this contrast can reveal); edge "
+        f"AUROC all / revealed: {aurocs}; the circuit's precision {_f(c['precision'])}, "
+        f"recall {_f(c['recall'])}")
+    return scored
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _cost_check(loaded, threads: int, pairs: int, ig_steps: int, curve: bool, force: bool,
@@ -123,14 +183,14 @@ def _write(result, out_dir, fmts, title: str, lens_records) -> None:
         say(f"wrote {path}")
 
 
-def _print_tables(result, top: int, seen, tok, tokens: list[int]) -> None:
+def _print_tables(result, top: int, seen, tok, tokens: list[int], out_str) -> None:
     """The top edges, and the logit lens's tables when it was asked for."""
     out_console.print(edges_table(result, top))
     if seen is not None:
         from minigpt.cli.lens_tables import lens_tables
 
         strs = [tok.token_str(t) for t in tokens]
-        for table in lens_tables(seen, strs, tok.token_str, out_console.width):
+        for table in lens_tables(seen, strs, out_str, out_console.width):
             out_console.print(table)
 
 
@@ -147,7 +207,11 @@ def _measure(model, p, direction, ig_steps, edges, recover, curve, lens, progres
     if not lens:
         return result, None
     tokens, m = p.clean[0].tolist(), p.metric
-    targets = [m.answer] * len(m.positions) if m.logit_diff else m.targets(tokens)
+    if m.kind == "output":  # a program: its clean output (categorical), its one value
+        targets = p.targets[0].tolist() if not p.targets.is_floating_point() else \
+            [0] * len(m.positions)
+    else:
+        targets = [m.answer] * len(m.positions) if m.logit_diff else m.targets(tokens)
     return result, logit_lens(model, tokens, list(m.positions), targets)
 
 

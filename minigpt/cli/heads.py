@@ -67,16 +67,19 @@ def inspect_heads_command(
     features: FeaturesOpt = None, force: opt.Force = False,
 ) -> None:
     """What every attention head attends to: head scores, dominant types, attention maps."""
-    from minigpt.heads.flags import check_early, check_patch_direction
+    from minigpt.heads.flags import check_early, check_heads_patch_from, check_patch_direction
 
     fmts = check_early(formats, seed, threads, ablate=ablate)  # before torch loads
     patch_direction = check_patch_direction(patch_from, patch_direction)
+    check_heads_patch_from(patch_from)
     from minigpt.device import cpu_threads
     from minigpt.heads import output
     from minigpt.heads.inspection import check_inspect_cost, inspect, select_heads
     from minigpt.heads.probes import prepare_input
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
+    _check_program(loaded, ablate=ablate, dla=dla, patch_from=patch_from, lens=lens,
+                   target=target, answer=answer)
     sae = _load_features(features, loaded)  # an SAE of another model: refused before any work
     mcfg = loaded.cfg.model
     layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
@@ -111,6 +114,20 @@ def inspect_heads_command(
             for path in output.write_files(insp, out_dir, fmts, layers, heads):
                 say(f"wrote {path}")
     _emit(insp, layers, heads, json_out, active)
+
+
+def _check_program(loaded, **asked) -> None:
+    """A compiled program's outputs are its values, not next tokens: the analyses that score
+    next-token predictions are refused on one (ArgumentError naming the first flag given);
+    `minigpt circuit` scores its output."""
+    from minigpt.errors import ArgumentError
+
+    given = [k for k, v in asked.items() if v not in (None, False)]
+    if given and loaded.cfg.data.source == "program":
+        raise ArgumentError(given[0], "scores next-token predictions, and a compiled program's "
+                            "output is its own value at each position, not one: see which "
+                            "heads and edges carry it with `minigpt circuit --run "
+                            f"{loaded.run_dir}` (patterns and --qk work here)")
 
 
 def _say_measured(insp, loaded) -> None:

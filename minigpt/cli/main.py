@@ -224,9 +224,10 @@ def load_inspected(run: Path | None, model: str | None, device: str, checkpoint:
     kind = data_kind(run)
     hint = "" if probe == "induction" else " (try --probe induction)"
     tokens = kind.get("tokenizer", f"a vocabulary of {loaded.tokenizer.n_vocab}")
-    trained = (f"synthetic induction data{hint}"  # the loaded checkpoint's config says which
-               if loaded.cfg.data.source == "induction" else f"text, {tokens}")
-    say(f"using {which}{loaded.label}, trained on {trained}")
+    trained = {"induction": f"trained on synthetic induction data{hint}",  # the checkpoint's
+               "program": "a compiled program"}.get(loaded.cfg.data.source,
+                                                    f"trained on text, {tokens}")
+    say(f"using {which}{loaded.label}, {trained}")
     return loaded
 
 

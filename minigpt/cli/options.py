@@ -51,11 +51,12 @@ Answer = Annotated[str | None, typer.Option(
 Wrong = Annotated[str | None, typer.Option(
     "--wrong", metavar="TOKEN", help="The token --answer is compared with (one token).")]
 PatchFrom = Annotated[str | None, typer.Option(
-    "--patch-from", metavar="TEXT|corrupted-second|corrupted-first", help="The corrupted "
-    "input (circuit needs it): a text of the same length (with --text / --text-file), or, "
-    "with --probe induction, `corrupted-second` (alias `corrupted`: its second copy's tokens "
-    "replaced) or `corrupted-first` (its first copy's tokens replaced: what the previous-token "
-    "head carries shows here).")]
+    "--patch-from", metavar="TEXT|corrupted-second|corrupted-first|zero|mean", help="The "
+    "corrupted input (circuit needs it): a text of the same length (with --text / "
+    "--text-file), or, with --probe induction, `corrupted-second` (alias `corrupted`: its "
+    "second copy's tokens replaced) or `corrupted-first` (its first copy's tokens replaced: "
+    "what the previous-token head carries shows here); circuit only: `zero` or `mean`, an "
+    "ablation of every edge's source instead of a corrupted input.")]
 PatchDirection = Annotated[str | None, typer.Option(
     "--patch-direction", help="With --patch-from. noising (the default): the clean run with "
     "a head's or an edge's input from the corrupted run (what it destroys); denoising: the "

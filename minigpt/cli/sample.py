@@ -82,6 +82,9 @@ def sample_command(
         run, which = latest_run(_trained_on_text, require_fit=False,
                                 kind="run trained on text")
     loaded = load_run_or_model(run, model, device)
+    if loaded.cfg.data.source == "program":
+        _program(loaded, prompt, prompt_file, json_out)
+        return
     tok, block = loaded.tokenizer, loaded.model.cfg.block_size
     p = read_prompt(tok, block, prompt, prompt_file, allow_special)
     if p.cut:
@@ -111,13 +114,44 @@ def sample_command(
                    compile_step=compiled)
 
 
+def _program(loaded, prompt: str | None, prompt_file: Path | None, json_out: bool) -> None:
+    """A compiled program generates nothing: its output at every position of the prompt (its
+    tokens, BOS put first) goes to stdout, one value per position after BOS."""
+    from minigpt.errors import ArgumentError
+    from minigpt.infer.inputs import read_prompt
+    from minigpt.truth.inputs import program_outputs
+    from minigpt.truth.store import read_truth
+
+    truth = read_truth(loaded.run_dir)
+    if truth is None:
+        raise ArgumentError("run", f"{loaded.run_dir} says it is a compiled program "
+                            "(data.source: program) but has no truth.json; compile it again")
+    block = loaded.model.cfg.block_size
+    p = read_prompt(loaded.tokenizer, block - 1, prompt, prompt_file)
+    ids = [loaded.tokenizer.eot_id, *(i for i in p.ids if i != loaded.tokenizer.eot_id)]
+    if p.cut:
+        say(f"note: the program reads at most {block - 1} tokens; using the last {block - 1}")
+    out = program_outputs(loaded.model, truth, ids)[1:]
+    words = [loaded.tokenizer.token_str(i) for i in ids[1:]]
+    say(f"{loaded.label} is the compiled program {truth.program['name']} "
+        f"({truth.program['summary']}): it computes its output at every position and "
+        "generates nothing; its output after each token of the prompt follows")
+    if json_out:
+        sys.stdout.write(json.dumps({"program": truth.program["name"], "input": words,
+                                     "output": out}, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(" ".join(str(v) for v in out) + "\n")
+
+
 def _trained_on_text(run_dir: Path) -> str | None:
     """Why `sample` passes over a run (None: it samples text)."""
     from minigpt.run.listing import data_kind
 
-    if data_kind(run_dir).get("source", "text") == "text":
+    source = data_kind(run_dir).get("source", "text")
+    if source == "text":
         return None
-    return "trained on synthetic induction data, not text"
+    return ("a compiled program, not a language model" if source == "program"
+            else "trained on synthetic induction data, not text")
 
 
 class _SampleView:

@@ -55,19 +55,24 @@ def _validate_cross(cfg: Config) -> None:
 
 
 def _check_model(m: ModelConfig) -> None:
-    if m.n_embd % m.n_head:
+    if m.n_embd % m.n_head and not m.d_head:
         divisors = [h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0 and h <= 64]
         raise ConfigError(
             f"model.n_head: {m.n_head} does not divide model.n_embd={m.n_embd}; "
             f"use one of {divisors[:12]}")
     if m.pos_encoding == "rope" and m.head_dim % 2:
         raise ConfigError(
-            f"model.n_embd/model.n_head = {m.head_dim} is odd: RoPE rotates pairs of dimensions, "
-            "so the head dimension must be even")
+            f"the head width (model.d_head, or model.n_embd/model.n_head) = {m.head_dim} is "
+            "odd: RoPE rotates pairs of dimensions, so the head dimension must be even")
     if m.head_init == "zero" and m.tie_weights:
         raise ConfigError(
             "model.head_init: zero needs model.tie_weights: false (a tied LM head is the token "
             "embedding, which must not start at zero); untie it or use head_init: normal")
+    if m.d_vocab_out and m.tie_weights and m.d_vocab_out != m.vocab_size:
+        raise ConfigError(
+            f"model.d_vocab_out: {m.d_vocab_out} outputs cannot share the token embedding "
+            "(model.tie_weights: true ties the output read to the vocab_size embedding rows); "
+            "set model.tie_weights: false or model.d_vocab_out: 0")
 
 
 def _check_train(t: TrainConfig, m: ModelConfig) -> None:

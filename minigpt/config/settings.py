@@ -34,6 +34,8 @@ class ModelConfig:
     n_layer: int = setting(4, "number of transformer blocks", min=1)
     n_head: int = setting(4, "attention heads per block; must divide n_embd", min=1)
     n_embd: int = setting(128, "residual stream width (d_model)", min=1)
+    d_head: int = setting(
+        0, "width of each head's queries, keys and values; 0 = n_embd / n_head", min=0)
     block_size: int = setting(128, "context length in tokens", min=2)
     vocab_size: int = setting(0, "embedding rows; 0 = take it from the tokenizer", min=0)
     pos_encoding: str = setting(
@@ -41,12 +43,14 @@ class ModelConfig:
     rope_base: float = setting(
         10000.0, "RoPE base: theta_i = rope_base^(-2i/head_dim)", min_exclusive=1.0)
     norm: str = setting(
-        "layernorm", "normalisation in each block", choices=("layernorm", "rmsnorm"))
+        "layernorm", "normalisation in each block and before the output; none = no norm (a "
+        "compiled program)", choices=("layernorm", "rmsnorm", "none"))
     norm_eps: float = setting(
         1e-5, "epsilon added to the variance in every norm", min_exclusive=0.0, max=1.0)
     activation: str = setting(
         "gelu", "MLP nonlinearity: gelu (exact, erf), gelu_tanh (GPT-2's tanh approximation, "
-        "gelu_new) or relu2 (ReLU squared)", choices=("gelu", "gelu_tanh", "relu2"))
+        "gelu_new), relu2 (ReLU squared) or relu", choices=("gelu", "gelu_tanh", "relu2", "relu"))
+    d_mlp: int = setting(0, "MLP hidden width; 0 = 4 * n_embd", min=0)
     mlp: bool = setting(True, "include the MLP in each block; false = attention-only model")
     dropout: float = setting(
         0.0, "training dropout on the residual stream: the embeddings, each attention output and "
@@ -56,6 +60,10 @@ class ModelConfig:
         "then falls back to its slower math kernel)", min=0.0, max_exclusive=1.0)
     bias: bool = setting(False, "bias terms in linear layers and LayerNorm")
     tie_weights: bool = setting(True, "share the token embedding and the LM head weight")
+    d_vocab_out: int = setting(
+        0, "outputs of the output read (LM head); 0 = vocab_size (next-token logits); else "
+        "its own width, e.g. a compiled program's output values (needs tie_weights false)",
+        min=0)
     attn_impl: str = setting(
         "sdpa", "attention kernel: sdpa (fused) or explicit (softmax written out)",
         choices=("sdpa", "explicit"))
@@ -78,7 +86,18 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        """Each head's width, resolved: d_head, or n_embd / n_head when that is 0."""
+        return self.d_head or self.n_embd // self.n_head
+
+    @property
+    def mlp_dim(self) -> int:
+        """The MLP's hidden width, resolved: d_mlp, or 4 * n_embd when that is 0."""
+        return self.d_mlp or 4 * self.n_embd
+
+    @property
+    def n_out(self) -> int:
+        """The output read's width, resolved: d_vocab_out, or vocab_size when that is 0."""
+        return self.d_vocab_out or self.vocab_size
 
 
 @dataclass
@@ -95,8 +114,9 @@ class TokenizerConfig:
 @dataclass
 class DataConfig:
     source: str = setting(
-        "text", "text = a corpus on disk; induction = random tokens repeated twice",
-        choices=("text", "induction"))
+        "text", "text = a corpus on disk; induction = random tokens repeated twice; program = "
+        "a RASP program compiled by minigpt compile (not trained)",
+        choices=("text", "induction", "program"))
     corpus: str = setting(
         "data/tinyshakespeare.txt", "a .txt, .jsonl (.json, .jsonl.gz, .json.gz) or .parquet file, "
         "a directory of such files, or a glob (docs/data.md)")

@@ -313,6 +313,8 @@ class QKNorm(nn.Module):
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "none":  # a compiled program's blocks read the residual stream as it is
+        return nn.Identity()
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
@@ -324,8 +326,9 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # W_Q | W_K | W_V
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # W_O
+        inner = cfg.n_head * cfg.head_dim  # n_embd, unless model.d_head sets the head width
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * inner, bias=cfg.bias)  # W_Q | W_K | W_V
+        self.c_proj = nn.Linear(inner, cfg.n_embd, bias=cfg.bias)  # W_O
         self.c_proj.residual_proj = True  # scaled init, see GPT._init_weights
         self.attn_dropout, self.resid_dropout = cfg.attn_dropout, cfg.dropout
         self.qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
@@ -337,15 +340,15 @@ class CausalSelfAttention(nn.Module):
         Intervention's `attn_in`). Returns the layer's output (B, T, C) and, when asked, the
         attention probabilities."""
         if x.dim() == 3:
-            B, T, C = x.shape
-            # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's C columns (likewise
+            B, T, _ = x.shape
+            # Head i of Q uses columns [i*head_dim, (i+1)*head_dim) of Q's H*D columns (likewise
             # K, V); one permute puts every head's q, k and v in the `[batch, head, position,
             # d_head]` layout.
-            qkv = linear(self.c_attn, x)  # (B, T, C) -> (B, T, 3C)
-            qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3C) -> (B, T, 3, H, D)
+            qkv = linear(self.c_attn, x)  # (B, T, C) -> (B, T, 3HD)
+            qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # -> (B, T, 3, H, D)
             qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D), a view
         else:
-            B, T, C = x.shape[2:]
+            B, T = x.shape[2:4]
             qkv = self._split_qkv(x)  # (3, B, H, T, D)
         if rope is None and self.qk_norm is None:
             q, k, v = qkv.unbind(0)  # 3 x (B, H, T, D)
@@ -376,7 +379,7 @@ class CausalSelfAttention(nn.Module):
                              dropout_p=drop, mask=mask)  # z: every head's output, (B, H, T, D)
         if spec.intervention is not None:  # the one place to read or change a single head
             z = spec.intervention.heads(layer, z)
-        y = linear(self.c_proj, z.transpose(1, 2).reshape(B, T, C))  # merge: (B,T,H*D) -> (B,T,C)
+        y = linear(self.c_proj, z.transpose(1, 2).reshape(B, T, -1))  # (B,T,H*D) -> (B,T,C)
         return dropout(y, self.resid_dropout if self.training else 0.0), probs
 
     def _split_qkv(self, x: Tensor) -> Tensor:
@@ -403,21 +406,22 @@ ACTIVATIONS = {
     "gelu": F.gelu,  # x * Phi(x), Phi the normal CDF (erf)
     "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's gelu_new
     "relu2": relu2,
+    "relu": F.relu,  # a compiled program's MLPs (tracr)
 }
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_dim, bias=cfg.bias)  # mlp_dim: 4C by default
+        self.c_proj = nn.Linear(cfg.mlp_dim, cfg.n_embd, bias=cfg.bias)
         self.c_proj.residual_proj = True
         self.dropout = cfg.dropout
         self.act = ACTIVATIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.act(linear(self.c_fc, x))  # (B, T, C) -> (B, T, 4C)
-        y = linear(self.c_proj, h)  # (B, T, 4C) -> (B, T, C)
+        h = self.act(linear(self.c_fc, x))  # (B, T, C) -> (B, T, mlp_dim)
+        y = linear(self.c_proj, h)  # (B, T, mlp_dim) -> (B, T, C)
         return dropout(y, self.dropout if self.training else 0.0)
 
 
@@ -466,8 +470,10 @@ class GPT(nn.Module):
 
     `cfg.pos_encoding`: rope (inside every attention layer), learned (GPT-2 table added at the
     input; more than block_size positions is a ValueError), sinusoidal (fixed table added at
-    the input), none. The LM head shares the embedding matrix when `cfg.tie_weights`; with
-    `cfg.head_init` zero (untied only) it starts at zero, so the first predictions are uniform.
+    the input), none. `cfg.norm` none: no norms (a compiled program's blocks). The LM head
+    (`cfg.n_out` outputs: the vocabulary, or a compiled program's output values) shares the
+    embedding matrix when `cfg.tie_weights`; with `cfg.head_init` zero (untied only) it
+    starts at zero, so the first predictions are uniform.
     `cfg.logit_softcap` > 0 squashes every logit into (-cap, cap): cap * tanh(logit / cap).
     """
 
@@ -477,7 +483,8 @@ class GPT(nn.Module):
         if cfg.vocab_size <= 0:
             raise ValueError("vocab_size is 0: set it to the tokenizer's n_vocab before building "
                              "the model (GPT.from_config(cfg, vocab_size=...))")
-        if cfg.n_embd % cfg.n_head or (cfg.pos_encoding == "rope" and cfg.head_dim % 2):
+        if (cfg.n_embd % cfg.n_head and not cfg.d_head) or (cfg.pos_encoding == "rope"
+                                                             and cfg.head_dim % 2):
             raise ValueError(f"n_head={cfg.n_head} must divide n_embd={cfg.n_embd} into an "
                              "(even, for RoPE) head dimension")
         self.cfg = cfg
@@ -492,7 +499,7 @@ class GPT(nn.Module):
                                  persistent=False)  # (P, C), grown on demand
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # (V, C)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.n_out, bias=False)  # (V, C): V = n_out
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # one Parameter, two uses
         # model.mtp_weight: [stream, next token's embedding] (2C) -> C, added to the stream
@@ -743,12 +750,13 @@ def device_of(model: nn.Module) -> torch.device:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training (forward + backward) FLOPs per token, PaLM appendix B convention:
-    6 * N + 12 * n_layer * n_embd * seq_len, where N = matmul weights per token
-    (n_layer * (4 C^2 attention + 8 C^2 MLP if cfg.mlp) + V * C for the LM head, tied or not;
-    biases, norms, softmax and the embedding lookup are not counted). The attention term counts
-    Q K^T and A V over all seq_len keys (2 * 2 * C * T per layer forward, x3 for backward);
+    6 * N + 12 * n_layer * A * seq_len, where N = matmul weights per token
+    (n_layer * (4 C A attention + 2 C M MLP if cfg.mlp) + n_out * C for the LM head, tied or
+    not, with A = n_head * head_dim (C by default) and M = mlp_dim (4C by default); biases,
+    norms, softmax and the embedding lookup are not counted). The attention term counts
+    Q K^T and A V over all seq_len keys (2 * 2 * A * T per layer forward, x3 for backward);
     the causal half is not discounted. MFU = flops_per_token * tokens/s / peak."""
-    C = cfg.n_embd
-    per_layer = 4 * C * C + (8 * C * C if cfg.mlp else 0)  # c_attn 3C^2 + c_proj C^2 (+ MLP)
-    n = cfg.n_layer * per_layer + cfg.vocab_size * C
-    return 6.0 * n + 12.0 * cfg.n_layer * C * seq_len
+    C, A = cfg.n_embd, cfg.n_head * cfg.head_dim
+    per_layer = 4 * C * A + (2 * C * cfg.mlp_dim if cfg.mlp else 0)  # c_attn 3CA + c_proj CA
+    n = cfg.n_layer * per_layer + cfg.n_out * C
+    return 6.0 * n + 12.0 * cfg.n_layer * A * seq_len

@@ -205,8 +205,10 @@ def linear(m: nn.Module, x: Tensor) -> Tensor:
 
 
 def norm(m: nn.Module, x: Tensor) -> Tensor:
-    """`m(x)` for the norms `make_norm` builds (LayerNorm or RMSNorm over the last dim); any
-    other module, or one with hooks, is called as a module."""
+    """`m(x)` for the norms `make_norm` builds (LayerNorm or RMSNorm over the last dim, or
+    nn.Identity for none); any other module, or one with hooks, is called as a module."""
+    if m.__class__ is nn.Identity and not hooked(m):
+        return x
     if m.__class__ is nn.LayerNorm and not hooked(m):
         return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
     if m.__class__ is nn.RMSNorm and not hooked(m):

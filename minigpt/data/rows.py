@@ -8,6 +8,10 @@ Corpus rows (`TokenRows`): an offset is a start position in the token cache cach
 A text file's rows (`TextRows`, `text_rows`: `minigpt features --text-file`): an offset is a
 start position in the file's tokens, its first 90% for training, the rest held out.
 
+A compiled program's rows (`ProgramRows`, `data.source: program`; `minigpt features` on a run of
+`minigpt compile`): the program's beginning token, then tokens of its vocabulary drawn uniformly
+at random; an offset is a row's seed, as below.
+
 Synthetic induction rows (`InductionRows`, `data.source: induction`): no corpus; an offset is a
 per-sequence seed and the row is drawn from it, so a batch is a function of its offsets, as
 the corpus's batches are. Its ids are in [0, data.induction_vocab), in one of two layouts:
@@ -125,6 +129,31 @@ class TokenRows:
         T, arr = self.block_size, self._split(split)
         return torch.from_numpy(np.stack([arr[o: o + T + 1] for o in offsets.tolist()])
                                 .astype(np.int64))
+
+
+@dataclass
+class ProgramRows:
+    """A compiled program's random inputs (the module docstring): an offset is a row's seed."""
+
+    block_size: int
+    ids: list[int]     # the program's tokens
+    bos: int           # its beginning token, first in every row
+    bytes_per_token: float = 1.0  # no text: bits per "byte" are bits per token
+
+    def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n,) int64 sequence seeds drawn from `generator`."""
+        _salt(split)
+        return torch.randint(2**62, (n,), generator=generator, dtype=torch.long)
+
+    def rows(self, split: str, offsets: torch.Tensor) -> torch.Tensor:
+        """(n, block_size + 1) ids: BOS, then ids of the program drawn from seed offsets[i]."""
+        salt, g = _salt(split), torch.Generator()
+        ids = torch.tensor(self.ids, dtype=torch.long)
+        rows = torch.full((len(offsets), self.block_size + 1), self.bos, dtype=torch.long)
+        for i, seed in enumerate(offsets.tolist()):
+            g.manual_seed(int(seed) * 2 + salt)
+            rows[i, 1:] = ids[torch.randint(len(ids), (self.block_size,), generator=g)]
+        return rows
 
 
 @dataclass
@@ -273,6 +302,8 @@ def rows_for(cfg: Config, tokenizer: Tokenizer, on_event: OnEvent | None = None
     (`cache.prepare_dataset`: built once, then read from the cache)."""
     on_event = on_event or no_events
     dc, T = cfg.data, cfg.model.block_size
+    if dc.source == "program":
+        return ProgramRows(T, sorted(set(tokenizer.ranks.values())), tokenizer.eot_id)
     if dc.source != "induction":
         return TokenRows(prepare_dataset(cfg, tokenizer, on_event), T)
     if dc.induction_vocab > tokenizer.n_vocab:

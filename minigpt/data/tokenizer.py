@@ -8,6 +8,12 @@ counts ranks and `n_vocab` = vocab_size + 1 for bytes/trained tokenizers (256 ->
 On disk (a run directory or the tokenizer cache): `tokenizer.tiktoken` in tiktoken's own format
 (`<base64 token> <rank>` per line, readable by `tiktoken.load.load_tiktoken_bpe`) and
 `tokenizer.json` (name, split pattern, special tokens, n_vocab, hash); the JSON is written last.
+
+A compiled program's vocabulary (`minigpt compile`) is a `WordTokenizer`: its tokens are words
+(the program's own: `a`, `(`, `10`), an input is those words written with spaces between them,
+and its one special token is the beginning token `BOS` (where `<|endoftext|>` stands in a text
+tokenizer: `eot_id`), which every input starts with, as tracr adds it. Saved the same way, with
+`"kind": "words"` in tokenizer.json.
 """
 
 from __future__ import annotations
@@ -120,9 +126,9 @@ class Tokenizer:
     both become U+FFFD."""
 
     def __init__(self, ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int],
-                 name: str):
-        if EOT not in special_tokens:
-            raise MinigptError(f"tokenizer {name}: has no {EOT} special token")
+                 name: str, start: str = EOT):
+        if start not in special_tokens:
+            raise MinigptError(f"tokenizer {name}: has no {start} special token")
         check_ids(ranks, special_tokens, f"tokenizer {name}")
         try:
             self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
@@ -138,7 +144,7 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens)
         self.ranks = ranks
         self.n_vocab: int = self.encoding.n_vocab
-        self.eot_id: int = special_tokens[EOT]
+        self.eot_id: int = special_tokens[start]  # <|endoftext|>, or a program's BOS
         self._rank_bytes = rank_file_bytes(ranks)
         h = hashlib.sha256(self._rank_bytes)
         h.update(b"\0" + pattern.encode() + b"\0")
@@ -220,13 +226,63 @@ class Tokenizer:
                 raise MinigptError(f"tokenizer file missing: {p}; the directory must hold "
                                    f"{RANKS_FILE} and {SIDECAR_FILE} (saved by minigpt)")
         side = _read_sidecar(side_path)
-        ranks = _read_ranks(rank_path)
-        tok = cls(ranks, side["pattern"], side["special_tokens"], side["name"])
+        words = side.get("kind") == WordTokenizer.KIND
+        ranks = _read_ranks(rank_path, words)
+        tok = WordTokenizer(ranks, side["special_tokens"], side["name"]) if words else \
+            cls(ranks, side["pattern"], side["special_tokens"], side["name"])
         expected = side["hash"]
         if tok.hash != expected:
             raise MinigptError(f"{rank_path}: does not match the hash in {side_path} "
                                f"({tok.hash} != {expected}); the tokenizer files are corrupt")
         return tok
+
+
+class WordTokenizer(Tokenizer):
+    """A compiled program's vocabulary (module docstring): `ranks` {word bytes: id}, one
+    special token (`BOS`, {name: id}); ids as the compiled model numbers them (an id of
+    neither, such as tracr's padding token, is unused)."""
+
+    KIND = "words"
+    PATTERN = r"\S+"  # tiktoken's view: each run of non-space characters is one piece
+
+    def __init__(self, ranks: dict[bytes, int], special_tokens: dict[str, int],
+                 name: str) -> None:
+        if len(special_tokens) != 1:
+            raise MinigptError(f"tokenizer {name}: a program's vocabulary has one special "
+                               f"token (its beginning token), not {len(special_tokens)}")
+        super().__init__(ranks, self.PATTERN, special_tokens, name,
+                         start=next(iter(special_tokens)))
+        self.words = {tok.decode("utf-8", "replace"): i for tok, i in ranks.items()}
+        self.start = next(iter(special_tokens))
+
+    def encode(self, text: str, allow_special: bool = False) -> list[int]:
+        """The ids of the words of `text` (split at whitespace); a word outside the
+        vocabulary is a MinigptError naming it and the vocabulary. The beginning token is
+        added by whoever builds an input (as tracr adds it); typed, it is refused unless
+        `allow_special`."""
+        out = []
+        for w in text.split():
+            if w in self.words:
+                out.append(self.words[w])
+            elif w == self.start and allow_special:
+                out.append(self.eot_id)
+            else:
+                why = ("is the beginning token, which every input starts with already"
+                       if w == self.start else "is not a token of the program's vocabulary")
+                raise MinigptError(f"{shown(repr(w), 40)} {why} ({', '.join(self.words)}); "
+                                   "write the program's tokens with spaces between them, e.g. "
+                                   f"'{' '.join(list(self.words)[:3])}'")
+        return out
+
+    def encode_batch(self, texts: list[str], eot_between: bool = False) -> list[list[int]]:
+        return [self.encode(t, allow_special=eot_between) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The tokens' text with a space between them."""
+        return " ".join(self.token_str(i) for i in ids)
+
+    def sidecar(self) -> dict:
+        return {**super().sidecar(), "kind": self.KIND}
 
 
 def _read_sidecar(path: Path) -> dict:
@@ -252,7 +308,7 @@ def _read_sidecar(path: Path) -> dict:
     return side
 
 
-def _read_ranks(path: Path) -> dict[bytes, int]:
+def _read_ranks(path: Path, words: bool = False) -> dict[bytes, int]:
     """Parse a tiktoken rank file (`<base64 token> <rank>` per line, as
     tiktoken.load.load_tiktoken_bpe does). Not through tiktoken itself: it copies every file it
     reads, local ones too, into its download cache ($TMPDIR/data-gym-cache), which would write
@@ -276,7 +332,8 @@ def _read_ranks(path: Path) -> dict[bytes, int]:
     if not ranks:
         raise MinigptError(f"{path}: empty tiktoken rank file")
     check_ids(ranks, {}, str(path))
-    check_bytes(ranks, str(path))
+    if not words:  # a program's words are whole tokens: no byte-level BPE
+        check_bytes(ranks, str(path))
     return ranks
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
@@ -120,10 +121,13 @@ def collect(model, rows: Tensor, layer: int, on_rows: Callable[[int], None] | No
 
 
 @torch.no_grad()
-def spliced_losses(model, rows: Tensor, layer: int, reconstruct: Callable[[Tensor], Tensor]
-                   ) -> tuple[float, float, float]:
+def spliced_losses(model, rows: Tensor, layer: int, reconstruct: Callable[[Tensor], Tensor],
+                   own_output: bool = False) -> tuple[float, float, float]:
     """The mean next-token loss on `rows` (n, T + 1): clean, with layer `layer`'s z
-    zero-ablated, and with it replaced by `reconstruct(z)` (nats/token)."""
+    zero-ablated, and with it replaced by `reconstruct(z)` (nats/token). `own_output` (a
+    compiled program, whose outputs are not next tokens): the loss of the clean run's own
+    output at every position instead, the cross-entropy of its argmax (several outputs) or
+    the squared error of its value (one output)."""
     device = next(model.parameters()).device
     per = max(1, BATCH_TOKENS // (rows.shape[1] - 1))
     specs = (None, ForwardSpec(intervention=Splice(layer, torch.zeros_like)),
@@ -133,8 +137,20 @@ def spliced_losses(model, rows: Tensor, layer: int, reconstruct: Callable[[Tenso
         for i in range(0, rows.shape[0], per):
             x = rows[i:i + per, :-1].to(device)
             y = rows[i:i + per, 1:].to(device)
+            if own_output:
+                clean = model(x)[0]  # (b, T, n_out)
             for j, spec in enumerate(specs):
-                _, loss = model(x, y, attn=spec)
+                if own_output:
+                    loss = _own_output_loss(model(x, attn=spec)[0], clean)
+                else:
+                    _, loss = model(x, y, attn=spec)
                 sums[j] += float(loss) * x.shape[0]
     n = rows.shape[0]
     return sums[0] / n, sums[1] / n, sums[2] / n
+
+
+def _own_output_loss(logits: Tensor, clean: Tensor) -> Tensor:
+    """`spliced_losses`' loss of a compiled program: against the clean run's own output."""
+    if clean.shape[-1] == 1:
+        return (logits - clean).square().mean()
+    return F.cross_entropy(logits.flatten(0, 1), clean.argmax(-1).flatten())

@@ -250,8 +250,9 @@ def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | N
     info = {"quality": q.to_json(), "density": [round(float(d), 6) for d in q.density]}
     if src.loaded is not None:
         with torch.no_grad():
-            clean, zero, spliced = collect.spliced_losses(src.loaded.model, held_rows,
-                                                          src.layer, sae)
+            clean, zero, spliced = collect.spliced_losses(
+                src.loaded.model, held_rows, src.layer, sae,
+                own_output=src.loaded.cfg.data.source == "program")
         mcfg = src.loaded.cfg.model
         info.update(
             ce={"clean": clean, "zero_ablated": zero, "sae": spliced,
@@ -280,4 +281,5 @@ def _cfg(src: Source, state: TrainState) -> dict:
 
 
 def _dataset(cfg) -> str:
-    return ("synthetic induction rows" if cfg.data.source == "induction" else cfg.data.corpus)
+    return {"induction": "synthetic induction rows",
+            "program": "random inputs of the program"}.get(cfg.data.source, cfg.data.corpus)

@@ -17,17 +17,23 @@ from minigpt.cost import Cost, check_cost, timed
 from minigpt.errors import ArgumentError
 from minigpt.files import atomic_write_bytes, shown
 from minigpt.heads.probes import corrupted_input, prepare_input, token_id
+from minigpt.interp.edge_args import ABLATIONS
 from minigpt.interp.edge_graph import Circuit, attribute_edges, circuit_cost
 from minigpt.interp.patching import Metric, check_same_length, make_metric
+
+ABLATION_HELP = {"zero": "every edge's source value is zero",
+                 "mean": "every edge's source value is its writer's mean over the inputs and "
+                         "every position"}
 
 
 @dataclass
 class Pairs:
-    """Batches of (clean, corrupted) token ids (B, T), the scored tokens `targets` (B, P)
-    (None for a logit difference), the metric, and what the inputs are, for people."""
+    """Batches of (clean, corrupted) token ids (B, T) (`corrupted` an ablation's name instead:
+    zero or mean), the scored tokens `targets` (B, P) (None for a logit difference), the
+    metric, and what the inputs are, for people."""
 
     clean: Tensor
-    corrupted: Tensor
+    corrupted: Tensor | str
     targets: Tensor | None
     metric: Metric
     source: str
@@ -59,7 +65,8 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
                   device: torch.device | str = "cpu",
                   check: Callable[[int], object] | None = None) -> Pairs:
     """The inputs of a circuit search: `pairs` (clean, corrupted) pairs of a probe (seeds
-    seed, seed + 1, ...) or one of a text, corrupted as inspect-heads' --patch-from does, and
+    seed, seed + 1, ...) or one of a text, corrupted as inspect-heads' --patch-from does (or
+    ablated: `patch_from` zero or mean, interp.edge_graph's ablations), and
     the metric (`metric` loss or logit; `answer` and `wrong`: the logit difference; `target`:
     a fixed token), every token checked; ArgumentError naming the flag otherwise. `check`
     (e.g. check_circuit_cost) is called with the tokens of a pair once the first
@@ -78,9 +85,13 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
     for i in range(pairs):
         inp = prepare_input(cfg, tokenizer, text=text, text_file=text_file, probe=probe,
                             max_tokens=max_tokens, seed=seed + i, eot_first=eot_first)
-        other, desc = corrupted_input(cfg, tokenizer, inp, patch_from, max_tokens=max_tokens,
-                                      seed=seed + i, eot_first=eot_first)
-        check_same_length(inp.tokens, other)
+        if patch_from in ABLATIONS:
+            other, desc = [], f"{patch_from}: {ABLATION_HELP[patch_from]}"
+        else:
+            other, desc = corrupted_input(cfg, tokenizer, inp, patch_from,
+                                          max_tokens=max_tokens, seed=seed + i,
+                                          eot_first=eot_first)
+            check_same_length(inp.tokens, other)
         clean.append(inp.tokens)
         bad.append(other)
         if first is None and check is not None:
@@ -90,8 +101,9 @@ def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = 
                     **ids)
     targets = None if m.logit_diff else torch.tensor([m.targets(c) for c in clean],
                                                      device=device)
-    return Pairs(torch.tensor(clean, device=device), torch.tensor(bad, device=device),
-                 targets, m, first.source + (f" x {pairs} seeds" if pairs > 1 else ""), desc)
+    corrupted = patch_from if patch_from in ABLATIONS else torch.tensor(bad, device=device)
+    return Pairs(torch.tensor(clean, device=device), corrupted, targets, m,
+                 first.source + (f" x {pairs} seeds" if pairs > 1 else ""), desc)
 
 
 def circuit_title(label: str, pairs: Pairs) -> str:

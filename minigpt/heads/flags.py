@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from minigpt.core.sampling import check_seed
 from minigpt.errors import ArgumentError
-from minigpt.interp.edge_args import check_direction
+from minigpt.interp.edge_args import ABLATIONS, check_direction
 from minigpt.interp.modes import check_mode
 from minigpt.threads import check_threads
 
@@ -44,6 +44,14 @@ def check_patch_direction(patch_from: str | None, direction: str | None) -> str:
         raise ArgumentError("patch_direction", "applies to --patch-from only; give --patch-from "
                             "too, or leave it out")
     return check_direction("noising" if direction is None else direction)
+
+
+def check_heads_patch_from(patch_from: str | None) -> None:
+    """inspect-heads' `--patch-from`: a corrupted input, never an ablation (`zero` and `mean`
+    ablate the edges of `minigpt circuit`; a head's ablation is `--ablate`)."""
+    if patch_from in ABLATIONS:
+        raise ArgumentError("patch_from", f"{patch_from} is an ablation of edges, for minigpt "
+                            f"circuit; a head's is --ablate {patch_from}")
 
 
 def check_early(formats: Sequence[str] | None, seed: int, threads: int, *,

@@ -96,7 +96,8 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
                   probe: str | None = None, max_tokens: int | None = None,
                   seed: int = 0, eot_first: bool = False) -> ProbeInput:
     """Tokens for inspect-heads from at most one of text / text_file / probe (none:
-    DEFAULT_TEXT; more than one: a ConflictError). A text file is read only as far as
+    DEFAULT_TEXT, or for a compiled program the `previous` probe, random tokens of its
+    vocabulary; more than one: a ConflictError). A text file is read only as far as
     `max_tokens` tokens can reach (`minigpt.infer.inputs.text_budget`; regular files only).
 
     At most `max_tokens` tokens (default and maximum: model.block_size); longer text is cut to
@@ -111,6 +112,8 @@ def prepare_input(cfg, tokenizer, *, text: str | None = None, text_file: Path | 
              if v is not None]
     if len(given) > 1:
         raise ConflictError(given)
+    if not given and cfg.data.source == "program":  # a compiled program reads no prose
+        probe = "previous"  # random tokens of its vocabulary
     block = cfg.model.block_size
     first = [tokenizer.eot_id] if eot_first else []
     low = len(first) + (4 if probe == "induction" else 2)  # induction: two copies of 2 tokens

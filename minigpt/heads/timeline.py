@@ -112,7 +112,7 @@ def circuit_record(model: torch.nn.Module, cfg, tokenizer, scores: dict[str, lis
     if len(ind) < 2:
         return None
     m = cfg.model
-    baseline = _k_baseline(m.n_head, m.n_embd, m.head_dim, m.norm != "rmsnorm")
+    baseline = _k_baseline(m.n_head, m.n_embd, m.head_dim, m.norm == "layernorm")
 
     def best(rows, layers):
         return max(((la, h) for la in layers for h in range(len(rows[la]))),

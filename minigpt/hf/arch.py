@@ -197,6 +197,11 @@ def export_kind(m: ModelConfig) -> str:
     if m.value_skip:
         raise MinigptError("model.value_skip is true: GPT-2 and GPT-NeoX layers read no other "
                            "layer's values")
+    for name, default in (("d_head", "n_embd / n_head"), ("d_mlp", "4 * n_embd"),
+                          ("d_vocab_out", "vocab_size")):
+        if getattr(m, name):
+            raise MinigptError(f"model.{name} is {getattr(m, name)}: the export writes "
+                               f"{default} (what GPT-2 and GPT-NeoX derive it from)")
     return GPT2 if m.pos_encoding == "learned" else NEOX
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from minigpt.errors import ArgumentError, ConflictError
 
 DIRECTIONS = ("noising", "denoising")
+ABLATIONS = ("zero", "mean")  # --patch-from without a corrupted input (interp.edge_graph)
 DEFAULT_RECOVER = 0.9  # the circuit asked for when neither --edges nor --recover is given
 
 
@@ -45,3 +46,11 @@ def check_direction(direction: str) -> str:
         raise ArgumentError("patch_direction", f"'{direction}' is not a direction; valid: "
                             f"{', '.join(DIRECTIONS)}")
     return direction
+
+
+def check_ablation(patch_from: str, direction: str) -> None:
+    """An ablation (`zero`, `mean`) has no corrupted run to be the base of denoising: a
+    ConflictError naming both flags; anything else passes."""
+    if patch_from in ABLATIONS and direction == "denoising":
+        raise ConflictError(("patch_from", "patch_direction"), f"an ablation ({patch_from}) "
+                            "has no corrupted input to run: it patches the clean run, noising")

@@ -17,6 +17,15 @@ has one edge per position; its scores summed over positions are these). GPT-2 sm
 32,491 edges. Writers are numbered embed, then per layer its heads and its MLP; readers per
 layer q of every head, k of every head, v of every head, the MLP, and last the logits.
 
+The source: a corrupted input, or an ablation (`--patch-from zero` / `mean`)
+------------------------------------------------------------------------
+The values an edge is patched to are the source's: each writer's output on the corrupted input
+(`source` (B, T) ids), or, for an ablation, no input at all: `zero` (every writer's output
+replaced by zero) or `mean` (by its mean over the base input's sequences and every position).
+A corrupted input of the same distribution keeps what depends only on positions as it was, so
+no edge that carries only positions can show under it; an ablation changes those too. With an
+ablation, "the source run" is the base run with every edge patched, and only noising applies.
+
 The sign convention (as `--patch-direction`)
 --------------------------------------------
 Of the clean and the corrupted input, one is the base run and the other the source: noising
@@ -38,9 +47,9 @@ EAP-IG (Hanna et al. 2024, "Have Faith in Faithfulness"), `ig_steps` m: the grad
 averaged over m points on the straight line between the two inputs' embeddings,
     x_k = x_source + (k / m) (x_base - x_source),  k = 1 .. m,
 where x is the embedding writer's output (token + position embedding; RoPE's positions are
-no part of it) and everything after it is recomputed from x_k; the activation difference
-stays a_source - a_base of the real runs. k = m is the base run itself, so m = 1 is EAP
-exactly.
+no part of it; an ablation's: zero or the mean embedding) and everything after it is
+recomputed from x_k; the activation difference stays a_source - a_base of the real runs.
+k = m is the base run itself, so m = 1 is EAP exactly.
 
 Edge patching: a run of the base input in which, for every patched edge u -> v, the reader v
 receives the source run's contribution of u instead of the current run's, everything else as
@@ -79,7 +88,13 @@ from torch import Tensor
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
 from minigpt.cost import Cost
 from minigpt.errors import ArgumentError, MinigptError
-from minigpt.interp.edge_args import DEFAULT_RECOVER, check_ig_steps, check_search
+from minigpt.interp.edge_args import (
+    ABLATIONS,
+    DEFAULT_RECOVER,
+    check_ablation,
+    check_ig_steps,
+    check_search,
+)
 from minigpt.interp.patching import SMALL_GAP, Metric, record, run_value, sweep
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's sizes
@@ -196,6 +211,21 @@ def writer_values(model, graph: Graph, idx: Tensor) -> Tensor:
     return torch.cat(out).float()
 
 
+Source = Tensor | str  # corrupted token ids (B, T), or an ablation: one of ABLATIONS
+
+
+def source_values(model, graph: Graph, base: Tensor, source: Source) -> Tensor:
+    """Every writer's source value (U, B, T, C) float32 (module docstring): its output on the
+    corrupted ids `source`, or zero, or its mean over the base's sequences and positions."""
+    if not isinstance(source, str):
+        return writer_values(model, graph, source)
+    assert source in ABLATIONS, source
+    values = writer_values(model, graph, base)
+    if source == "zero":
+        return torch.zeros_like(values)
+    return values.mean(dim=(1, 2), keepdim=True).expand_as(values).clone()
+
+
 # --------------------------------------------------------------------------------------------
 # EAP and EAP-IG.
 
@@ -269,11 +299,12 @@ class _Attribute(Intervention):
 Progress = Callable[[str, int, int], None]  # (stage, done, total): a long search's progress
 
 
-def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
+def attribute_edges(model, base: Tensor, source: Source, metric: Metric,
                     targets: Tensor | None, ig_steps: int = 1,
                     progress: Progress | None = None) -> tuple[Tensor, Tensor]:
     """(EAP, EAP-IG) scores (U, R) float64 (NaN where no edge) of every edge for the base
-    run on `base` (B, T) with values from `source` (B, T) (module docstring: the estimate of
+    run on `base` (B, T) with values from `source` (B, T) ids or an ablation (module
+    docstring: the estimate of
     metric(base with the edge patched from source) - metric(base)); `targets` (B, P) the
     scored tokens. ig_steps 1: both are EAP. The model's parameters get no gradient.
     `progress("scoring edges", done, ig_steps)` after each gradient pass."""
@@ -284,7 +315,7 @@ def attribute_edges(model, base: Tensor, source: Tensor, metric: Metric,
     ig = torch.zeros(U, R, dtype=torch.float64)
     pos = list(metric.positions)
     with eval_mode(model):
-        delta = writer_values(model, graph, source)  # a_source; the first pass makes it a diff
+        delta = source_values(model, graph, base, source)  # the first pass makes it a diff
         x_source = delta[0].clone()
         for k in range(ig_steps, 0, -1):  # k = m first: the base run, which fills delta
             att = _Attribute(model, graph, delta, x_source, k / ig_steps,
@@ -395,15 +426,18 @@ class Patcher:
     """Edge patching of one (base, source) pair of batches (B, T), what every run shares done
     once: the source's writer values, the base's embedding and the metric of both inputs."""
 
-    def __init__(self, model, base: Tensor, source: Tensor, metric: Metric,
+    def __init__(self, model, base: Tensor, source: Source, metric: Metric,
                  targets: Tensor | None) -> None:
         self.model, self.base, self.metric, self.targets = model, base, metric, targets
         self.graph = graph_of(model.cfg)
         with eval_mode(model), torch.no_grad():
-            self.values = writer_values(model, self.graph, source)
+            self.values = source_values(model, self.graph, base, source)
             self.base_embed = record(model, base, logits=False)[1].embedded
             self.m_base = run_value(model, base, metric, targets)
-            self.m_source = run_value(model, source, metric, targets)
+            if isinstance(source, str):  # an ablation: the base run with every edge patched
+                self.m_source = float(self.run(self.graph.valid()[None])[0])
+            else:
+                self.m_source = run_value(model, source, metric, targets)
 
     def run(self, patched: Tensor) -> Tensor:
         """The metric (n,) float64 of the base run with, in row r, the edges `patched[r]`
@@ -414,14 +448,14 @@ class Patcher:
             return sweep(self.model, self.base, self.metric, self.targets, plan)[1]
 
 
-def patch_edges(model, base: Tensor, source: Tensor, metric: Metric, targets: Tensor | None,
+def patch_edges(model, base: Tensor, source: Source, metric: Metric, targets: Tensor | None,
                 patched: Tensor) -> Tensor:
     """The metric (n,) float64 of the base run on `base` (B, T) with, in row r, the edges
     `patched[r]` ((n, U, R) bool) taking the source run's (`source` (B, T)) values."""
     return Patcher(model, base, source, metric, targets).run(patched)
 
 
-def edge_effects(model, base: Tensor, source: Tensor, metric: Metric, targets: Tensor | None
+def edge_effects(model, base: Tensor, source: Source, metric: Metric, targets: Tensor | None
                  ) -> Tensor:
     """The real effect (U, R) float64 (NaN where no edge) of patching each edge alone:
     metric(base with that edge from source) - metric(base)."""
@@ -550,6 +584,7 @@ class Circuit:
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     target: float | None = None  # the fraction asked for (--recover), if one was
     notes: list[str] = field(default_factory=list)
+    rankings: dict[str, Tensor] = field(default_factory=dict)  # every ranking computed
 
     @property
     def n_edges(self) -> int:
@@ -626,11 +661,12 @@ def layer_head(name: str) -> tuple[int | None, int | None]:
     return int(layer), (None if rest == "MLP" else int(rest[1:]))
 
 
-def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
+def find_circuit(model, clean: Tensor, corrupted: Source, metric: Metric,
                  targets: Tensor | None, *, direction: str = "noising", ig_steps: int = 5,
                  edges: int | None = None, recover: float | None = None, curves: bool = True,
                  baseline: bool | None = None, progress: Progress | None = None) -> Circuit:
-    """Score every edge on the pairs (clean, corrupted) (B, T) (EAP, or EAP-IG when
+    """Score every edge on the pairs (clean, corrupted) (B, T) (`corrupted` may be an
+    ablation: zero or mean; module docstring) (EAP, or EAP-IG when
     `ig_steps` > 1, in `direction`), keep the circuit of the top `edges` (or the smallest top-N
     that recovers `recover`; neither: DEFAULT_RECOVER), prune it, and measure what it
     recovers by running it; with `curves`, the faithfulness curve of each ranking (EAP, EAP-IG
@@ -639,6 +675,8 @@ def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
     does not differ. `progress(stage, done, total)` as each part ends (attribute_edges's
     passes, then the search and each faithfulness curve: `circuit_stages`)."""
     check_search(edges, recover, ig_steps, direction)
+    if isinstance(corrupted, str):
+        check_ablation(corrupted, direction)
     say = progress or (lambda stage, done, total: None)
     graph = graph_of(model.cfg)
     faith = Patcher(model, clean, corrupted, metric, targets)  # base clean: faithfulness
@@ -655,14 +693,15 @@ def find_circuit(model, clean: Tensor, corrupted: Tensor, metric: Metric,
         n, rec = edges, recovered(faith, circuit[None]).recovered[0]
     out = Circuit(graph, "eap-ig" if ig_steps > 1 else "eap", ig_steps, direction, metric,
                   clean.shape[0], faith.m_base, faith.m_source, scores, circuit, n, rec,
-                  target=None if edges is not None else (recover or DEFAULT_RECOVER))
+                  target=None if edges is not None else (recover or DEFAULT_RECOVER),
+                  rankings={"eap": eap, **({"eap-ig": ig} if ig_steps > 1 else {})})
     say("circuit search", 1, parts)
     if abs(out.gap) < SMALL_GAP:
         out.notes.append(f"the corrupted input changes the metric by only {abs(out.gap):.2g}: "
                          "every fraction is a ratio of small numbers; corrupt the input where "
                          "the model's prediction depends on it")
     if curves:
-        rankings = {"eap": eap, **({"eap-ig": ig} if ig_steps > 1 else {})}
+        rankings = out.rankings
         if "patching" in _rankings(ig_steps, n_edges, baseline):
             rankings["patching"] = edge_effects(model, base, source, metric, targets)
         for i, (name, ranking) in enumerate(rankings.items(), start=2):

@@ -102,7 +102,10 @@ class Attribution:
 
 
 def _final_scale(model, resid: Tensor) -> Tensor:
-    """The final norm's per-position scale s (..., 1) on the residual `resid` (..., C)."""
+    """The final norm's per-position scale s (..., 1) on the residual `resid` (..., C); 1
+    without a norm (model.norm none)."""
+    if model.cfg.norm == "none":
+        return torch.ones_like(resid[..., :1])
     eps = model.ln_f.eps  # make_norm always sets it (cfg.norm_eps)
     if model.cfg.norm == "rmsnorm":
         return (resid.square().mean(-1, keepdim=True) + eps).sqrt()
@@ -110,8 +113,8 @@ def _final_scale(model, resid: Tensor) -> Tensor:
 
 
 def _centre(model, x: Tensor) -> Tensor:
-    """LayerNorm's centring over the width (RMSNorm: none)."""
-    return x if model.cfg.norm == "rmsnorm" else x - x.mean(-1, keepdim=True)
+    """LayerNorm's centring over the width (RMSNorm, no norm: none)."""
+    return x - x.mean(-1, keepdim=True) if model.cfg.norm == "layernorm" else x
 
 
 def _norm_params(norm, width: int) -> tuple[Tensor, Tensor]:
@@ -236,7 +239,7 @@ def head_weights(model, layers: Sequence[int] | None = None) -> dict[str, Tensor
     those (in that order; default all)."""
     cfg = model.cfg
     H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
-    centred = cfg.norm != "rmsnorm"
+    centred = cfg.norm == "layernorm"
     out = {n: [] for n in ("q", "k", "v", "o")}
     for la in range(cfg.n_layer) if layers is None else layers:
         attn = model.blocks[la].attn
@@ -324,7 +327,7 @@ def composition_scores(model, progress: Progress | None = None) -> Composition:
     cfg = model.cfg
     check_composition(cfg)
     scores = composition_from_weights(head_weights(model), progress)
-    base = composition_baseline(cfg.n_head, cfg.n_embd, cfg.head_dim, cfg.norm != "rmsnorm")
+    base = composition_baseline(cfg.n_head, cfg.n_embd, cfg.head_dim, cfg.norm == "layernorm")
     return Composition(scores, base)
 
 

@@ -12,7 +12,13 @@ token after it) of one sequence and gives one number:
 - `loss`: the mean over P of the cross-entropy of the target (the next token, or a fixed
   `target` token) in nats/token (per token in float32, within ~1e-6 of float64);
 - `logit`: the mean over P of the target's logit;
-- `logit_diff`: logit[answer] - logit[wrong] at the last position (P is that position).
+- `logit_diff`: logit[answer] - logit[wrong] at the last position (P is that position);
+- `output` (a compiled program's, minigpt.truth.inputs; P: its positions, each read as it is,
+  not as a prediction of the next): the mean over P of the logit of the clean input's output
+  there (a categorical output: targets are its index), or of the output value times its
+  clean - reference difference there (a numerical one: targets are those float weights), so
+  that every pair's change counts with one sign (a plain mean of values would cancel over
+  pairs drawn alike).
 
 A batch of sequences (several clean / corrupted pairs) is scored by the mean of their values.
 Logits are the model's own (after `model.logit_softcap`, if set).
@@ -71,6 +77,7 @@ class Metric:
 
     def targets(self, tokens: Sequence[int]) -> list[int]:
         """The token scored at each position of `tokens` (none for a logit difference)."""
+        assert self.kind != "output", "a program's targets are its outputs (truth.inputs)"
         if self.logit_diff:
             return []
         if self.target is not None:
@@ -84,6 +91,9 @@ class Metric:
     def describe(self) -> str:
         if self.logit_diff:
             return f"logit[{self.answer}] - logit[{self.wrong}] at the last position"
+        if self.kind == "output":
+            return (f"the program's output towards the clean input's, averaged over "
+                    f"{len(self.positions)} positions")
         what = f"token {self.target}" if self.target is not None else "the next token"
         if self.kind == "loss":
             return (f"the loss of predicting {what} (nats/token), averaged over "
@@ -100,7 +110,9 @@ class Metric:
         if self.logit_diff:
             last = logits[:, -1]
             return last[:, self.answer] - last[:, self.wrong]
-        if self.kind == "logit":
+        if self.kind == "output" and targets.is_floating_point():  # numerical: one output
+            return (logits[..., 0] * targets.to(logits.dtype)).mean(-1)
+        if self.kind in ("logit", "output"):
             return logits.gather(-1, targets[..., None])[..., 0].mean(-1)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                reduction="none")
@@ -184,7 +196,8 @@ def sweep(model, idx: Tensor, metric: Metric, targets: Tensor | None, plan: Plan
     pos = list(metric.positions)
     with torch.no_grad():
         stream = model.residual_stream(idx, attn=ForwardSpec(cfg.attn_impl))  # L + 1 x (B, T, C)
-        width = max(T * 4 * cfg.n_embd, len(pos) * cfg.vocab_size, plan.row_floats(T))
+        width = max(T * max(4 * cfg.n_embd, cfg.mlp_dim), len(pos) * cfg.n_out,
+                    plan.row_floats(T))
         per = max(1, CHUNK_FLOATS // (B * width) - plan.base_row)
         values = torch.zeros(plan.n, dtype=torch.float64)
         base, done = None, 0

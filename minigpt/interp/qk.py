@@ -274,7 +274,7 @@ class _Writers:
 
     def __init__(self, model, idx: Tensor, rec: Record) -> None:
         cfg = model.cfg
-        self.model, self.rec, self.centred = model, rec, cfg.norm != "rmsnorm"
+        self.model, self.rec, self.centred = model, rec, cfg.norm == "layernorm"
         B, T = idx.shape
         n = 2 + cfg.n_layer * (cfg.n_head + bool(cfg.mlp))
         self.buf = torch.empty(n, B, T, cfg.n_embd, dtype=torch.float64, device=idx.device)
@@ -311,6 +311,17 @@ class _Writers:
         return [*self.names, BIAS], self.buf[:n], self.const
 
 
+def _frozen_scale(norm: str, ln, x: Tensor) -> Tensor | float:
+    """The norm's scale sigma (B, T, 1) of the stream x entering the layer, frozen: LayerNorm's
+    sqrt(var + eps), RMSNorm's sqrt(mean square + eps); 1 without a norm (model.norm none)."""
+    if norm == "none":
+        return 1.0
+    eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
+    spread = x.square().mean(-1, keepdim=True) if norm == "rmsnorm" else \
+        x.var(-1, unbiased=False, keepdim=True)
+    return (spread + eps).sqrt()
+
+
 def _project(model, layer: int, x: Tensor, rows: Tensor, const: Tensor, hs: list[int]
              ) -> tuple[Tensor, Tensor]:
     """Every writer's query and key parts for the heads `hs` of `layer`: two
@@ -320,14 +331,11 @@ def _project(model, layer: int, x: Tensor, rows: Tensor, const: Tensor, hs: list
     cfg = model.cfg
     block, C, D = model.blocks[layer], cfg.n_embd, cfg.head_dim
     ln, attn = block.ln_1, block.attn
-    eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
-    rms = cfg.norm == "rmsnorm"
-    sigma = ((x.square().mean(-1, keepdim=True) if rms else x.var(-1, unbiased=False,
-                                                                 keepdim=True)) + eps).sqrt()
-    sel = torch.tensor([s * C + h * D + d for s in (0, 1) for h in hs for d in range(D)],
-                       device=x.device)
+    sigma, rms = _frozen_scale(cfg.norm, ln, x), cfg.norm != "layernorm"
+    sel = torch.tensor([s * cfg.n_head * D + h * D + d for s in (0, 1) for h in hs
+                        for d in range(D)], device=x.device)
     w = attn.c_attn.weight.double()[sel]  # (2 h D, C): the heads' rows of W_Q, W_K
-    if ln.weight is not None:
+    if getattr(ln, "weight", None) is not None:
         w = w * ln.weight.double()  # the norm's gain, folded: (P x / sigma * g) W^T
     W, B, T = rows.shape[:3]
     proj = (rows.reshape(W * B * T, C) @ w.T).view(W, B, T, -1) / sigma  # one product

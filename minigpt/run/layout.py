@@ -3,6 +3,8 @@ trainer) names files through these constants; nothing else hard-codes a run-dir 
 
     <run>/config.yaml, tokenizer.tiktoken, tokenizer.json    resolved config + tokenizer
     <run>/metrics.jsonl, summary.md, train.lock                logs, end summary, the run lock
+    <run>/truth.json                                           a compiled program's known
+                                                               circuit (minigpt compile)
     <run>/tensorboard/events.out.tfevents.*                    TensorBoard event files
                                                                (train.tensorboard)
     <run>/checkpoints/step-000500/                             one complete, self-contained
@@ -37,6 +39,7 @@ MANIFEST_FILE = "manifest.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
 HEADS_PNG = "heads.png"
+TRUTH_FILE = "truth.json"  # a compiled program's known circuit (minigpt.truth.store)
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files (train.tensorboard)
 LOCK_NAME = "train.lock"
 FORMAT = "minigpt-checkpoint-1"

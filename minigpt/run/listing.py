@@ -218,12 +218,15 @@ class RunStatus:
         of = f" of {self.max_steps}" if self.max_steps is not None else ""
         if self.status == "training":
             return f"still training (step {self.step or 0}{of} committed)"
-        if self.status in ("interrupted", "stopped", "killed", "formed", "finished"):
+        if self.status in ("interrupted", "stopped", "killed", "formed", "finished",
+                           "compiled"):
             return f"{self.status} at step {self.step}{of}"
         return self.status
 
 
-DONE = ("finished", "formed")  # formed: ended by train.stop_when_formed, as it was asked to
+# formed: ended by train.stop_when_formed, as it was asked to; compiled: a program compiled by
+# minigpt compile (its summary.md says so), complete as it was written
+DONE = ("finished", "formed", "compiled")
 
 
 def run_status(run_dir: Path) -> RunStatus:
@@ -335,7 +338,8 @@ def run_config(run_dir: Path) -> tuple[dict | None, str | None]:
 
 
 def data_kind(run_dir: Path) -> dict:
-    """What a run was trained on, from its config.yaml: {"source": "text" | "induction",
+    """What a run was trained on, from its config.yaml: {"source": "text" | "induction" |
+    "program" (compiled, not trained),
     "tokenizer": a phrase naming its tokens ("bytes", "BPE 1024 (gpt4)", "gpt2 encoding",
     "synthetic ids 0..127")}; {} when it has no config.yaml; {"problem": "<path>: <why>"}
     when it cannot be read or does not say (never a kind guessed from the defaults). For
@@ -351,6 +355,8 @@ def data_kind(run_dir: Path) -> dict:
         return {"problem": f"{path}: no {missing} section, so what the run was trained on "
                 "is unknown"}
     source = data.get("source")
+    if source == "program":
+        return {"source": "program", "tokenizer": "a compiled program's tokens"}
     if source == "induction":
         vocab = data.get("induction_vocab")
         tokens = f"synthetic ids 0..{vocab - 1}" if isinstance(vocab, int) else "synthetic ids"

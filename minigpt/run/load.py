@@ -38,7 +38,8 @@ class LoadedRun:
     step: int           # optimizer steps completed when the checkpoint was written
     run_dir: Path | None  # None: not a minigpt run (an imported model has no run directory)
     source: str = ""    # what was loaded, for messages and files: the run dir or the model spec
-    eot_first: bool = False  # trained on documents that follow <|endoftext|>: inputs start so
+    eot_first: bool = False  # trained on documents that follow <|endoftext|> (or a compiled
+    #                          program's BOS): inputs start so
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -146,7 +147,9 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     model = GPT(cfg.model)
     load_model_weights(model, ckpt)
     model.to(dev).eval()
-    return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir)
+    # a compiled program reads every input after its beginning token, as tracr adds it
+    return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir,
+                     eot_first=cfg.data.source == "program")
 
 
 @permission_denied_as_error()

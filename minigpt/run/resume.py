@@ -138,6 +138,9 @@ def _resumed(run_dir: Path, command: _Command, device: str | None) -> Config:
                             f"`minigpt train --out {run_dir}` (without --resume)")
     path = _stored_config(run_dir)
     cfg = command.resolved() if path is None else _checked(path, command)
+    if cfg.data.source == "program":  # before the lock: the run is left as it is
+        raise ArgumentError("resume", f"{run_dir} is a compiled program (minigpt compile), "
+                            "whose weights are its program: it is not trained")
     if device:
         cfg.run.device = device
     return cfg

@@ -58,16 +58,19 @@ def sniff(path: Path, what: str) -> None:
     """Reject files that are clearly not safetensors by their first bytes, before parsing.
 
     A PyTorch `.pt`/`.pth` file is a zip ('PK\\x03\\x04') or a raw pickle (protocol byte 0x80);
-    minigpt never loads either, because unpickling runs arbitrary code."""
+    minigpt never loads either, because unpickling runs arbitrary code. A safetensors file
+    whose header length's low bytes read 0x80 0x02-0x05 (a header of 640-1535 bytes, or any
+    other multiple of 256 away) starts like a pickle: its JSON header's '{' at byte 8 tells it
+    apart (a pickle has no '{' opcode)."""
     try:
         with open_regular(path) as fh:  # never a FIFO or a device
-            head = fh.read(8)
+            head = fh.read(9)
     except OSError as e:
         raise MinigptError(f"cannot read {path}: {read_problem(e)}") from None
     if head.startswith(b"PK\x03\x04"):
         raise MinigptError(f"{path} is a zip archive (a PyTorch .pt/.pth?), not safetensors; "
                            f"{what} are loaded only from safetensors, never from pickles")
-    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5 and head[8:9] != b"{":
         raise MinigptError(f"{path} is a Python pickle, not safetensors; minigpt never loads "
                            f"pickles (they can run code); {what} must be a .safetensors file")
 

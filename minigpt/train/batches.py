@@ -102,6 +102,10 @@ def open_batches(cfg: Config, start: Resumed | None, device: torch.device, info:
     prepares the token cache first) and the data-order generator (seeded, or where the run left
     it). Rank 0 reports the tokenizer's and the data's preparation."""
     report = on_event if info.is_main else no_events
+    if cfg.data.source == "program":
+        raise ConfigError("data.source: program is the run of a compiled program (minigpt "
+                          "compile), whose weights are its program: it is not trained; train "
+                          "on text or induction data")
     micro, n_micro = batch_geometry(cfg.train, info)
     tokenizer = (Tokenizer.load(start.checkpoint.path) if start is not None
                  else main_first(lambda: build_tokenizer(cfg, report), info))
