@@ -53,7 +53,7 @@ class SampleRow:
 
     @property
     def label(self) -> str:
-        return "compiled step" if self.compiled else "yes" if self.kv_cache else "no"
+        return "compiled" if self.compiled else "yes" if self.kv_cache else "no"
 
     @property
     def gflops(self) -> float:

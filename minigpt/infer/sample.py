@@ -231,8 +231,9 @@ def check_sample_cost(model, prompt_len: int, how: Sampling, kv_cache: bool = Tr
 def decode_compiles(use_kv_cache: bool, compile_step: bool) -> bool:
     """`--compile`: decode through the compiled one-token step (core/decode.py), the KV
     cache's, so asking for it with `--no-kv-cache` is an ArgumentError. Off by default: the
-    compile (22-140 s measured here, benchmarks/README.md "The compiled decode step") costs
-    more than it saves on the token counts `minigpt sample` usually draws."""
+    compile (0.4-7 s with inductor's cache warm, 22-140 s cold under load here;
+    benchmarks/README.md "The compiled decode step") costs more than it saves on the few
+    hundred tokens `minigpt sample` usually draws."""
     if compile_step and not use_kv_cache:
         raise ArgumentError("compile", "--compile compiles the KV-cache decode step; drop "
                             "--no-kv-cache, or --compile")
