@@ -3,20 +3,24 @@ one rule that bounds every number a user types into one: `check_cost` refuses a 
 estimated time or memory does not fit (an ArgumentError naming the flag, or a ConfigError naming
 the setting, with the cost and the largest value that fits), unless forced. The time comes from
 the work's own pass count times one measured pass of the model (`timed`: `minigpt circuit
---ig-steps / --pairs`, interp.edge_graph.circuit_cost), or from its FLOPs at this machine's
-measured matmul rate (`matmul_rate`: a lower bound, as no pass runs at the matmul peak;
-`minigpt inspect-heads --max-tokens`, heads.inspection.inspect_cost; training's length,
-train.safety.check_training); the memory from a count of what the work holds at once."""
+--ig-steps / --pairs`, interp.edge_graph.circuit_cost), or from its FLOPs: `check_flops` owns
+that measurement and the sentence that words it (the FLOPs at this machine's measured matmul
+rate, `matmul_rate`, a lower bound as no pass runs at the matmul peak; measured only when they
+could take the limit at FLOOR_RATE) for `inspect-heads --max-tokens`, `sample`, `features
+train` and `features show` and training's length, each caller keeping its own FLOPs formula
+beside its maths. The memory is a count of what the work holds at once, bounded by a share of
+what is free (`memory_limit`)."""
 
 from __future__ import annotations
 
-import os
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from minigpt.display import duration, size
 from minigpt.errors import ArgumentError, ConfigError
 
 TIME_LIMIT_S = 3600.0    # an analysis asked for interactively: at most an hour unless forced
@@ -38,42 +42,15 @@ class Cost:
         return f"about {duration(self.seconds)} and {size(self.bytes)} of memory"
 
 
-def duration(seconds: float) -> str:
-    """'45 s', '12 min', '3.1 h', '200 days', '3e+13 years'."""
-    for unit, span in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0),
-                       ("min", 60.0)):
-        if seconds >= 2 * span if unit in ("years", "days") else seconds >= span:
-            value = seconds / span
-            return f"{value:.2g} {unit}" if value >= 1e4 else f"{value:.3g} {unit}"
-    return f"{max(seconds, 0.0):.2g} s"
+def memory_limit(device: torch.device | str) -> float:
+    """Bytes a piece of work may hold at once on `device`: MEMORY_SHARE of what is free there
+    (`device.available_bytes`, the one reader); infinite when that is unknown (memory then
+    bounds nothing). The reader is imported here, not at the top: the analyses import this
+    module for `Cost`, and the device module brings the file door with it."""
+    from minigpt.device import available_bytes
 
-
-def size(n: float) -> str:
-    """'512 KB', '5.8 GB', '1.1e+07 GB'."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.2g} {unit}" if value >= 1e4 else f"{value:.3g} {unit}"
-    return f"{n / 1e3:.3g} KB"
-
-
-def free_memory(device: torch.device | str) -> float:
-    """Bytes free for an analysis on `device`: the accelerator's free memory, else the host's
-    available memory (/proc/meminfo's MemAvailable, else the physical memory)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return float("inf")  # nothing to go by: memory bounds nothing
+    free = available_bytes(torch.device(device))
+    return math.inf if free is None else MEMORY_SHARE * free
 
 
 def timed(fn: Callable[[], object], repeats: int = 2) -> float:
@@ -124,12 +101,12 @@ def check_cost(param: str, value: int, cost_of: Callable[[int], Cost], *, what: 
                basis: str = "estimated from one measured pass", minimum: int = 1,
                none_fit: str | None = None, setting: bool = False) -> Cost:
     """The estimated cost of `value` for `param`; refused if it takes more than `limit_s` or
-    more than MEMORY_SHARE of the free memory, naming the cost, how it was estimated (`basis`)
+    more than `memory_limit(device)`, naming the cost, how it was estimated (`basis`)
     and the largest value that fits (at least `minimum`; else `none_fit`, the fix), unless
     `force`: an ArgumentError naming the flag, or with `setting` a ConfigError naming the
     setting (`train.max_steps=N`)."""
     cost = cost_of(value)
-    limit_bytes = MEMORY_SHARE * free_memory(device)
+    limit_bytes = memory_limit(device)
     if force or (cost.seconds <= limit_s and cost.bytes <= limit_bytes):
         return cost
     fits = largest_fitting(cost_of, value, limit_s, limit_bytes)
@@ -143,3 +120,39 @@ def check_cost(param: str, value: int, cost_of: Callable[[int], Cost], *, what: 
     if setting:
         raise ConfigError(f"{param}={value}: {problem}")
     raise ArgumentError(param, problem, subject=value)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a piece of work counted in FLOPs does: its FLOPs, and the bytes it holds at once."""
+    flops: float
+    bytes: float
+
+
+def check_flops(param: str, value: int, work_of: Callable[[int], Work], *, what: str,
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                memory: str = "a count of what it holds", force: bool = False,
+                limit_s: float = TIME_LIMIT_S, **rule) -> Cost | None:
+    """`check_cost` for work counted in FLOPs (`work_of(v)`: the caller's own formula, kept
+    beside its maths): the time is the FLOPs at this machine's matmul rate in `dtype`
+    (`matmul_rate`, a lower bound: no pass runs at the matmul peak), measured only when the
+    FLOPs could take `limit_s` at FLOOR_RATE; otherwise the time fits on any machine and only
+    the memory is checked, unmeasured. `memory` says how the bytes were counted; the refusal's
+    sentence names both. `rule` is passed on to check_cost (limit_what, minimum, none_fit,
+    setting). The estimate when the rate was measured, else None (nothing worth saying)."""
+    if force:
+        return None
+    rate = None
+    basis = f"{memory}; its FLOPs fit the time at any speed"
+    if work_of(value).flops > limit_s * FLOOR_RATE:
+        rate = matmul_rate(device, dtype)
+        basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} GFLOP/s: "
+                 f"a lower bound; memory: {memory}")
+
+    def cost_of(v: int) -> Cost:
+        w = work_of(v)
+        return Cost(w.flops / rate if rate else 0.0, w.bytes)
+
+    cost = check_cost(param, value, cost_of, what=what, device=device, limit_s=limit_s,
+                      basis=basis, **rule)
+    return cost if rate else None

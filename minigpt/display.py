@@ -11,11 +11,14 @@ what is shown, so a line can read differently from what it holds). Each is shown
 
 - `printable(text, keep="")`: every such character escaped except those in `keep` (a sample's
   newlines and tabs, say, which are its layout, not a command).
-- `head_name(layer, head)`: a head as every table, log line, picture and JSON names it,
-  `L1.H2` (interp/edge_graph.py's nodes are spelled the same; tests/test_display.py holds
-  them to it).
+- `head_name(layer, head)` and `mlp_name(layer)`: a head as every table, log line, picture,
+  JSON and circuit node names it, `L1.H2`, and an MLP node, `L0.MLP` (the analyses in
+  minigpt.interp name their nodes with them too).
 - `visible_token(s, max_len)`: a token's text for labels: whitespace made visible (space ·,
   newline ↵, tab →, CR ␍), every other such character escaped.
+- `duration(seconds)` and `size(n_bytes)`: the one spelling of a time (an elapsed time, an
+  ETA, a run's wall time, a cost estimate: `42s`, `3m05s`, `2h10m`, `9d`) and of a number of
+  bytes (a file limit, a memory estimate, an export: `16 MiB`, `5.8 GiB`).
 - `figure_png(fig)`: a matplotlib figure as PNG bytes, the one way every picture minigpt
   draws (curves, heads, circuits, features) becomes bytes to write.
 """
@@ -47,6 +50,42 @@ def visible_token(s: str, max_len: int = 0) -> str:
 def head_name(layer: int, head: int) -> str:
     """The one spelling of a head: `L{layer}.H{head}`, e.g. L1.H2."""
     return f"L{layer}.H{head}"
+
+
+def mlp_name(layer: int) -> str:
+    """The one spelling of a layer's MLP as a node of a circuit: `L{layer}.MLP`, e.g. L0.MLP."""
+    return f"L{layer}.MLP"
+
+
+def duration(seconds: float) -> str:
+    """'0.4s', '42s', '3m05s', '2h10m', '9d', '3.17e+13 years' (seconds below 10 to a tenth;
+    days from two days on, years from two years on)."""
+    s = max(float(seconds), 0.0)
+    if s < 9.95:
+        return f"{s:.1f}s"
+    if s >= 2 * YEAR:
+        return f"{s / YEAR:.3g} years"
+    r = round(s)
+    if r < 60:
+        return f"{r}s"
+    if r < 3600:
+        return f"{r // 60}m{r % 60:02d}s"
+    if r < 2 * 86400:
+        return f"{r // 3600}h{r % 3600 // 60:02d}m"
+    return f"{round(s / 86400)}d"
+
+
+YEAR = 365 * 86400.0
+
+
+def size(n_bytes: float) -> str:
+    """'512 bytes', '4 KiB', '16 MiB', '5.8 GiB', '1.1e+04 TiB' (binary units, 3 figures)."""
+    n = max(float(n_bytes), 0.0)
+    for unit, scale in (("TiB", 2.0 ** 40), ("GiB", 2.0 ** 30), ("MiB", 2.0 ** 20),
+                        ("KiB", 2.0 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} bytes"
 
 
 def figure_png(fig, dpi: int = 100) -> bytes:

@@ -1,8 +1,12 @@
-"""Every progress event a long-running library call reports through its `on_event` callback.
+"""The events a long-running library call reports through its `on_event` callback: the one
+progress mechanism of the library.
 
-The library never prints: `train`, `build_tokenizer`, `prepare_dataset` and `run_bench` call
-`on_event(event)` with these dataclasses, and the CLI renders them (a progress bar, plain log
-lines); tests collect them. Standard library only.
+The library never prints: `train`, `build_tokenizer`, `prepare_dataset`, `run_bench`,
+`inspect` (heads.inspection) and `train_features` call `on_event(event)` with these dataclasses,
+and the CLI renders them (a progress bar, plain log lines with an ETA); tests collect them. The
+analyses (minigpt.interp) import no events: their long loops take a plain
+`progress(stage, done, total)` callback (interp.patching.OnProgress), and `progress_to(on_event)`
+makes one that sends `Progress` events here. Standard library only.
 
 A training session's events are also what its run directory is written from: metrics.jsonl
 holds one record per StepEvent, EvalEvent and HeadScoresEvent, and the pictures and summary.md
@@ -17,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.display import head_name
+from minigpt.display import duration, head_name
 
 OnEvent = Callable[[object], None]
 
@@ -276,7 +280,7 @@ class DoneEvent:
             ("status", f"{self.reason} at step {self.step}/{self.max_steps}"),
             ("parameters", f"{self.params:,}"),
             ("tokens seen", f"{self.tokens_seen:,}"),
-            ("wall time", f"{self.wall_time:.1f} s"),
+            ("wall time", duration(self.wall_time)),
             ("tokens/s", f"{self.tokens_per_s:,.0f}"),
         ]
         run = shlex.quote(str(self.run_dir))
@@ -323,6 +327,44 @@ def _best_last(best: float, best_step: int, last: float | None, ev: EvalEvent | 
     if ev is not None and last is not None and math.isfinite(last) and ev.step != best_step:
         text += f"; last {last:.4f} at step {ev.step} (the saved model)"
     return text
+
+
+# -- analyses and sparse autoencoders --------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """`done` of `total` of a long loop's `stage`: an analysis's ("ablating heads", "patching
+    heads", "splitting qk", "composition", "scoring edges", "circuit search", ...) or the z an
+    SAE is trained on ("z of train", "z of val")."""
+    stage: str
+    done: int
+    total: int
+
+
+def progress_to(on_event: OnEvent) -> Callable[[str, int, int], None]:
+    """The plain `progress(stage, done, total)` callback the analyses take
+    (interp.patching.OnProgress), sending `Progress(stage, done, total)` to `on_event`."""
+    return lambda stage, done, total: on_event(Progress(stage, done, total))
+
+
+@dataclass
+class SaeStarting:
+    """Every check of `minigpt features train` passed (the cost included): the SAE on `what`
+    starts, into `out`."""
+    what: str
+    out: Path
+
+
+@dataclass
+class SaeStep:
+    """An SAE's training: `step` of `steps` done, the step's losses, seconds so far."""
+    step: int
+    steps: int
+    mse: float
+    aux: float
+    dead_fraction: float
+    elapsed: float
 
 
 # -- bench ------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import yaml
 
+from minigpt import display
 from minigpt.errors import ArgumentError, ConfigError, MinigptError, WriteError
 
 
@@ -203,7 +204,7 @@ def _compose_node(loader: _StrictLoader, parent: Any, index: Any) -> Any:
         loader._depth -= 1
 
 
-def _expanded_size(root: yaml.Node) -> int:
+def _expandedsize(root: yaml.Node) -> int:
     """How many values `root` stands for once every alias is expanded (an alias shares its
     anchor's node, so a "billion laughs" document is small as nodes and huge as values);
     linear in the number of distinct nodes."""
@@ -229,7 +230,7 @@ def _expanded_size(root: yaml.Node) -> int:
 
 def _get_single_node(loader: _StrictLoader) -> Any:
     node = yaml.SafeLoader.get_single_node(loader)
-    if node is not None and _expanded_size(node) > MAX_YAML_VALUES:
+    if node is not None and _expandedsize(node) > MAX_YAML_VALUES:
         raise ConfigError(f"expands to more than {MAX_YAML_VALUES:,} values through aliases "
                           "(&anchor / *alias); write the values out")
     return node
@@ -344,19 +345,12 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
     with open_regular(path) as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > max_bytes:
-            raise FileTooLarge(errno_mod.EFBIG, f"larger than {_size(max_bytes)} "
-                               f"({_size(size)}): not the file expected here", str(path))
+            raise FileTooLarge(errno_mod.EFBIG, f"larger than {display.size(max_bytes)} "
+                               f"({display.size(size)}): not the file expected here", str(path))
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:  # grew while being read
-        raise FileTooLarge(errno_mod.EFBIG, f"larger than {_size(max_bytes)}", str(path))
+        raise FileTooLarge(errno_mod.EFBIG, f"larger than {display.size(max_bytes)}", str(path))
     return data
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} bytes"
 
 
 def read_problem(e: OSError) -> str:

@@ -79,10 +79,18 @@ def unrendered_pictures(monkeypatch):
     from minigpt import display
 
     real = display.figure_png
-    monkeypatch.setattr(display, "figure_png", lambda fig: b"unrendered")
+
+    def placeholder(fig) -> bytes:
+        return b"unrendered"
+
+    monkeypatch.setattr(display, "figure_png", placeholder)
     for mod in list(sys.modules.values()):
         if getattr(mod, "figure_png", None) is real:
-            monkeypatch.setattr(mod, "figure_png", display.figure_png)
+            monkeypatch.setattr(mod, "figure_png", placeholder)
+    yield
+    for mod in list(sys.modules.values()):  # imported during the test: bound the placeholder
+        if getattr(mod, "figure_png", None) is placeholder:
+            mod.figure_png = real
 
 
 @contextlib.contextmanager
@@ -131,38 +139,128 @@ def in_process(args: list[str], *, cwd: Path | None = None, **env: str | None):
     return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
-def save_tiny_run(run_dir: Path, *, says: int | None = None, nan: bool = False) -> Path:
-    """A committed step-7 checkpoint of a random-init 2-layer byte model, with the top-level
-    files `minigpt train` leaves (no training).
+TINY_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16}
 
-    `says=b`: the final norm ignores its input (weight 0, bias = e_0) and token b's embedding
-    is 50 e_0, so every next-token distribution puts all but ~e^-50 of its mass on byte b:
-    the model writes b, b, b, ... `nan=True`: the final norm's weight is NaN (a run whose
-    logits are not finite)."""
+# `minigpt circuit` and inspect-heads' circuits on a model they can tell heads apart in: 3 heads
+# of width 8, no MLP, induction data, the matrices sharpened (x 10) so that patching moves the
+# loss visibly. `make_run(path, **SHARP_INDUCTION)`.
+SHARP_INDUCTION = {"n_head": 3, "n_embd": 24, "block_size": 24, "mlp": False, "step": 5,
+                   "sharpen": 10.0, "sections": {"data": {"source": "induction",
+                                                          "induction_vocab": 50}}}
+
+
+# What the export tests (Hugging Face, GGUF) export: a model whose every weight is in play
+# (perturbed: no norm at 1, no bias at 0). `make_run(path, tokenizer=tok, **EXPORT_RUN)`.
+EXPORT_MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 64}
+EXPORT_RUN = {**EXPORT_MODEL, "perturbed": True, "step": 3}
+
+# A run as training leaves it: the complete trainer state and the top-level files.
+AS_TRAINED = {"optimizer": True, "top_files": True}
+
+
+def make_run(run_dir: Path, *, tokenizer=None, seed: int = 0, step: int = 7,
+             sections: dict | None = None, weights_model: dict | None = None,
+             perturbed: bool = False, sharpen: float = 1.0, says: int | None = None,
+             nan: str | None = None, optimizer: bool = False, top_files: bool = False,
+             **model) -> Path:
+    """The one maker of a run directory without training: a committed checkpoint at `step` of
+    a random-init model (weights from `seed`) of TINY_MODEL with `model`'s settings, its
+    `tokenizer` (default: bytes; model.vocab_size its ids unless given), the config's other
+    `sections` ({"data": {...}, "train": {...}}).
+
+    What the weights are: `weights_model` saves weights of another shape than config.yaml
+    records; `perturbed` adds noise to every parameter (`perturb`: norms and biases no longer
+    1 and 0); `sharpen` multiplies every matrix; `says=b` makes the model write byte b, b, b,
+    ... (the final norm ignores its input: weight 0, bias e_0, and b's embedding is 50 e_0, so
+    every next-token distribution puts all but ~e^-50 of its mass on b); `nan` makes the first
+    parameter of that module NaN ("ln_f": the logits are not finite, the attention is;
+    "blocks.1": layer 1's attention is not finite). `optimizer`: a complete trainer
+    state (AdamW's, the data generator's) as training saves it, else the step alone;
+    `top_files`: the top-level files `minigpt train` leaves beside the checkpoints."""
     from minigpt.config import from_dict
     from minigpt.core.gpt import GPT
     from minigpt.data.tokenizer import bytes_tokenizer
     from minigpt.run.checkpoint import save_checkpoint
 
-    tok = bytes_tokenizer()
-    sec = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": tok.n_vocab,
-           "bias": says is not None}
-    cfg = from_dict({"model": sec, "tokenizer": {"vocab_size": 256}})
-    model = GPT.from_config(cfg, seed=0)
-    with torch.no_grad():
-        if says is not None:
-            model.ln_f.weight.zero_()
-            model.ln_f.bias.zero_()
-            model.ln_f.bias[0] = 1.0
-            model.wte.weight[:, 0] = 0.0
-            model.wte.weight[says, 0] = 50.0
-        if nan:
-            model.ln_f.weight.fill_(math.nan)
-    ckpt = save_checkpoint(run_dir, step=7, model=model, cfg=cfg, tokenizer=tok,
-                           trainer_state={"step": 7})
-    for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json"):
-        shutil.copy(ckpt / name, run_dir / name)
+    tok = tokenizer or bytes_tokenizer()
+    sec = {**TINY_MODEL, "vocab_size": tok.n_vocab, **model, "bias": model.get(
+        "bias", says is not None)}
+    cfg = from_dict({"model": sec, "tokenizer": {"vocab_size": tok.n_vocab - 1},
+                     **(sections or {})})
+    wcfg = from_dict({"model": {**sec, **weights_model}}) if weights_model else cfg
+    net = GPT.from_config(wcfg, seed=seed)
+    if perturbed:
+        perturb(net, seed)
+    _edit_weights(net, sharpen, says, nan)
+    state, extra = {"step": step}, {}
+    if optimizer:
+        from minigpt.run.state import TrainerState, rng_state
+        from minigpt.train.weights import build_optimizer
+
+        opt, names = build_optimizer(net, cfg.train, torch.device("cpu"))
+        state = TrainerState(step=step).as_json(rng_state(torch.Generator().manual_seed(0)))
+        extra = {"optimizer": opt, "param_names": names}
+    ckpt = save_checkpoint(run_dir, step=step, model=net, cfg=cfg, tokenizer=tok,
+                           trainer_state=state, **extra)
+    if top_files:
+        for name in ("config.yaml", "tokenizer.tiktoken", "tokenizer.json"):
+            shutil.copy(ckpt / name, run_dir / name)
     return run_dir
+
+
+def _edit_weights(net: torch.nn.Module, sharpen: float, says: int | None,
+                  nan: str | None) -> None:
+    """make_run's `sharpen`, `says` and `nan`."""
+    with torch.no_grad():
+        if sharpen != 1.0:
+            for p in net.parameters():
+                if p.ndim == 2:
+                    p.mul_(sharpen)
+        if says is not None:
+            net.ln_f.weight.zero_()
+            net.ln_f.bias.zero_()
+            net.ln_f.bias[0] = 1.0
+            net.wte.weight[:, 0] = 0.0
+            net.wte.weight[says, 0] = 50.0
+        if nan is not None:
+            next(net.get_submodule(nan).parameters()).fill_(math.nan)
+
+
+def error_line(result, *, after_progress: bool = False) -> str:
+    """The one line a refused command prints, checked: exit code 2, no traceback and no
+    exception escaped, nothing on stdout, and on stderr exactly one line, `error: ...` (with
+    `after_progress`: the last line, after progress lines none of which is an error). `result`
+    is a finished process (`returncode`) or a CliRunner result (`exit_code`). Returns the
+    line."""
+    code = getattr(result, "returncode", None)
+    code = result.exit_code if code is None else code
+    exc = getattr(result, "exception", None)
+    assert exc is None or isinstance(exc, SystemExit), f"uncaught {type(exc).__name__}: {exc}"
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-2000:]
+    assert code == 2, (code, result.stdout[-2000:], result.stderr[-2000:])
+    assert result.stdout == "", result.stdout[-2000:]
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    if after_progress:
+        assert lines and not any(x.lower().startswith("error") for x in lines[:-1]), \
+            result.stderr[-2000:]
+        lines = lines[-1:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    """The world the tests of bad input run against (tests/cli_world.py), built once."""
+    from cli_world import build_world
+
+    return build_world(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """cwd (so a default `runs/` lands in tmp) and the token cache both under tmp."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINIGPT_CACHE", str(tmp_path / "cache"))
 
 
 # Settings neither export format (a Hugging Face GPT-2 / GPT-NeoX directory, a GGUF file) can

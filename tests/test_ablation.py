@@ -186,9 +186,9 @@ HOW = [pytest.param(run_here, id="in-process"),
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    from conftest import save_tiny_run
+    from conftest import make_run
 
-    return save_tiny_run(tmp_path_factory.mktemp("abl") / "run")
+    return make_run(tmp_path_factory.mktemp("abl") / "run", top_files=True)
 
 
 @pytest.mark.parametrize("how", HOW)

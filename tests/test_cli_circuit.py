@@ -13,8 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import in_process
-from test_cli_circuits import error_line, make_run
+from conftest import SHARP_INDUCTION, error_line, in_process, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -25,7 +24,7 @@ from minigpt.run import load_run
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
 
 
 def invoke(run_dir: Path, *args: str, width: int | None = None):
@@ -214,3 +213,35 @@ def test_without_run_it_takes_the_run_inspect_heads_takes(run_dir, tmp_path, mon
     assert r.exit_code == 0, r.stderr
     first = r.stderr.splitlines()[0]
     assert first.startswith("using the latest run, killed at step 5: runs/tiny"), r.stderr
+
+
+def test_circuit_picture_geometry(run_dir):
+    """circuit.png's data: no kept edge's curve passes another node (the embed -> L1.H1 value
+    edge ran through L0.H1); every label fits its circle; the title names the corruption."""
+    from minigpt.heads import edge_png as C
+    from minigpt.heads.edge_circuit import circuit_pairs, circuit_title
+    from minigpt.interp.edge_graph import find_circuit
+    from minigpt.run import load_run
+
+    loaded = load_run(run_dir, "cpu")
+    p = circuit_pairs(loaded.cfg, loaded.tokenizer, patch_from="corrupted-first",
+                      probe="induction")
+    result = find_circuit(loaded.model, p.clean, p.corrupted, p.metric, p.targets, ig_steps=2,
+                          curves=False)
+    pos = C._positions(result)
+    x, y0 = pos["embed"]
+    assert (x, y0 + 1) in pos.values() and (x, y0 + 2) in pos.values()  # the issue's layout
+    for e in result.edges():  # every edge of the graph, kept or not
+        a, b = pos[e["from"]], pos[e["to"]]
+        others = [q for n, q in pos.items() if n not in (e["from"], e["to"])]
+        rad = C.route(a, b, C.BEND.get(e["input"], 0.08), others)
+        curve = [C._bezier(a, b, rad, t / 40) for t in range(4, 37)]
+        assert min((cx - ox) ** 2 + (cy - oy) ** 2 for ox, oy in others
+                   for cx, cy in curve) >= C.CLEAR ** 2, e
+    for name in pos:
+        label = name.replace(".", "\n")
+        wide = max(len(x) for x in label.split("\n")) * 0.62 * 6
+        assert C.node_size(label, 6) ** 0.5 >= wide + 6, name  # the diameter holds the text
+    title = circuit_title("runs/tiny", p)
+    assert title.endswith("corrupted: corrupted-first")
+    assert C._title(result, title).startswith("runs/tiny, corrupted: corrupted-first: ")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SHARP_INDUCTION, error_line, in_process, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -33,14 +34,6 @@ def run_dir(tmp_path_factory) -> Path:
 def invoke(run_dir: Path, *args: str):
     return CliRunner().invoke(app, ["inspect-heads", "--run", str(run_dir), "--device", "cpu",
                                     *args], catch_exceptions=False)
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr  # one line, no traceback
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def test_default_prints_summary_and_the_parity_check(run_dir):
@@ -183,7 +176,7 @@ def test_every_destination_is_checked_before_any_work(run_dir, tmp_path):
 def test_the_destinations_checked_are_the_files_written(run_dir, tmp_path, unrendered_pictures):
     """`output.file_names` (what is checked before the work) names exactly what `write_files`
     wrote, with every format and measurement that adds a file (the pictures unrendered: what
-    they show is checked in tests/test_inspection.py and tests/test_cli_circuits.py)."""
+    they show is checked in tests/test_inspection.py and tests/test_cli_inspect_circuits.py)."""
     from minigpt.heads import output
 
     r = invoke(run_dir, "--format", "png,html,safetensors,json", "--out", str(tmp_path),
@@ -193,3 +186,14 @@ def test_the_destinations_checked_are_the_files_written(run_dir, tmp_path, unren
     names = output.file_names(["png", "html", "safetensors", "json"], [1], [0, 2],
                               ablation=True, composition=True, circuits=True, lens=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+
+
+def test_probe_induction_is_not_suggested_to_who_gave_it(tmp_path):
+    make_run(tmp_path / "runs" / "tiny", **SHARP_INDUCTION)
+    given = in_process(["inspect-heads", "--device", "cpu", "--probe", "induction"],
+                       cwd=tmp_path)
+    assert given.returncode == 0, given.stderr
+    assert "trained on synthetic induction data" in given.stderr
+    assert "try --probe induction" not in given.stderr
+    plain = in_process(["inspect-heads", "--device", "cpu", "--text", "abcdefgh"], cwd=tmp_path)
+    assert "(try --probe induction)" in plain.stderr

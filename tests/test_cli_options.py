@@ -1,7 +1,9 @@
 """One spelling per option (issue 47): every option two commands share is declared once
 (minigpt/cli/options.py) and reads the same in each: the same flags, type, default and help text.
 The walk reads typer's click command tree in-process (what `minigpt COMMAND --help` prints),
-so a command that declares its own copy of a shared option, or drifts from it, fails here.
+every command of every group (`features train`, `features show`), so a command that declares
+its own copy of a shared option, or drifts from it, fails here; and a flag shows one metavar
+in every command's help, even where its meaning is the command's own.
 
 The few options whose meaning is the command's own are listed with why, and only the parts
 named may differ."""
@@ -23,10 +25,21 @@ from minigpt.cli import app
 # option -> (the commands where it means something of their own, why). Those commands still
 # spell it the same (the same flags); the other commands sharing it agree in everything.
 OWN_MEANING = {
-    "--out": ({"train", "curves", "export", "bench", "compile"}, (
+    "--out": ({"train", "curves", "export", "bench", "compile", "features train",
+               "features show"}, (
         "what is written is the command's own: a run directory (train, compile), a picture "
-        "(curves), an export (export), a JSON report (bench); inspect-heads and circuit share "
+        "(curves), an export (export), a JSON report (bench), an SAE's directory (features "
+        "train), an SAE's pictures beside it (features show); inspect-heads and circuit share "
         "one --out for their files")),
+    "--layer": ({"inspect-heads", "features train"}, (
+        "inspect-heads shows the layers given (repeatable, default all); features train reads "
+        "one layer's head outputs (required)")),
+    "--resume": ({"train", "features train"}, (
+        "each continues its own unfinished work in --out: a run from its checkpoint, an SAE "
+        "from its training state")),
+    "--tokens": ({"features train", "features show"}, (
+        "the tokens an SAE trains on, the held-out tokens its features are shown on")),
+    "--top": ({"circuit", "features show"}, "the edges in circuit's table, the features shown"),
     "--format": ({"inspect-heads", "circuit", "export"}, (
         "each command writes its own files (export: one format; inspect-heads and circuit: "
         "several, not the same ones)")),
@@ -39,9 +52,10 @@ OWN_MEANING = {
     "--run": ({"runs", "curves"}, (
         "several runs make sense: repeatable, a run's directory or its name under runs/ (the "
         "runs given as arguments count the same); every other command reads one run")),
-    "--seed": ({"sample"}, (
+    "--seed": ({"sample", "features train", "features show"}, (
         "sample draws a fresh seed by default (and prints it); inspect-heads and circuit seed "
-        "their synthetic inputs with 0; each help says its default")),
+        "their synthetic inputs with 0; features seeds the tokens it draws (and the SAE's "
+        "weights and batches); each help says its default")),
     "--device": ({"train"}, "train's default is the config's run.device"),
     "--compile": ({"bench", "sample"}, (
         "bench also times the train and decode steps compiled; sample decodes through the "
@@ -49,17 +63,34 @@ OWN_MEANING = {
 }
 
 
+def commands(group=None, prefix: str = ""):
+    """(name, command) of every command of the tree, a group's as `group command`."""
+    group = group or typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from commands(cmd, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}", cmd
+
+
+def metavar(cmd, p) -> str:
+    """The value's placeholder in `--help` (`--out PATH`; '' for a flag)."""
+    shown = p.get_help_record(cmd.make_context("minigpt", [], resilient_parsing=True))[0]
+    last = shown.split(", ")[-1]
+    return last.split(" ", 1)[1] if " " in last else ""
+
+
 def options() -> dict[str, list[tuple[str, dict]]]:
     """Every option spelling -> [(command, what it is)] over the command tree."""
-    tree = typer.main.get_command(app)
     found: dict[str, list[tuple[str, dict]]] = defaultdict(list)
-    for name, cmd in tree.commands.items():
+    for name, cmd in commands():
         for p in cmd.params:
             if p.param_type_name != "option":
                 continue
             what = {"flags": tuple(sorted(p.opts + p.secondary_opts)), "help": p.help,
                     "type": str(p.type_descriptor.annotation), "default": repr(p.default),
-                    "multiple": p.multiple, "is_flag": p.is_flag, "required": p.required}
+                    "multiple": p.multiple, "is_flag": p.is_flag, "required": p.required,
+                    "metavar": metavar(cmd, p)}
             for flag in p.opts:
                 if flag.startswith("--"):
                     found[flag].append((name, what))
@@ -69,11 +100,25 @@ def options() -> dict[str, list[tuple[str, dict]]]:
 SHARED = {flag: uses for flag, uses in options().items() if len(uses) > 1}
 
 
-def test_the_walk_sees_the_shared_options():
+def test_the_walk_sees_the_shared_options_of_every_command_of_every_group():
     assert {"--run", "--model", "--device", "--threads", "--text", "--probe",
             "--patch-direction", "--patch-from", "--out"} <= set(SHARED)
     assert {c for c, _ in SHARED["--threads"]} >= {"sample", "inspect-heads", "circuit",
-                                                   "bench"}
+                                                   "bench", "features train", "features show"}
+    top = typer.main.get_command(app).commands
+    groups = {name for name, cmd in top.items() if hasattr(cmd, "commands")}
+    assert groups == {"features"}
+    walked = {name for name, _ in commands()}
+    assert {f"features {c}" for c in top["features"].commands} <= walked
+    assert set(top) - groups <= walked
+
+
+@pytest.mark.parametrize("flag", sorted(SHARED))
+def test_a_shared_option_shows_one_metavar_everywhere(flag):
+    """`--out PATH` in every command, `--run RUN` in every command: one spelling of the
+    value in every help, whatever the option means there."""
+    shown = {cmd: what["metavar"] for cmd, what in SHARED[flag]}
+    assert len(set(shown.values())) == 1, (flag, shown)
 
 
 @pytest.mark.parametrize("flag", sorted(SHARED))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REAL_TINY, in_process
+from conftest import REAL_TINY, error_line, in_process
 from doc_commands import RUN_DOCS, code_lines, minigpt_parts
 
 from minigpt.paths import PROJECT_ROOT
@@ -146,13 +146,6 @@ USAGE_ERRORS = [
 ]
 
 
-def _usage_error(r: subprocess.CompletedProcess, needle: str) -> None:
-    assert r.returncode == 2, r.stderr
-    assert r.stdout == ""
-    lines = r.stderr.strip().splitlines()  # one line, like every other error (issue 50)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
-
-
 def here(args: list[str], cwd: Path, ok: bool = True) -> subprocess.CompletedProcess:
     """`minigpt ARGS` run by the app in this process, shaped like `minigpt` above."""
     r = in_process(args, cwd=cwd)
@@ -176,7 +169,7 @@ def test_usage_errors_are_the_parsers_message_and_exit_2(program, env, tmp_path,
                                                          installed):
     r = minigpt(program, args, tmp_path, env, ok=False) if installed else here(args, tmp_path,
                                                                                 ok=False)
-    _usage_error(r, needle)
+    assert needle in error_line(r)  # one line, like every other error (issue 50)
 
 
 @pytest.mark.parametrize("installed", [pytest.param(False, id="in-process"),
@@ -193,8 +186,8 @@ def test_every_command_rejects_an_unknown_flag(program, env, tmp_path, installed
     assert set(names) == {"train", "sample", "inspect-heads", "circuit", "bench", "runs",
                           "curves", "export", "features", "compile"}
     for name in [*names, "features train", "features show"]:
-        _usage_error(run([*name.split(), "--no-such-flag"], ok=False),
-                     "No such option: --no-such-flag")
+        line = error_line(run([*name.split(), "--no-such-flag"], ok=False))
+        assert "No such option: --no-such-flag" in line, line
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,27 +406,25 @@ RUNS_CURVES_BAD = [
 
 @pytest.mark.parametrize("args, needle", RUNS_CURVES_BAD)
 def test_runs_and_curves_bad_input(program, env, place, tmp_path, args, needle):
-    """One error line, exit 2, nothing written (every case in-process: test_hardening.py)."""
+    """One error line, exit 2, nothing written (every case in-process: test_bad_input.py)."""
     (tmp_path / "empty").mkdir()
     (tmp_path / "fresh").mkdir()
     (tmp_path / "fresh" / "train.lock").write_text("")
     (tmp_path / "runs").symlink_to(place / "runs")
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     r = minigpt(program, args, tmp_path, env, ok=False)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
-    assert needle in lines[0], lines[0]
+    line = error_line(r)
+    assert needle in line, line
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
 @pytest.mark.slow
 def test_non_finite_logits_are_one_error_line(program, env, tmp_path):
-    from conftest import save_tiny_run
+    from conftest import make_run
 
-    save_tiny_run(tmp_path / "nan", nan=True)
+    make_run(tmp_path / "nan", nan="ln_f", top_files=True)
     r = minigpt(program, ["sample", "--run", "nan", "-n", "3"], tmp_path, env, ok=False)
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().splitlines()[-1].startswith("error: generation step 1: ")
+    assert error_line(r, after_progress=True).startswith("error: generation step 1: ")
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,33 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_MODEL, error_line, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
-from minigpt.config import from_dict
-from minigpt.core.gpt import GPT
-from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.errors import MinigptError
-from minigpt.run.checkpoint import latest_checkpoint_dir, save_checkpoint
+from minigpt.run.checkpoint import latest_checkpoint_dir
 
-BLOCK = 16
+BLOCK = TINY_MODEL["block_size"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def make_run(run_dir: Path, pos_encoding: str = "rope", weights_cfg: dict | None = None) -> Path:
-    """Save a random-init model as a committed checkpoint. `weights_cfg` builds the saved model
-    from a different model section than the config records (weights that do not match)."""
-    tok = bytes_tokenizer()
-    model_sec = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": BLOCK,
-                 "vocab_size": tok.n_vocab, "pos_encoding": pos_encoding}
-    cfg = from_dict({"model": model_sec, "tokenizer": {"vocab_size": 256}})
-    wcfg = from_dict({"model": {**model_sec, **(weights_cfg or {})}}) if weights_cfg else cfg
-    model = GPT.from_config(wcfg, seed=0)
-    save_checkpoint(run_dir, step=7, model=model, cfg=cfg, tokenizer=tok,
-                    trainer_state={"step": 7})
-    return run_dir
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +31,6 @@ def run_dir(tmp_path_factory) -> Path:
 def invoke(*args: str):
     """CliRunner keeps stdout and stderr apart (click >= 8.2)."""
     return CliRunner().invoke(app, ["sample", *args], catch_exceptions=False)
-
-
-def error_line(result) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr  # one line, no traceback
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,9 +99,7 @@ def test_stop_escapes_match_newline_tab_and_backslash(tmp_path, byte, typed):
     r"""Issue #15 finding 3: `--stop "\n\n"` (a shell passes backslash + n) now means a blank
     line. A run that writes only `byte` stops at once on the escaped form and never on the
     same characters taken literally."""
-    from conftest import save_tiny_run
-
-    run = save_tiny_run(tmp_path / "says", says=byte)
+    run = make_run(tmp_path / "says", says=byte, top_files=True)
     common = ("--run", str(run), "-n", "8", "--seed", "0", "--json")
     full = json.loads(invoke(*common).stdout)
     assert full["text"] == chr(byte) * 8 and full["finish_reason"] == "length"
@@ -157,9 +132,7 @@ def test_tiny_temperature_is_greedy_through_the_cli(run_dir):
 
 
 def test_non_finite_logits_are_one_error_line_naming_the_step(tmp_path):
-    from conftest import save_tiny_run
-
-    run = save_tiny_run(tmp_path / "nan", nan=True)
+    run = make_run(tmp_path / "nan", nan="ln_f", top_files=True)
     for t in ("0", "1", "1e-40"):
         r = invoke("--run", str(run), "-n", "1", "-t", t, "--seed", "0")
         assert r.exit_code == 2 and r.stdout == "" and "Traceback" not in r.stderr
@@ -265,7 +238,7 @@ def test_run_missing_a_file(tmp_path, missing):
 
 
 def test_weights_not_matching_config_name_the_tensor(tmp_path):
-    run = make_run(tmp_path / "run", weights_cfg={"n_embd": 48})
+    run = make_run(tmp_path / "run", weights_model={"n_embd": 48})
     r = invoke("--run", str(run))
     line = error_line(r)
     assert r.exit_code == 2 and "tensor '" in line and "[" in line

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_trials, tiny_train_sets
+from conftest import error_line, kill_trials, tiny_train_sets
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -42,13 +42,6 @@ def invoke(*args: str):
 
 def with_sets(sets: list[str]) -> list[str]:
     return [x for s in sets for x in ("--set", s)]
-
-
-def error_line(result) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert result.exit_code == 2, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_print_config_round_trips(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import error_line, in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -265,3 +266,17 @@ def test_wheel_ships_every_bundled_config_and_the_corpus(tmp_path):
 
     modules = {p.relative_to(PACKAGE_DIR.parent).as_posix() for p in PACKAGE_DIR.rglob("*.py")}
     assert modules <= names
+
+
+def test_one_parser_reads_every_comma_separated_list():
+    """config.fields.comma_list: items stripped, in order, across repeated values; a blank item
+    kept for its caller to refuse by name (a `--format png,` names '')."""
+    from minigpt.config.fields import comma_list
+
+    assert comma_list("a, b") == ["a", "b"] and comma_list(["a,b", " c "]) == ["a", "b", "c"]
+    assert comma_list([]) == [] and comma_list("png,") == ["png", ""]
+
+
+def test_a_config_name_typo_gets_a_did_you_mean(tmp_path):
+    line = error_line(in_process(["train", "--config", "inductoin"], cwd=tmp_path))
+    assert "did you mean" in line.lower() and "induction" in line, line

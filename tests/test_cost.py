@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import in_process
-from test_cli_circuits import make_run
+from conftest import SHARP_INDUCTION, error_line, in_process, make_run
 
-from minigpt import cost
+from minigpt import cost, device
 from minigpt.cost import Cost, check_cost, largest_fitting
 from minigpt.errors import ArgumentError
+from minigpt.events import Progress
 from minigpt.interp.edge_graph import circuit_cost, find_circuit
 
 PROBE = ("--probe", "induction", "--patch-from", "corrupted")
@@ -27,14 +27,7 @@ PROBE = ("--probe", "induction", "--patch-from", "corrupted")
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
-
-
-def error_line(r) -> str:
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
 
 
 def circuit(run_dir: Path, *args: str):
@@ -53,7 +46,7 @@ def test_largest_fitting_is_the_boundary_of_the_rule():
 
 
 def test_check_cost_names_the_cost_and_what_fits_or_runs_when_forced(monkeypatch):
-    monkeypatch.setattr(cost, "free_memory", lambda device: 1e12)
+    monkeypatch.setattr(device, "available_bytes", lambda d: 1e12)
 
     def hourly(v):
         return Cost(36.0 * v, 1e3 * v)
@@ -69,7 +62,7 @@ def test_check_cost_names_the_cost_and_what_fits_or_runs_when_forced(monkeypatch
 
 
 def test_memory_bounds_as_time_does(monkeypatch):
-    monkeypatch.setattr(cost, "free_memory", lambda device: 1e9)
+    monkeypatch.setattr(device, "available_bytes", lambda d: 1e9)
     with pytest.raises(ArgumentError, match=r"memory free .*largest that fits is pairs 8\b"):
         check_cost("pairs", 10**6, lambda v: Cost(1.0, 1e8 * v), what="x")
 
@@ -109,8 +102,8 @@ def test_progress_has_an_eta(run_dir, monkeypatch):
     bar.clock = lambda: float(next(clock))
     bar.start = bar.last = bar.prev = bar.clock()
     for k in range(1, 11):
-        bar("scoring edges", k, 10)
-    bar("circuit search", 1, 2)
+        bar(Progress("scoring edges", k, 10))
+    bar(Progress("circuit search", 1, 2))
     assert lines and all(x.startswith("circuit: ") for x in lines)
     assert any("ETA" in x for x in lines if "scoring edges" in x and "10/10" not in x)
     assert any("10/10" in x for x in lines)  # each stage's end is said once the bar speaks
@@ -178,10 +171,8 @@ def _cfg(**sets):
 @pytest.fixture
 def slow_machine(monkeypatch):
     """A machine of 1 GFLOP/s and 8 GB free: the estimates do not depend on this one."""
-    from minigpt.train import safety
-
-    monkeypatch.setattr(safety, "matmul_rate", lambda *a, **k: 1e9)
-    monkeypatch.setattr(cost, "free_memory", lambda device: 8e9)
+    monkeypatch.setattr(cost, "matmul_rate", lambda *a, **k: 1e9)
+    monkeypatch.setattr(device, "available_bytes", lambda d: 8e9)
 
 
 @pytest.mark.parametrize("key,value", [
@@ -245,7 +236,7 @@ def test_bundled_configs_are_never_refused_and_never_measured(monkeypatch):
     def no_probe(*a, **k):
         raise AssertionError("measured the rate for a bundled config")
 
-    monkeypatch.setattr(safety, "matmul_rate", no_probe)
+    monkeypatch.setattr(cost, "matmul_rate", no_probe)
     configs = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
     assert len(configs) >= 4
     for path in configs:
@@ -282,7 +273,9 @@ def test_inspect_heads_reports_each_long_part(run_dir):
     req.patch_tokens, req.patch_source = corrupted_input(loaded.cfg, loaded.tokenizer, inp,
                                                          "corrupted")
     seen = []
-    inspect(loaded.model, inp, ablate="zero", circuits=req, progress=lambda *a: seen.append(a))
+    inspect(loaded.model, inp, ablate="zero", circuits=req, on_event=seen.append)
+    assert all(isinstance(e, Progress) for e in seen)
+    seen = [(e.stage, e.done, e.total) for e in seen]
     stages = {s for s, _, _ in seen}
     assert stages == {"ablating heads", "patching heads", "splitting qk", "composition"}
     for name in stages:
@@ -315,13 +308,13 @@ def test_inspect_heads_refuses_what_does_not_fit_and_runs_what_fits(run_dir, mon
     loaded = load_run(run_dir, "cpu")
     n = len(prepare_input(loaded.cfg, loaded.tokenizer, probe="induction").tokens)
     flops, _ = inspection.inspect_cost(loaded.cfg.model, n, ablate="zero")
-    monkeypatch.setattr(inspection, "matmul_rate", lambda *a, **k: flops / 6000)  # 1.67 h
-    monkeypatch.setattr(inspection, "FLOOR_RATE", 1e-9)  # always measured
+    monkeypatch.setattr(cost, "matmul_rate", lambda *a, **k: flops / 6000)  # 1.67 h
+    monkeypatch.setattr(cost, "FLOOR_RATE", 1e-9)  # always measured
     args = ["inspect-heads", "--run", run_dir, "--device", "cpu", "--probe", "induction",
             "--ablate", "zero", "--json"]
     line = error_line(in_process(args))
     assert line.startswith(f"error: --max-tokens {n}: inspecting {n} tokens with ablation "
-                           "would take about 1.67 h") and "--force" in line, line
+                           "would take about 1h40m") and "--force" in line, line
     fits = int(re.search(r"largest that fits is --max-tokens (\d+)", line)[1])
     assert 2 <= fits < n
     assert in_process([*args, "--max-tokens", str(fits)]).returncode == 0
@@ -439,22 +432,22 @@ def test_features_show_refuses_a_huge_tokens_before_the_work(run_dir, tmp_path):
 def test_sample_refuses_what_cannot_end_in_an_hour_and_force_runs_it(tmp_path, monkeypatch):
     """On a machine slow enough (patched) that 3 samples of 20 tokens take 2 h, `sample` is
     refused in one line naming --num-samples and the largest that fits (1); --force samples."""
-    from conftest import save_tiny_run
+    from conftest import make_run
 
     from minigpt.infer import sample as smp
     from minigpt.run import load_run
 
-    run = save_tiny_run(tmp_path / "run")
+    run = make_run(tmp_path / "run", top_files=True)
     loaded = load_run(run, "cpu")
     prompt = len(loaded.tokenizer.encode("ab"))
     flops = smp.sample_flops(loaded.model.cfg, prompt, 20, 3)
-    monkeypatch.setattr(smp, "matmul_rate", lambda *a, **k: flops / 7200)
-    monkeypatch.setattr(smp, "FLOOR_RATE", 1e-9)  # always measured
+    monkeypatch.setattr(cost, "matmul_rate", lambda *a, **k: flops / 7200)
+    monkeypatch.setattr(cost, "FLOOR_RATE", 1e-9)  # always measured
     args = ["sample", "--run", run, "--device", "cpu", "-p", "ab", "-n", "20",
             "--num-samples", "3", "--seed", "1"]
     line = error_line(in_process(args))
     assert line.startswith("error: --num-samples 3: 3 sample(s) of 20 tokens would take about "
-                           "2 h") and "the largest that fits is --num-samples 1" in line, line
+                           "2h00m") and "the largest that fits is --num-samples 1" in line, line
     forced = in_process([*args, "--force", "--json"])
     assert forced.returncode == 0, forced.stderr
     assert len(forced.stdout.strip().splitlines()) == 3

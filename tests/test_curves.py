@@ -16,6 +16,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+from conftest import error_line
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -172,10 +173,9 @@ def test_curves_bad_input_is_one_line_and_writes_nothing(trained_runs, tmp_path,
     }[what]
     before = sorted(p.name for p in tmp_path.iterdir())
     r = CliRunner().invoke(app, ["curves", *args])
-    lines = r.stderr.strip().splitlines()
-    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    line = error_line(r)
     for needle in needles:
-        assert needle in lines[0]
+        assert needle in line
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 

@@ -957,7 +957,7 @@ def test_a_file_named_like_a_glob_is_that_file_and_unlisted_subdirectories_are_e
     (d / "a.txt").write_text("a\n")
     assert list_corpus(str(d)) == [d / "a.txt"]
     if os.geteuid() == 0:
-        pytest.skip("root lists any directory; tests/test_hardening.py drops the capability")
+        pytest.skip("root lists any directory; tests/test_file_door.py drops the capability")
     (d / "sub").chmod(0)
     try:
         with pytest.raises(MinigptError, match="cannot list .*sub"):

@@ -59,14 +59,27 @@ def test_train_prints_a_sample_with_its_controls_escaped(capsys):
 
 
 def test_a_head_has_one_spelling_everywhere():
-    """Tables, logs, pictures (display.head_name) and the edge graph's nodes (interp/edge_graph.py,
-    which imports no display code) name a head the same way: L1.H2."""
+    """Tables, logs, pictures and the edge graph's nodes (interp/edge_graph.py) name a head and
+    an MLP the same way (display.head_name, display.mlp_name): L1.H2, L0.MLP."""
     from minigpt.config import ModelConfig
-    from minigpt.display import head_name
+    from minigpt.display import head_name, mlp_name
     from minigpt.interp.edge_graph import graph_of
 
     g = graph_of(ModelConfig(n_layer=2, n_head=3, n_embd=12, block_size=8, vocab_size=16))
-    heads = {g.writer_name(u) for u in range(g.n_writers)} - {"embed", "L0.MLP", "L1.MLP"}
-    assert heads == {head_name(la, h) for la in range(2) for h in range(3)}
-    assert head_name(1, 2) == "L1.H2"
+    nodes = {g.writer_name(u) for u in range(g.n_writers)}
+    assert nodes == {"embed", *(head_name(la, h) for la in range(2) for h in range(3)),
+                     *(mlp_name(la) for la in range(2))}
+    assert head_name(1, 2) == "L1.H2" and mlp_name(0) == "L0.MLP"
     assert events._head((1, 2, 0.95)) == "L1.H2"
+
+
+def test_one_spelling_of_a_time_and_of_a_size():
+    """display.duration and display.size: what every elapsed time, ETA, estimate, run wall
+    time, file limit and memory figure is shown as."""
+    from minigpt.display import duration, size
+
+    assert [duration(s) for s in (0, 0.44, 42, 185, 3600, 7800, 3 * 86400, 1e21)] == [
+        "0.0s", "0.4s", "42s", "3m05s", "1h00m", "2h10m", "3d", "3.17e+13 years"]
+    assert duration(-1) == "0.0s" and duration(59.6) == "1m00s"
+    assert [size(n) for n in (0, 512, 4096, 16 << 20, 5.8 * 2**30, 2**50)] == [
+        "0 bytes", "512 bytes", "4 KiB", "16 MiB", "5.8 GiB", "1.02e+03 TiB"]

@@ -271,11 +271,11 @@ def test_every_link_resolves(doc):
 
 def test_the_readme_python_runs(tmp_path, monkeypatch):
     """The README's Python API block, as written, in a directory whose runs/ holds a run."""
-    from conftest import save_tiny_run
+    from conftest import make_run
 
     blocks = re.findall(r"^```python\n(.*?)^```", README, flags=re.DOTALL | re.MULTILINE)
     assert len(blocks) == 1
-    save_tiny_run(tmp_path / "runs" / "tiny")
+    make_run(tmp_path / "runs" / "tiny", top_files=True)
     monkeypatch.chdir(tmp_path)
     script = tmp_path / "readme_api.py"
     script.write_text(blocks[0])
@@ -313,3 +313,23 @@ def test_the_resume_rule_is_the_codes():
     stated = {("run", "device")} | {("train", fl.name) for fl in dataclasses.fields(
         SECTIONS["train"]) if fl.name not in ("batch_size", "optimizer")}
     assert RESUME_SAFE == stated
+
+
+def test_the_readme_says_where_runs_and_the_cache_go(tmp_path, monkeypatch):
+    """Issue 50's newcomer: the README did not say where `minigpt train` writes. It says
+    `runs/default/` under the current directory and `~/.cache/minigpt` (or $MINIGPT_CACHE):
+    what the code resolves."""
+    from minigpt.paths import cache_root
+    from minigpt.run.resume import train_config
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "`runs/default/` under the current directory" in readme
+    assert "`~/.cache/minigpt` (or `$MINIGPT_CACHE`)" in readme
+    monkeypatch.chdir(tmp_path)
+    assert train_config(None, [])[1].resolve() == (tmp_path / "runs" / "default").resolve()
+    for var in ("MINIGPT_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_root("") == tmp_path / ".cache" / "minigpt"
+    monkeypatch.setenv("MINIGPT_CACHE", str(tmp_path / "c"))
+    assert cache_root("") == tmp_path / "c"

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_trials
-from test_hardening import tree_hash
+from cli_world import tree_hash
+from conftest import error_line, kill_trials
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -58,14 +58,6 @@ def invoke(*args: str):
     return CliRunner().invoke(app, ["train", *args])
 
 
-def one_error_line(r) -> str:
-    assert r.exit_code == 2, r.stderr
-    assert "Traceback" not in r.stderr
-    errs = [x for x in r.stderr.splitlines() if x.startswith("error")]
-    assert len(errs) == 1 and r.stderr.strip().splitlines()[-1] == errs[0], r.stderr
-    return errs[0]
-
-
 def leftovers(run: Path) -> list[str]:
     return sorted(p.name for p in (run / CKPT_DIR).iterdir())
 
@@ -91,7 +83,7 @@ def test_kill_9_then_resume(tmp_path, corpus, kind, seed):
 
 def _assert_failed_save_left_a_good_run(run: Path, r, prev_step: int, corpus: Path,
                                         tmp: Path) -> None:
-    line = one_error_line(r)
+    line = error_line(r, after_progress=True)
     assert "no space left on device" in line.lower()
     assert f"step-{prev_step:06d}" in line and "intact" in line
     assert load_run(run, "cpu").step == prev_step  # the previous checkpoint is intact
@@ -163,7 +155,7 @@ def test_disk_full_on_a_real_tiny_filesystem(tmp_path, corpus):
         limit = used + ckpt_bytes // 2
         subprocess.run(["mount", "-o", f"remount,size={limit}", str(mnt)], check=True)
         r = invoke("--out", str(run), "--resume")
-        line = one_error_line(r)
+        line = error_line(r, after_progress=True)
         assert "no space left on device" in line.lower(), line
         assert load_run(run, "cpu").step == 2
         assert leftovers(run) == [LATEST, "step-000002"]
@@ -205,13 +197,6 @@ HOW = [pytest.param(in_process, id="in-process"),
        pytest.param(minigpt, id="installed", marks=pytest.mark.slow)]
 
 
-def one_line(r: subprocess.CompletedProcess) -> str:
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert lines[-1].startswith("error: ") and not any(x.startswith("error") for x in lines[:-1])
-    return lines[-1]
-
-
 @pytest.mark.parametrize("run_cli", HOW)
 def test_a_missing_latest_link_resumes_from_the_newest_committed_step(tmp_path, corpus, run_cli,
                                                                      no_pictures):
@@ -243,7 +228,8 @@ def test_a_missing_latest_link_and_a_damaged_newest_step_is_refused(tmp_path, co
     data[-3] ^= 0x01
     weights.write_bytes(bytes(data))
     before = tree_hash(run)
-    line = one_line(run_cli("train", "--out", str(run), "--resume", cwd=tmp_path))
+    line = error_line(run_cli("train", "--out", str(run), "--resume", cwd=tmp_path),
+                      after_progress=True)
     assert "step-000004/model.safetensors" in line and "sha256" in line
     assert tree_hash(run) == before
 
@@ -257,7 +243,8 @@ def test_a_latest_that_is_a_copy_is_refused_and_the_run_still_loads(tmp_path, co
     (run / CKPT_DIR / LATEST).unlink()
     shutil.copytree(run / CKPT_DIR / "step-000002", run / CKPT_DIR / LATEST)
     before = tree_hash(run)
-    line = one_line(run_cli("train", "--out", str(run), "--resume", cwd=tmp_path))
+    line = error_line(run_cli("train", "--out", str(run), "--resume", cwd=tmp_path),
+                      after_progress=True)
     assert "checkpoints/latest is a directory, not the symbolic link" in line
     assert "ln -s step-000002" in line
     assert tree_hash(run) == before
@@ -298,7 +285,8 @@ def test_a_resume_whose_first_save_fails_changes_nothing(tmp_path, corpus, obsta
         (ckpts / in_the_way).write_text("x")
     before = tree_hash(run)
     resume = ["train", "--out", str(run), "--resume", "--set", "train.eval_interval=1"]
-    line = one_line(run_cli(*resume, cwd=tmp_path, patch=patch.format(ckpts=str(ckpts))))
+    line = error_line(run_cli(*resume, cwd=tmp_path, patch=patch.format(ckpts=str(ckpts))),
+                      after_progress=True)
     assert "saving checkpoint step 4 failed" in line and "(step-000002) is intact" in line
     after = {k: v for k, v in tree_hash(run).items()
              if not k.startswith("checkpoints/.tmp-step-000004-")}  # the obstacle itself
@@ -334,9 +322,9 @@ def test_second_trainer_refuses_and_a_killed_trainers_lock_does_not_stick(tmp_pa
     assert r.exit_code == 0, r.stderr
     holder = _hold_lock_then(run, "sleep")
     try:
-        line = one_error_line(invoke("--out", str(run), "--resume"))
+        line = error_line(invoke("--out", str(run), "--resume"), after_progress=True)
         assert f"in use by process {holder.pid}" in line and "another `minigpt train`" in line
-        line = one_error_line(invoke("--out", str(run), *sets(corpus, tmp_path)))
+        line = error_line(invoke("--out", str(run), *sets(corpus, tmp_path)), after_progress=True)
         assert "already exists" in line  # a fresh start never touches an existing run
     finally:
         holder.kill()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import in_process, save_tiny_run, shakespeare
+from conftest import in_process, make_run, shakespeare
 
 from minigpt.interp.sae import max_cosines
 from minigpt.run.safetensors_io import tensors_to_bytes
@@ -68,7 +68,7 @@ def json_weights(out: Path) -> dict:
 def tiny(tmp_path_factory) -> dict:
     """A tiny run, a text, and an SAE of its layer 1 trained through the command."""
     root = tmp_path_factory.mktemp("features")
-    run = save_tiny_run(root / "run")
+    run = make_run(root / "run", top_files=True)
     text = root / "text.txt"
     text.write_text(shakespeare()[:6000])
     out = root / "sae"
@@ -151,8 +151,9 @@ def test_inspect_heads_shows_the_active_features(tiny):
 
 
 def test_a_killed_training_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
+    from minigpt.events import SaeStep
     from minigpt.features import train_features as build
-    from minigpt.features.fit import SaeSettings, SaeStep
+    from minigpt.features.fit import SaeSettings
     from minigpt.features.train_features import Source, train_features
     from minigpt.infer.inputs import load_run_or_model
 
@@ -184,7 +185,7 @@ def test_a_killed_training_resumes_to_the_same_weights(tiny, tmp_path, monkeypat
 
 
 def other_shape_run(path: Path) -> Path:
-    """A run of another shape (4 heads x 16) than save_tiny_run's (2 x 16)."""
+    """A run of another shape (4 heads x 16) than make_run's TINY_MODEL (2 x 16)."""
     from minigpt.config import from_dict
     from minigpt.core.gpt import GPT
     from minigpt.data.tokenizer import bytes_tokenizer

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 import typer.main
-from conftest import in_process
+from conftest import SHARP_INDUCTION, error_line, in_process, make_run
 
 from minigpt.cli import app
 from minigpt.config import Config
@@ -86,14 +86,6 @@ def deadline(seconds: int, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
-def one_line(r, what: str) -> str:
-    assert "Traceback" not in r.stderr + r.stdout, (what, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), \
-        (what, r.returncode, r.stderr)
-    return lines[0]
-
-
 def test_the_enumeration_finds_the_options_the_issue_names():
     flags = {(c, f) for c, f, _ in numeric_options()}
     assert {("circuit", "--ig-steps"), ("circuit", "--pairs"), ("sample", "--max-new-tokens"),
@@ -108,14 +100,14 @@ def test_the_enumeration_finds_the_options_the_issue_names():
 def test_every_numeric_option(tmp_path, command, flag, kind):
     context = CONTEXT.get(command, [])
     # the failure a value it accepts leads to
-    base = one_line(in_process([*command.split(), *context], cwd=tmp_path,
-                               MINIGPT_CACHE=str(tmp_path)), f"{command} with its context")
+    base = error_line(in_process([*command.split(), *context], cwd=tmp_path,
+                               MINIGPT_CACHE=str(tmp_path)))
     for value in VALUES:
         what = f"minigpt {command} {flag} {value}"
         with deadline(PER_CASE_S, what):
             r = in_process([*command.split(), *context, f"{flag}={value}"], cwd=tmp_path,
                            MINIGPT_CACHE=str(tmp_path))
-        line = one_line(r, what)
+        line = error_line(r)
         not_a_number = value == "abc" or kind == "int" and value in ("1.5", "nan")
         assert flag in line or line == base and not not_a_number, (what, line)
 
@@ -127,9 +119,8 @@ WITH_RUN = {"circuit": ["--probe", "induction", "--patch-from", "corrupted", "--
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from test_cli_circuits import make_run
-
-    return make_run(tmp_path_factory.mktemp("fuzz") / "tiny")
+    
+    return make_run(tmp_path_factory.mktemp("fuzz") / "tiny", **SHARP_INDUCTION)
 
 
 @pytest.mark.parametrize("command,flag,kind",
@@ -145,19 +136,19 @@ def test_every_numeric_option_on_a_real_run(tmp_path, tiny_run, command, flag, k
                             *WITH_RUN[command], f"{flag}={value}"], cwd=tmp_path,
                            MINIGPT_CACHE=str(tmp_path))
         if r.returncode != 0:
-            assert flag in one_line(r, what), (what, r.stderr)
+            assert flag in error_line(r), (what, r.stderr)
 
 
 @pytest.mark.parametrize("key,kind", numeric_settings(), ids=[k for k, _ in numeric_settings()])
 def test_every_numeric_setting(tmp_path, key, kind):
-    base = one_line(in_process(["train", *CONTEXT["train"]], cwd=tmp_path,
-                               MINIGPT_CACHE=str(tmp_path)), "train with its context")
+    base = error_line(in_process(["train", *CONTEXT["train"]], cwd=tmp_path,
+                               MINIGPT_CACHE=str(tmp_path)))
     for value in VALUES:
         what = f"minigpt train --set {key}={value}"
         with deadline(PER_CASE_S, what):
             r = in_process(["train", *CONTEXT["train"], "--set", f"{key}={value}"],
                            cwd=tmp_path, MINIGPT_CACHE=str(tmp_path))
-        line = one_line(r, what)
+        line = error_line(r)
         not_a_number = value == "abc" or kind == "int" and value in ("1.5", "nan")
         assert key in line or line == base and not not_a_number, (what, line)
 
@@ -183,7 +174,7 @@ def test_every_training_bound_is_hit(tmp_path, key):
                             tmp_path / "run", *BOUND_CONTEXT.get(key, []), "--set",
                             f"{key}={value}"], cwd=tmp_path,
                            MINIGPT_CACHE=str(tmp_path))
-        line = one_line(r, what)
+        line = error_line(r)
         assert line.startswith(f"error: {key}={value}: ") and "--force" in line, (what, line)
         assert not (tmp_path / "run").exists()
 
@@ -197,4 +188,4 @@ def test_installed_command_bounds_2_to_the_63(tmp_path, command, flag, kind):
     r = subprocess.run([program, *command.split(), *CONTEXT.get(command, []), flag, str(2**63)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=PER_CASE_S,
                        env={**os.environ, "MINIGPT_CACHE": str(tmp_path)}, check=False)
-    one_line(r, f"{command} {flag} 2^63")
+    error_line(r)

@@ -25,15 +25,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import UNEXPORTABLE, half_matrices_logits, killed_mid_write, perturb, shakespeare
+from conftest import (
+    EXPORT_RUN,
+    UNEXPORTABLE,
+    error_line,
+    half_matrices_logits,
+    killed_mid_write,
+    make_run,
+    shakespeare,
+)
 
 from minigpt.config import from_dict
-from minigpt.core.gpt import GPT
 from minigpt.data.tokenizer import EOT, Tokenizer, build_tokenizer, bytes_tokenizer
 from minigpt.errors import WriteError
 from minigpt.hf.gguf import export_gguf
 from minigpt.run import load_run
-from minigpt.run.checkpoint import save_checkpoint
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install 'minigpt-lab[gguf]'")
 regex = pytest.importorskip("regex", reason="installed with transformers (the dev extra)")
@@ -41,7 +47,6 @@ regex = pytest.importorskip("regex", reason="installed with transformers (the de
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 MINIGPT = shutil.which("minigpt")
-SHAPE = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 64}
 # name -> (model settings, split pattern): both architectures with both patterns, tied and
 # untied heads, with and without biases, exact and tanh GELU
 RUNS = {
@@ -79,18 +84,6 @@ def train_bpe(root: Path, pattern: str) -> Tokenizer:
     return build_tokenizer(cfg)
 
 
-def make_run(run_dir: Path, tok: Tokenizer, seed: int = 0, vocab_size: int = 0,
-             **model) -> Path:
-    """A run directory of a perturbed random model (vocab_size: the tokenizer's unless
-    larger)."""
-    cfg = from_dict({"model": {**SHAPE, **model, "vocab_size": vocab_size or tok.n_vocab},
-                     "tokenizer": {"vocab_size": tok.n_vocab - 1}})
-    net = GPT.from_config(cfg, seed=seed)
-    perturb(net, seed)
-    save_checkpoint(run_dir, step=3, model=net, cfg=cfg, tokenizer=tok, trainer_state={"step": 3})
-    return run_dir
-
-
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory) -> dict[str, Tokenizer]:
     return {p: train_bpe(tmp_path_factory.mktemp(f"bpe-{p}"), p) for p in ("gpt4", "gpt2")}
@@ -102,7 +95,8 @@ def exported(bpe, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("gguf")
     out = {}
     for i, (name, (model, pattern)) in enumerate(RUNS.items()):
-        run = make_run(root / "runs" / name, bpe[pattern], seed=i, **model)
+        run = make_run(root / "runs" / name, tokenizer=bpe[pattern], **EXPORT_RUN, seed=i,
+                       **model)
         done = export_gguf(load_run(run, "cpu"), root / f"{name}.gguf")
         assert done.out == root / f"{name}.gguf" and done.n_bytes == done.out.stat().st_size
         out[name] = (run, done.out)
@@ -357,7 +351,7 @@ def gguf_encode(meta: dict, pattern: str, text: str) -> list[int]:
 @pytest.mark.parametrize("pattern", ["gpt4", "gpt2"])
 def test_the_files_tokens_and_merges_give_minigpts_ids(bpe, pattern, tmp_path):
     tok = bpe[pattern]
-    run = make_run(tmp_path / "run", tok, pos_encoding="learned")
+    run = make_run(tmp_path / "run", tokenizer=tok, **EXPORT_RUN, pos_encoding="learned")
     meta, _ = read_gguf(export_gguf(load_run(run, "cpu"), tmp_path / "m.gguf").out)
     texts = [*TEXTS.values(), shakespeare()[-3000:], " ".join(TEXTS.values()) * 2]
     for text in texts:
@@ -370,7 +364,8 @@ def test_a_bytes_tokenizer_exports_with_an_inert_merge(tmp_path):
     an empty one: one merge no text can ever use. A model.vocab_size above the tokenizer's
     gets one placeholder token per unused id."""
     tok = bytes_tokenizer()
-    run = make_run(tmp_path / "run", tok, pos_encoding="rope", vocab_size=300)
+    run = make_run(tmp_path / "run", tokenizer=tok, **EXPORT_RUN, pos_encoding="rope",
+                   vocab_size=300)
     meta, W = read_gguf(export_gguf(load_run(run, "cpu"), tmp_path / "b.gguf").out)
     assert len(meta["tokenizer.ggml.merges"]) == 1
     assert W["token_embd.weight"].shape == (300, 64) == W["output.weight"].shape
@@ -391,13 +386,6 @@ def minigpt(*args: str, **kw) -> subprocess.CompletedProcess:
                           timeout=300, check=False, **kw)
 
 
-def one_error_line(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
-
-
 def export_cmd(run: Path, out: Path, *more: str) -> list[str]:
     return ["--run", str(run), "--format", "gguf", "--out", str(out), *more]
 
@@ -408,8 +396,8 @@ def names(directory: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("small") / "run", bytes_tokenizer(),
-                    pos_encoding="learned")
+    return make_run(tmp_path_factory.mktemp("small") / "run", tokenizer=bytes_tokenizer(),
+                    **EXPORT_RUN, pos_encoding="learned")
 
 
 def unwritable_dir(tmp_path: Path) -> Path | None:
@@ -430,11 +418,12 @@ def bad_export_cases(small_run: Path, tmp_path: Path) -> list[tuple[list[str], l
     """(export arguments, what the error line must say) for every way an export is refused."""
     cases = []  # (args, what the line must say)
     for i, (change, needle) in enumerate(UNEXPORTABLE):  # what llama.cpp cannot represent
-        run = make_run(tmp_path / "runs" / str(i), bytes_tokenizer(),
+        run = make_run(tmp_path / "runs" / str(i), tokenizer=bytes_tokenizer(), **EXPORT_RUN,
                        **{"pos_encoding": "rope", **change})
         cases.append((export_cmd(run, tmp_path / "o" / f"{i}.gguf"), [needle]))
     words = Tokenizer({bytes([b]): b for b in range(256)}, r"\S+|\s+", {EOT: 256}, "words")
-    run = make_run(tmp_path / "runs" / "words", words, pos_encoding="learned")
+    run = make_run(tmp_path / "runs" / "words", tokenizer=words, **EXPORT_RUN,
+                   pos_encoding="learned")
     cases.append((export_cmd(run, tmp_path / "o" / "w.gguf"), ["tokenizer.pattern", "words"]))
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "m.gguf").write_bytes(b"mine")
@@ -471,10 +460,8 @@ def test_bad_input_is_one_line_and_leaves_nothing(small_run, tmp_path):
     before = tree(tmp_path)
     for args, needles in cases:
         r = CliRunner().invoke(app, ["export", *args])
-        assert r.exit_code == 2, (args, r.output)
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: "), (args, r.stderr)
-        assert all(n in lines[0] for n in needles), (args, lines[0])
+        line = error_line(r)
+        assert all(n in line for n in needles), (args, line)
     assert tree(tmp_path) == before
     assert (tmp_path / "o" / "m.gguf").read_bytes() == b"mine"
 
@@ -487,7 +474,7 @@ def test_bad_input_through_the_installed_command(small_run, tmp_path):
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(lambda case: minigpt(*case[0]), cases))
     for (args, needles), r in zip(cases, done):
-        line = one_error_line(r)
+        line = error_line(r)
         assert all(n in line for n in needles), (args, line)
     assert tree(tmp_path) == before
     assert (tmp_path / "o" / "m.gguf").read_bytes() == b"mine"
@@ -507,7 +494,7 @@ def test_a_write_that_fails_mid_file_leaves_nothing(small_run, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     r = minigpt(*export_cmd(small_run, out / "m.gguf"), preexec_fn=limit)
-    assert "cannot write" in one_error_line(r) and "File too large" in r.stderr
+    assert "cannot write" in error_line(r) and "File too large" in r.stderr
     assert names(out) == []
 
 
@@ -531,7 +518,7 @@ def test_a_really_full_disk_leaves_nothing(small_run, tmp_path):
             capture_output=True, check=False).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
     try:
-        line = one_error_line(export(*export_cmd(small_run, mnt / "m.gguf")))
+        line = error_line(export(*export_cmd(small_run, mnt / "m.gguf")))
         assert "no space left on device" in line and str(mnt / "m.gguf") in line
         assert names(mnt) == []
     finally:
@@ -563,7 +550,7 @@ def test_a_full_disk_leaves_nothing(small_run, tmp_path, monkeypatch):
         self.fout = [Full(f) for f in self.fout]
 
     monkeypatch.setattr(gguf.GGUFWriter, "open_output_file", open_full)
-    big = make_run(tmp_path / "run", bytes_tokenizer(), pos_encoding="rope")
+    big = make_run(tmp_path / "run", tokenizer=bytes_tokenizer(), **EXPORT_RUN, pos_encoding="rope")
     (tmp_path / "out").mkdir()
     with pytest.raises(WriteError, match="no space left on device") as err:
         export_gguf(load_run(big, "cpu"), tmp_path / "out" / "m.gguf")
@@ -602,7 +589,7 @@ def test_without_the_gguf_package_one_line_says_what_to_install(small_run, tmp_p
 
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
     r = CliRunner().invoke(app, ["export", *export_cmd(small_run, tmp_path / "m.gguf")])
-    line = one_error_line(subprocess.CompletedProcess([], r.exit_code, r.stdout, r.stderr))
+    line = error_line(subprocess.CompletedProcess([], r.exit_code, r.stdout, r.stderr))
     assert "--format" in line and "pip install 'minigpt-lab[gguf]'" in line
     assert names(tmp_path) == []
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import half_matrices_logits, shakespeare
-from test_gguf import RUNS, TEXTS, gelu, gguf_forward, make_run, read_gguf, train_bpe
+from conftest import EXPORT_RUN, half_matrices_logits, make_run, shakespeare
+from test_gguf import RUNS, TEXTS, gelu, gguf_forward, read_gguf, train_bpe
 
 from minigpt.core.generate import generate
 from minigpt.data.tokenizer import bytes_tokenizer
@@ -77,10 +77,11 @@ def files(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     bpe = {p: train_bpe(tmp_path_factory.mktemp(f"bpe-{p}"), p) for p in ("gpt4", "gpt2")}
     out = {}
     for i, (case, (name, pattern)) in enumerate(CASES.items()):
-        run = make_run(root / "runs" / name, bpe[pattern], seed=i, **RUNS[name][0])
+        run = make_run(root / "runs" / name, tokenizer=bpe[pattern], **EXPORT_RUN, seed=i,
+                       **RUNS[name][0])
         out[case] = (run, export_gguf(load_run(run, "cpu"), root / f"{name}.gguf").out)
-    run = make_run(root / "runs" / "bytes", bytes_tokenizer(), seed=9, pos_encoding="rope",
-                   vocab_size=320)  # 63 unused ids: placeholder tokens
+    run = make_run(root / "runs" / "bytes", tokenizer=bytes_tokenizer(), **EXPORT_RUN, seed=9,
+                   pos_encoding="rope", vocab_size=320)  # 63 unused ids: placeholder tokens
     out["bytes"] = (run, export_gguf(load_run(run, "cpu"), root / "bytes.gguf").out)
     return out
 

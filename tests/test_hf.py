@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import perturb, shakespeare
+from conftest import error_line, perturb, shakespeare
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -415,13 +415,6 @@ def minigpt_process(args: list[str], tmp_path: Path, **env: str):
                                "MINIGPT_CACHE": str(tmp_path / "cache"), **env})
 
 
-def one_error_line(r) -> str:
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
-
-
 @pytest.mark.slow
 def test_hub_process_from_the_cache_offline_equals_the_local_directory(hf_dirs, tmp_path):
     cache_snapshot(hf_dirs["gpt2"], tmp_path / "hf-home" / "hub", "someone/tiny-gpt2")
@@ -438,7 +431,7 @@ def test_hub_process_from_the_cache_offline_equals_the_local_directory(hf_dirs, 
 def test_hub_process_offline_without_the_model_is_one_line(tmp_path):
     r = minigpt_process(["sample", "--model", "hf:someone/not-cached@v1"], tmp_path,
                         HF_HUB_OFFLINE="1")
-    line = one_error_line(r)
+    line = error_line(r)
     assert "--model hf:someone/not-cached@v1" in line and "download failed" in line
 
 
@@ -449,7 +442,7 @@ def test_hub_process_without_the_extra_says_what_to_install(tmp_path):
     (fake / "__init__.py").write_text("raise ImportError('simulated: not installed')\n")
     path = os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])
     r = minigpt_process(["inspect-heads", "--model", "hf:gpt2"], tmp_path, PYTHONPATH=path)
-    assert "pip install 'minigpt-lab[hf]'" in one_error_line(r)
+    assert "pip install 'minigpt-lab[hf]'" in error_line(r)
 
 
 # --------------------------------------------------------------------------------------------

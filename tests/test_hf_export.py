@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import UNEXPORTABLE, killed_mid_write, perturb, shakespeare
+from conftest import (
+    EXPORT_MODEL,
+    EXPORT_RUN,
+    UNEXPORTABLE,
+    error_line,
+    killed_mid_write,
+    make_run,
+    perturb,
+    shakespeare,
+)
 from test_hf import MIXED, PROMPT
 from typer.testing import CliRunner
 
@@ -36,7 +45,6 @@ transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-SHAPE = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 64}
 RUNS = {
     "learned": {"pos_encoding": "learned", "bias": True, "activation": "gelu_tanh",
                 "norm_eps": 1e-3},
@@ -62,22 +70,13 @@ def bpe(tmp_path_factory):
     return build_tokenizer(cfg)
 
 
-def make_run(run_dir: Path, tok, seed: int = 0, **model) -> Path:
-    cfg = from_dict({"model": {**SHAPE, **model, "vocab_size": tok.n_vocab},
-                     "tokenizer": {"vocab_size": 400}})
-    net = GPT.from_config(cfg, seed=seed)
-    perturb(net, seed)
-    save_checkpoint(run_dir, step=3, model=net, cfg=cfg, tokenizer=tok, trainer_state={"step": 3})
-    return run_dir
-
-
 @pytest.fixture(scope="module")
 def exported(bpe, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """name -> (run dir, exported dir), exported through the CLI."""
     root = tmp_path_factory.mktemp("export")
     out = {}
     for i, (name, model) in enumerate(RUNS.items()):
-        run = make_run(root / "runs" / name, bpe, seed=i, **model)
+        run = make_run(root / "runs" / name, tokenizer=bpe, **EXPORT_RUN, seed=i, **model)
         r = CliRunner().invoke(app, ["export", "--run", str(run), "--format", "hf", "--out",
                                      str(root / name)])
         assert r.exit_code == 0, r.stderr
@@ -126,7 +125,7 @@ def test_exported_tokenizer_gives_minigpts_ids(exported, name):
 
 def test_a_bytes_tokenizer_exports_too(tmp_path):
     tok = bytes_tokenizer()
-    run = make_run(tmp_path / "run", tok, pos_encoding="learned")
+    run = make_run(tmp_path / "run", tokenizer=tok, **EXPORT_RUN, pos_encoding="learned")
     out = export_hf(load_run(run, "cpu"), tmp_path / "out").out
     theirs = transformers.AutoTokenizer.from_pretrained(out)
     for text in TEXTS:
@@ -152,7 +151,7 @@ def test_the_export_imports_back(exported, name):
 def induction_run(run_dir: Path) -> Path:
     """An attention-only byte model that trained (as if) on the induction source, ids 0..49."""
     tok = bytes_tokenizer()
-    cfg = from_dict({"model": {**SHAPE, "block_size": 24, "mlp": False, "bias": True,
+    cfg = from_dict({"model": {**EXPORT_MODEL, "block_size": 24, "mlp": False, "bias": True,
                                "tie_weights": False, "vocab_size": tok.n_vocab},
                      "tokenizer": {"vocab_size": 256},
                      "data": {"source": "induction", "induction_vocab": 50}})
@@ -240,7 +239,7 @@ def test_without_the_rope_permutation_gpt_neox_disagrees(exported, bpe, tmp_path
     ({"value_skip": True}, "model.value_skip")])
 def test_what_has_no_equivalent_is_refused_by_name(change, needle):
     with pytest.raises(MinigptError, match=needle) as err:
-        export_kind(ModelConfig(**{**SHAPE, "vocab_size": 300, **change}))
+        export_kind(ModelConfig(**{**EXPORT_MODEL, "vocab_size": 300, **change}))
     assert "\n" not in str(err.value)
 
 
@@ -293,7 +292,7 @@ def test_a_gpt2_export_carries_n_ctx(exported):
     """llama.cpp's convert_hf_to_gguf.py reads `n_ctx` for GPT-2 (transformers 5 writes only
     `n_positions`)."""
     config = json.loads((exported["learned"][1] / "config.json").read_text())
-    assert config["n_ctx"] == config["n_positions"] == SHAPE["block_size"]
+    assert config["n_ctx"] == config["n_positions"] == EXPORT_MODEL["block_size"]
 
 
 def minigpt_export(*args: str) -> subprocess.CompletedProcess:
@@ -314,23 +313,16 @@ HOW = [pytest.param(export_in_process, id="in-process"),
        pytest.param(minigpt_export, id="installed", marks=pytest.mark.slow)]
 
 
-def one_error_line(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("export", HOW)
 def test_an_impossible_out_is_one_line(exported, tmp_path, export):
     """Issue 26: a parent that is a file said "File exists"; a name longer than the file
     system allows was an OSError traceback."""
     run_dir, _ = exported["learned"]
     (tmp_path / "afile").write_text("x")
-    line = one_error_line(export("--run", str(run_dir), "--out",
+    line = error_line(export("--run", str(run_dir), "--out",
                                          str(tmp_path / "afile" / "sub")))
     assert f"{tmp_path / 'afile'} is a file, not a directory" in line
-    line = one_error_line(export("--run", str(run_dir), "--out",
+    line = error_line(export("--run", str(run_dir), "--out",
                                          str(tmp_path / ("x" * 300))))
     assert "--out" in line and "longer than the file system allows" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
@@ -363,7 +355,7 @@ def test_an_empty_read_only_out_is_refused_not_filled(exported, tmp_path, export
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        line = one_error_line(export("--run", str(run_dir), "--out", str(ro)))
+        line = error_line(export("--run", str(run_dir), "--out", str(ro)))
         assert f"--out {ro}: is a read-only directory (mode 555)" in line
         assert list(ro.iterdir()) == []
     finally:
@@ -372,7 +364,7 @@ def test_an_empty_read_only_out_is_refused_not_filled(exported, tmp_path, export
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, m, **k: False if Path(p) == ro and
                             m & os.W_OK else real(p, m, **k))
-        line = one_error_line(export("--run", str(run_dir), "--out", str(ro)))
+        line = error_line(export("--run", str(run_dir), "--out", str(ro)))
         assert "read-only directory (mode 755)" in line and list(ro.iterdir()) == []
 
 @pytest.mark.slow  # two processes (~1.8 CPU-s), kill -9 needs one

@@ -7,6 +7,7 @@ and ruff's complexity rules (C901, too many branches / statements; pyproject.tom
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -140,14 +141,16 @@ def test_ground_floor_and_config_do_not_import_torch():
 
 
 CORE_MAY_IMPORT = {"torch", "minigpt.config.settings", "minigpt.errors"}
-# the analyses may also read the model and each other, and state their cost as a `Cost`
-INTERP_MAY_IMPORT = CORE_MAY_IMPORT | {"minigpt.cost"}
+# the analyses may also read the model and each other, state their cost as a `Cost` and name a
+# head or an MLP node by its one spelling (display.head_name, display.mlp_name: standard
+# library only)
+INTERP_MAY_IMPORT = CORE_MAY_IMPORT | {"minigpt.cost", "minigpt.display"}
 
 
 def outside_imports(path: Path, room: str = "core") -> set[str]:
     """What a file of `room` (core or interp) imports beyond torch, the standard library, the
     settings dataclasses, the errors and the rooms it may read: core reads core; interp reads
-    core, interp and the Cost type."""
+    core, interp, the Cost type and the names of heads."""
     rooms = ("minigpt.core",) if room == "core" else ("minigpt.core", "minigpt.interp")
     may = CORE_MAY_IMPORT if room == "core" else INTERP_MAY_IMPORT
 
@@ -269,3 +272,92 @@ def test_every_file_a_docstring_or_comment_names_exists():
                 if not known:
                     missing.append(f"{path.relative_to(root)}:{n}: {ref}")
     assert not missing, missing
+
+
+FILE_SUFFIXES = {"json", "yaml", "png", "lock", "html", "md", "txt", "safetensors", "jsonl",
+                 "gz", "py"}
+
+
+def prose_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of the docstrings and comments of a Python file, read line by line
+    (a line inside triple quotes, or what follows a `#` outside them): fast, and near enough
+    for names in prose."""
+    out, inside = [], False
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        quotes = line.count('"""')
+        if inside or quotes:
+            out.append((n, line))
+        elif "#" in line:
+            out.append((n, line[line.index("#"):]))
+        inside = inside != (quotes % 2 == 1)
+    return out
+
+
+@functools.cache
+def top_level_names(path: Path) -> set[str]:
+    """What a module defines, imports or lists in __all__ at its top level."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            if any(getattr(t, "id", "") == "__all__" for t in targets):
+                names |= set(ast.literal_eval(node.value))
+    return names
+
+
+def test_every_module_a_docstring_or_comment_names_by_dotted_name_exists():
+    """A module named in prose by its dotted name (`interp.head_circuits`,
+    `minigpt.run.load_run`, `cost.check_flops`) exists, and so does the name after it: a module
+    that moved or a function renamed is renamed where it is named. Settings (`train.threads`)
+    and file names (`config.yaml`) are not modules."""
+    import dataclasses
+    import re
+
+    from minigpt.config.settings import SECTIONS
+
+    settings = {f"{s}.{f.name}" for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
+    rooms = sorted({name.split(".")[1] for name in MODULES if name.count(".")})
+    ref = re.compile(r"(?<![\w./-])(?:minigpt\.)?((?:" + "|".join(rooms) + r")(?:\.[A-Za-z_]\w*)+)")
+    root = PACKAGE_DIR.parent
+    missing = []
+    files = sorted(p for d in ("minigpt", "tools", "benchmarks") for p in (root / d).rglob("*.py"))
+    for path in files:
+        for n, line in prose_lines(path):
+            for m in ref.finditer(line):
+                parts = m.group(1).split(".")
+                if m.group(1) in settings or parts[-1] in FILE_SUFFIXES:
+                    continue
+                k = next((k for k in range(len(parts), 0, -1)
+                          if "minigpt." + ".".join(parts[:k]) in MODULES), 0)
+                if k == 0 or (k < len(parts) and parts[k] not in top_level_names(
+                        MODULES["minigpt." + ".".join(parts[:k])])):
+                    missing.append(f"{path.relative_to(root)}:{n}: {m.group(1)}")
+    assert not missing, missing
+
+
+MAX_POSITIONAL = 6  # a helper's positional parameters: more are read by position, mixed up
+
+
+def test_no_cli_helper_takes_more_than_six_positional_parameters():
+    """Every function of minigpt/cli but the commands themselves (typer reads those by name)
+    takes at most MAX_POSITIONAL positional parameters (self and cls not counted): more go by
+    keyword, or together in one value."""
+    many = []
+    for name, path in MODULES.items():
+        if not name.startswith("minigpt.cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("command" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            args = [a.arg for a in node.args.posonlyargs + node.args.args]
+            n = len(args) - (args[:1] in (["self"], ["cls"]))
+            if n > MAX_POSITIONAL:
+                many.append(f"{name}.{node.name}: {n}")
+    assert not many, many

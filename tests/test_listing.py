@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import error_line
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -124,11 +125,10 @@ def test_no_runs_is_one_line_saying_where_it_looked(tmp_path, what):
     with pytest.raises(MinigptError):
         list_runs(target)
     r = CliRunner().invoke(app, ["runs", str(target)])
-    lines = r.stderr.strip().splitlines()
-    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert str(target) in lines[0]
+    line = error_line(r)
+    assert str(target) in line
     if what == "empty":
-        assert "no runs under" in lines[0] and "config.yaml" in lines[0]
+        assert "no runs under" in line and "config.yaml" in line
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,13 +139,13 @@ def test_no_runs_is_one_line_saying_where_it_looked(tmp_path, what):
 
 
 def test_a_run_with_files_it_cannot_read_is_marked_and_the_others_listed(tmp_path):
-    from conftest import in_process, save_tiny_run
-    from test_hardening import run_minigpt, unprivileged_prefix
+    from cli_world import run_minigpt, unprivileged_prefix
+    from conftest import in_process, make_run
 
     prefix = unprivileged_prefix()
     root = tmp_path / "runs"
     root.mkdir(parents=True)
-    good = save_tiny_run(root / "good")
+    good = make_run(root / "good", top_files=True)
     (good / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 3, "loss": 2.0,
                                                     "lr": 1e-3, "elapsed": 1.5}) + "\n")
     bad = {}
@@ -191,7 +191,7 @@ def test_a_run_with_files_it_cannot_read_is_marked_and_the_others_listed(tmp_pat
 
 
 def test_runs_on_a_directory_it_cannot_read_is_one_line(tmp_path):
-    from test_hardening import run_minigpt, unprivileged_prefix
+    from cli_world import run_minigpt, unprivileged_prefix
 
     prefix = unprivileged_prefix()
     if prefix is None:

@@ -476,12 +476,13 @@ def test_on_a_terminal_the_prompt_comes_before_the_continuation(capsys):
     from minigpt.cli.sample import _SampleView
 
     prompt = SimpleNamespace(text="ROMEO:", ids=[1, 2])
-    view = _SampleView(prompt, 1, 1, False, True, 0.0, "ROMEO:\x1b[31m\n")
+    view = _SampleView(prompt, 1, 1, json_out=False, streaming=True, t_start=0.0,
+                       shown_prompt="ROMEO:\x1b[31m\n")
     view.on_text(0, " But")
     view.on_text(0, " soft")
     out = capsys.readouterr().out
     assert out == "\x1b[2mROMEO:\\x1b[31m\n\x1b[0m But soft"  # once, dimmed, escapes shown
-    piped = _SampleView(prompt, 1, 1, False, False, 0.0, "")
+    piped = _SampleView(prompt, 1, 1, json_out=False, streaming=False, t_start=0.0)
     piped.on_done(SimpleNamespace(index=0, text=" But soft", token_ids=[3], tokens_per_s=1.0,
                                   first_token_s=0.1, finish_reason="length"))
     assert capsys.readouterr().out == " But soft\n"  # piped: the generated text only
@@ -577,3 +578,16 @@ def test_heads_png_names_the_pair_at_each_point_and_calls_a_head_formed_only_whe
     early = timeline._pair_title(recs[0]["circuit"], recs[0]["scores"])
     assert early == ("L0.H1 (best previous 0.20, not formed) -> "
                      "L1.H0 (best induction 0.10, not formed)")
+
+
+def test_shown_cuts_between_words():
+    from minigpt.files import shown
+
+    text = ("corrupted-second: the induction probe with its second copy replaced by fresh "
+            "tokens: the first copy's tokens are there, but no query asks for them)")
+    short = shown(text)
+    assert " ... " in short and len(short) <= 80
+    head, tail = short.split(" ... ")
+    assert text.startswith(head) and text.endswith(tail)
+    words = set(text.split())
+    assert head.split()[-1] in words and tail.split()[0] in words  # no word cut in two

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import attention_maps_unrendered, in_process
-from test_cli_circuits import error_line, make_run
+from conftest import SHARP_INDUCTION, attention_maps_unrendered, error_line, in_process, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
 from minigpt.config import load_config
+from minigpt.config.fields import comma_list
 from minigpt.core.gpt import GPT
 from minigpt.errors import ArgumentError
 from minigpt.interp.qk import (
@@ -133,12 +133,12 @@ def test_a_term_that_adds_the_same_to_every_key_has_no_margin():
 
 def test_head_names_are_the_circuits_and_pairs_are_checked():
     cfg = tiny(CONFIGS["none"]).cfg
-    assert resolve_heads(cfg, ["L1.H0,L0.H1", "L1.H0"]) == [(1, 0), (0, 1)]
+    assert resolve_heads(cfg, comma_list(["L1.H0,L0.H1", "L1.H0"])) == [(1, 0), (0, 1)]
     assert len(resolve_heads(cfg, ["all"])) == 6
     for bad in ("L9.H9", "L1H0", "L0.MLP", "embed", "1.0", ""):
         with pytest.raises(ArgumentError, match="qk"):
             resolve_heads(cfg, [bad])
-    assert parse_pairs(["7:3, 9:5", "2:2"], 10) == [(0, 7, 3), (0, 9, 5), (0, 2, 2)]
+    assert parse_pairs(comma_list(["7:3, 9:5", "2:2"]), 10) == [(0, 7, 3), (0, 9, 5), (0, 2, 2)]
     for bad, why in (("3:5", "after query"), ("10:1", "past the input"), ("3-5", "QUERY:KEY"),
                      ("-1:0", "QUERY:KEY")):
         with pytest.raises(ArgumentError, match=why):
@@ -157,7 +157,7 @@ def test_induction_pairs_are_the_key_after_the_earlier_copy():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
 
 
 def invoke(run_dir: Path, *args: str):
@@ -266,3 +266,15 @@ def test_in_process_works_like_the_command(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("why it attends where it does") == 6
     assert "each query's most attended key (queries 1..11" in r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_cost_counts_the_writers_the_split_makes(name):
+    """interp.qk.writer_count, the count qk_cost prices, is the number of writers the split
+    of a head of each layer actually has (embedding parts, biases, earlier heads and MLPs)."""
+    from minigpt.interp.qk import writer_count
+
+    model = tiny(CONFIGS[name])
+    idx = torch.randint(0, 40, (1, 4), generator=torch.Generator().manual_seed(0))
+    for h in qk_attribution(model, idx, [(la, 0) for la in range(3)], every_pair(4)[:2]):
+        assert len(h.writers) == writer_count(model.cfg, h.layer), (h.layer, h.writers)

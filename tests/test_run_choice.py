@@ -15,30 +15,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import in_process
+from conftest import in_process, make_run
 
 MINIGPT = shutil.which("minigpt")
 
 
-def make_run(root: Path, name: str, age: float, *, finished: bool = True,
+def aged_run(root: Path, name: str, age: float, *, finished: bool = True,
              source: str = "text", **model) -> Path:
-    """A committed step-4 checkpoint of a random 1-layer byte model under root/runs/name,
-    committed `age` seconds ago; `finished`: train.max_steps 4 (else 400, and no summary:
-    `killed`); `source` only as config.yaml says it."""
-    from minigpt.config import from_dict, to_yaml
-    from minigpt.core.gpt import GPT
-    from minigpt.data.tokenizer import bytes_tokenizer
-    from minigpt.run.checkpoint import save_checkpoint
-
-    tok = bytes_tokenizer()
-    cfg = from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
-                               "vocab_size": tok.n_vocab, **model},
-                     "tokenizer": {"vocab_size": 256},
-                     "train": {"max_steps": 4 if finished else 400}})
-    run = root / "runs" / name
-    save_checkpoint(run, step=4, model=GPT.from_config(cfg, seed=0), cfg=cfg, tokenizer=tok,
-                    trainer_state={"step": 4})
-    text = to_yaml(cfg)
+    """conftest.make_run's committed step-4 checkpoint of a random 1-layer byte model under
+    root/runs/name, committed `age` seconds ago; `finished`: train.max_steps 4 (else 400, and
+    no summary: `killed`); `source` only as config.yaml says it."""
+    run = make_run(root / "runs" / name, n_layer=1, n_embd=16, step=4, **model,
+                   sections={"train": {"max_steps": 4 if finished else 400}})
+    text = (run / "checkpoints" / "latest" / "config.yaml").read_text()
     if source != "text":
         text = text.replace("source: text", f"source: {source}")
     (run / "config.yaml").write_text(text)
@@ -83,10 +72,10 @@ def place(tmp_path_factory) -> Path:
     `speed` (newer, finished, a QK-norm model no export format holds), `busy` (the newest,
     its lock held while the tests run)."""
     root = tmp_path_factory.mktemp("choice")
-    make_run(root, "done", 400)
-    make_run(root, "killed", 300, finished=False)
-    make_run(root, "speed", 200, qk_norm=True)
-    busy = make_run(root, "busy", 100)
+    aged_run(root, "done", 400)
+    aged_run(root, "killed", 300, finished=False)
+    aged_run(root, "speed", 200, qk_norm=True)
+    busy = aged_run(root, "busy", 100)
     fh = held(busy)
     yield root
     fh.close()
@@ -126,7 +115,7 @@ def test_sample_passes_over_a_run_still_training(place):
 
 @pytest.mark.parametrize("minigpt", HOW)
 def test_a_run_still_training_is_used_only_with_a_word(tmp_path, minigpt):
-    fh = held(make_run(tmp_path, "busy", 10))
+    fh = held(aged_run(tmp_path, "busy", 10))
     try:
         r = minigpt(tmp_path, "sample", "-n", "4", "--seed", "1")
     finally:
@@ -137,8 +126,8 @@ def test_a_run_still_training_is_used_only_with_a_word(tmp_path, minigpt):
 
 @pytest.mark.parametrize("minigpt", HOW)
 def test_sample_takes_text_over_a_newer_induction_run_and_falls_back_to_it(tmp_path, minigpt):
-    make_run(tmp_path, "text", 300)
-    make_run(tmp_path, "ind", 100, source="induction")
+    aged_run(tmp_path, "text", 300)
+    aged_run(tmp_path, "ind", 100, source="induction")
     r = minigpt(tmp_path, "sample", "-n", "4", "--seed", "1")
     assert "passing over runs/ind (trained on synthetic induction data, not text)" in r.stderr
     assert "runs/text (step 4)" in r.stderr
@@ -150,7 +139,7 @@ def test_sample_takes_text_over_a_newer_induction_run_and_falls_back_to_it(tmp_p
 
 @pytest.mark.parametrize("minigpt", HOW)
 def test_export_with_nothing_it_can_hold_is_one_line(tmp_path, minigpt):
-    make_run(tmp_path, "speed", 10, activation="relu2")
+    aged_run(tmp_path, "speed", 10, activation="relu2")
     r = minigpt(tmp_path, "export", "--out", "hf", code=2)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no run under runs/ is a model GPT-2 "

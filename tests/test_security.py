@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_hardening import MODEL, make_run, weights_of
+from cli_world import weights_of
+from conftest import AS_TRAINED, TINY_MODEL, error_line, make_run
 from typer.testing import CliRunner
 
 from minigpt.cli import app
@@ -126,8 +127,6 @@ FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "j
               "torch.load", "read_parquet", "fdopen"}
 
 DOOR_EXCEPTIONS = {
-    ("cost.py", "open"): "the kernel's /proc/meminfo (MemAvailable), read only; core "
-                                "imports no minigpt.files",
     ("data/records.py", "json.loads"): "one JSON Lines record, already cut to MAX_RECORD_BYTES, "
                                   "parsed with files.json_int and RecursionError caught (its "
                                   "error names the column)",
@@ -217,7 +216,7 @@ class _Payload:
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("sec") / "good")
+    return make_run(tmp_path_factory.mktemp("sec") / "good", **AS_TRAINED)
 
 
 @pytest.mark.parametrize("container", ["pickle", "zip"])
@@ -317,7 +316,7 @@ def test_consistent_huge_header_is_checked_against_the_config_before_loading(tmp
                                 "data_offsets": [0, 4 * HUGE]}}, sparse_to=4 * HUGE)
     except OSError as e:  # a filesystem without sparse files this big
         pytest.skip(f"cannot create a 4 TiB sparse file here: {e}")
-    cfg = from_dict({"model": {**MODEL, "vocab_size": 257}})
+    cfg = from_dict({"model": {**TINY_MODEL, "vocab_size": 257}})
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(Exception, match="wte.weight"):
         load_model_weights(GPT(cfg.model), Checkpoint(ckdir, 1, cfg, {}))
@@ -384,7 +383,7 @@ class _Elements(HTMLParser):
 
 def test_viewer_html_escapes_hostile_token_text(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run = make_run(tmp_path / "run", block_size=64)
+    run = make_run(tmp_path / "run", block_size=64, **AS_TRAINED)
     hostile = "<script>alert(1)</script><img src=x onerror=alert(2)>\u2028&amp;"
     assert len(hostile.encode()) <= 64  # byte tokens: the whole text fits the context
     r = CliRunner().invoke(app, ["inspect-heads", "--run", str(run), "--text", hostile,
@@ -515,7 +514,7 @@ def test_nothing_is_written_outside_in_a_fresh_process(tmp_path):
 # --------------------------------------------------------------------------------------------
 # 6. Files from elsewhere (issue 26; docs/security.md): what `--model` may read through a
 # symlink, the readers that never block or balloon, run names that stay inside run.out_dir,
-# and the cache when HOME is empty. The hostile-input table is in tests/test_hardening.py.
+# and the cache when HOME is empty. The hostile-input table is in tests/test_hostile_files.py.
 
 
 def hf_cache_layout(model: Path, hub: Path, repo: str) -> Path:
@@ -543,7 +542,7 @@ def exported(tmp_path_factory) -> Path:
     from minigpt.run import load_run
 
     root = tmp_path_factory.mktemp("exported")
-    run = make_run(root / "run", pos_encoding="learned", bias=True)
+    run = make_run(root / "run", pos_encoding="learned", bias=True, **AS_TRAINED)
     return export_hf(load_run(run, "cpu"), root / "model").out
 
 
@@ -576,7 +575,7 @@ def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(exported, tm
     """The real cache layout (links out of the snapshot into the repo's blobs/) is accepted,
     through the installed command, both as a directory and as hf:REPO offline; a link from a
     snapshot into ANOTHER repo's cache folder is not."""
-    from test_hardening import one_error_line, run_minigpt
+    from cli_world import run_minigpt
 
     snap = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/tiny")
     assert (snap / "config.json").is_symlink()
@@ -593,7 +592,7 @@ def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(exported, tm
     other = hf_cache_layout(exported, tmp_path / "hf-home" / "hub", "someone/other")
     (snap / "tokenizer.json").unlink()
     os.symlink(os.path.relpath(other / "tokenizer.json", snap), snap / "tokenizer.json")
-    line = one_error_line(run_minigpt([*args, "--model", str(snap)], tmp_path))
+    line = error_line(run_minigpt([*args, "--model", str(snap)], tmp_path))
     assert "tokenizer.json" in line and "outside the model directory" in line
     assert str(tmp_path / "hf-home" / "hub" / "models--someone--tiny") in line
 
@@ -627,7 +626,7 @@ def test_permission_denied_is_reported_with_the_path_in_process(exported, tmp_pa
                                                                 monkeypatch):
     """What an unreadable directory or config.json says, where the process cannot be made to
     lack the permission (root without setpriv): the OS error is simulated. The real thing runs
-    in tests/test_hardening.py (model-dir-unreadable, config-unreadable)."""
+    in tests/test_hostile_files.py (model-dir-unreadable, config-unreadable)."""
     import errno
 
     from minigpt.errors import MinigptError
@@ -749,7 +748,7 @@ def test_a_tokenizer_with_too_many_special_tokens_is_refused_before_tiktoken_bui
 # --------------------------------------------------------------------------------------------
 # 7. The file door (issue 32; minigpt/files.py): the rules every read and write goes through,
 # checked in-process. The same causes through the installed command:
-# tests/test_hardening.py::test_one_door_for_files.
+# tests/test_file_door.py::test_one_door_for_files.
 
 
 def test_the_reader_refuses_what_is_not_a_regular_file_with_one_line(tmp_path):
@@ -878,13 +877,13 @@ def test_an_unreadable_run_directory_is_one_permission_denied_line(tmp_path, mon
     --resume. Now one line naming the directory. Where mode bits bind, the directory really
     is mode 000; as root they do not, and the denial is simulated at the OS calls
     (`_as_if_unreadable`). Through the installed command, under setpriv as root:
-    tests/test_hardening.py (the `unreadable-dir` cases)."""
+    tests/test_file_door.py (the `unreadable-dir` cases)."""
     from minigpt.errors import MinigptError
     from minigpt.run import load_run
     from minigpt.run.choice import pick_run
     from minigpt.run.resume import train_config
 
-    run = make_run(tmp_path / "runs" / "good")
+    run = make_run(tmp_path / "runs" / "good", **AS_TRAINED)
     locked = run / "checkpoints" / "step-000007" if where == "checkpoint" else tmp_path / "runs"
     monkeypatch.chdir(tmp_path)
     calls = [lambda: load_run(None), lambda: train_config(None, ["run.name=good"], resume=True)]

@@ -120,9 +120,9 @@ def test_draw_timeline_is_a_png_with_a_panel_per_layer(monkeypatch):
 
 
 def test_the_circuit_record_finds_the_hand_built_induction_circuit():
-    """On the model of tests/test_circuits.py: L0.H0 is the previous-token head, L1.H0 the
+    """On the model of tests/test_head_circuits.py: L0.H0 is the previous-token head, L1.H0 the
     induction head, their K-composition is above random weights', L1.H0 writes the logit."""
-    from test_circuits import induction_circuit_model
+    from test_head_circuits import induction_circuit_model
 
     model = induction_circuit_model()
     cfg = load_config(None, ["data.source=induction", "data.induction_vocab=12",
@@ -188,7 +188,7 @@ def test_the_edge_record_finds_the_hand_built_induction_circuit():
     written), scores ~0 here: the hand-built attention is saturated, so the gradient through
     the keys is ~0 (EAP's known blind spot, which `minigpt circuit --ig-steps` addresses; the
     timeline stays EAP to stay cheap)."""
-    from test_circuits import induction_circuit_model
+    from test_head_circuits import induction_circuit_model
 
     model = induction_circuit_model()
     cfg = load_config(None, ["data.source=induction", "data.induction_vocab=12",

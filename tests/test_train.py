@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import error_line, in_process
 from safetensors.torch import load_file
 
 from minigpt.config import ConfigError, MinigptError, ModelConfig, from_dict, load_config, to_dict
@@ -235,7 +237,7 @@ def test_a_run_from_before_the_byte_split_is_refused_in_one_line(stopped_run, tm
     """A checkpoint whose trainer state records no `data_split` was made by a development
     version before the byte split (no release wrote one): --resume says to retrain, and
     changes nothing."""
-    from test_hardening import tree_hash
+    from cli_world import tree_hash
 
     run = copy_of(stopped_run, tmp_path)
     _rewrite_state(run, lambda state: state.pop("data_split"))
@@ -572,3 +574,14 @@ def test_a_compiled_run_resumes_into_an_eager_one(tmp_path, monkeypatch):
     assert all(x[1] == pytest.approx(y[1], abs=1e-4) for x, y in zip(la, lb) if x[1] is not None)
     state = json.loads((split / "trainer_state.json").read_text())
     assert state["step"] == 6 and state["tokens_seen"] == 6 * 4 * 16
+
+
+def test_a_cut_checkpoint_config_is_blamed_not_the_users_set(trained_runs, tmp_path):
+    run = Path(shutil.copytree(trained_runs["stopped"]["dir"], tmp_path / "run", symlinks=True))
+    cfg = (run / "checkpoints" / "latest").resolve() / "config.yaml"
+    data = cfg.read_bytes()
+    cfg.write_bytes(data[: len(data) // 2])
+    line = error_line(in_process(["train", "--out", run, "--resume", "--set",
+                                "train.batch_size=8"]))
+    assert f"{cfg}" in line and "corrupted" in line, line
+    assert "cannot change on --resume" not in line

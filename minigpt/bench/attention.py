@@ -26,7 +26,8 @@ from minigpt.bench.timing import (
     peak_memory_bytes,
     time_fn,
 )
-from minigpt.device import available_bytes
+from minigpt.cost import memory_limit
+from minigpt.display import size
 from minigpt.events import BenchEvent, OnEvent
 
 # Which SDPA backends are forced one at a time, per device. "sdpa" alone = PyTorch's own choice.
@@ -138,12 +139,12 @@ def run_attention_suite(device: torch.device, dtype: torch.dtype, s: AttentionSe
         # Naive needs a few (B, H, T, T) buffers; skip it rather than swap or run out of memory.
         need = 4.0 * s.batch * s.n_head * T * T * q.element_size()
         cases: list[tuple[str, object]] = []
-        if need < 0.7 * (available_bytes(device) or math.inf):
+        if need < memory_limit(device):
             cases.append(("naive", lambda a, b, c, m=blocked: naive_attention(a, b, c, m)))
         else:
             for p in passes:
                 res.rows.append(AttentionRow(T, "naive", p, "skipped",
-                                             f"would need ~{need / 2**30:.1f} GiB"))
+                                             f"would need ~{size(need)}"))
         for label, backend in _impls(device, s):
             cases.append((label, lambda a, b, c, be=backend: sdpa_attention(a, b, c, be)))
         ref: dict[str, object] = {}

@@ -46,6 +46,7 @@ from minigpt.bench.train import (
     find_peak,
     run_train_shape,
 )
+from minigpt.config.fields import comma_list
 from minigpt.device import amp_dtype, cpu_threads, native_bf16, resolve_device
 from minigpt.errors import ArgumentError
 from minigpt.events import BenchEvent, OnEvent
@@ -60,9 +61,8 @@ SEQ_LENS_QUICK = [128, 256, 512]
 
 def parse_seq_lens(text: str) -> list[int]:
     """'128,256' -> [128, 256]; anything else is a one-line ArgumentError."""
-    parts = [p.strip() for p in text.split(",")]
     try:
-        values = [int(p, 10) for p in parts]
+        values = [int(p, 10) for p in comma_list(text)]
     except ValueError:
         values = []
     if not values or any(v < 2 or v > 1 << 17 for v in values):
@@ -75,15 +75,13 @@ def parse_suites(names: list[str] | None) -> list[str]:
     if not names:
         return list(SUITES)
     out: list[str] = []
-    for n in names:
-        for part in n.split(","):
-            part = part.strip()
-            if part == "all":
-                out += SUITES
-            elif part in SUITES:
-                out.append(part)
-            else:
-                raise ArgumentError("suite", f"'{part}' is not one of {', '.join(SUITES)}, all")
+    for part in comma_list(names):
+        if part == "all":
+            out += SUITES
+        elif part in SUITES:
+            out.append(part)
+        else:
+            raise ArgumentError("suite", f"'{part}' is not one of {', '.join(SUITES)}, all")
     return list(dict.fromkeys(out))
 
 

@@ -30,7 +30,7 @@ def bench_command(
     quick: Annotated[bool, typer.Option(
         "--quick", help="Small sizes and few repeats: under a minute on 2 CPU cores.")] = False,
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", metavar="FILE.json",
+        "--out", "-o", metavar=opt.OUT,
         help="Also write every figure and the environment to this JSON file.")] = None,
     json_out: opt.Json = False,
     compile_: Annotated[bool, typer.Option(

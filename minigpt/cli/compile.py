@@ -13,6 +13,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import app, out_console, say
+from minigpt.display import duration
 from minigpt.errors import ArgumentError, ConflictError
 
 ProgramArg = Annotated[str | None, typer.Argument(
@@ -22,8 +23,8 @@ ProgramFileOpt = Annotated[Path | None, typer.Option(
     "PROGRAM (a RASP expression), VOCAB (a set of token strings) and MAX_SEQ_LEN (the "
     "longest input). It runs as `python FILE` would.")]
 CompileOutOpt = Annotated[Path | None, typer.Option(
-    "--out", "-o", help="The run directory to create (missing or empty; never overwritten). "
-    "Default: runs/<program name>.")]
+    "--out", "-o", metavar=opt.OUT, help="The run directory to create (missing or empty; "
+    "never overwritten). Default: runs/<program name>.")]
 ListOpt = Annotated[bool, typer.Option(
     "--list", help="Name the built-in programs, one line each, and exit.")]
 
@@ -55,7 +56,7 @@ def compile_command(program: ProgramArg = None, program_file: ProgramFileOpt = N
     prog = prog or read_file(program_file)
     made = make_compiled_run(prog, out)
     t, m, c = made.truth, made.model, made.check
-    say(f"compiled {prog.name} with tracr {made.tracr} in {made.seconds:.1f} s: "
+    say(f"compiled {prog.name} with tracr {made.tracr} in {duration(made.seconds)}: "
         f"{m['n_layer']} layers x {m['n_head']} head{'s' * (m['n_head'] > 1)} (d_head "
         f"{m['d_head']}, MLP "
         f"{m['d_mlp']} wide), residual stream {m['n_embd']} wide, {t.output['kind']} output; "

@@ -17,7 +17,8 @@ from minigpt.errors import ArgumentError
 
 @app.command("curves")
 def curves_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="The picture to write (.png).")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar=opt.OUT,
+                                      help="The picture to write (.png).")],
     runs: Annotated[list[str] | None, typer.Argument(
         help="Run directories, or names of runs under runs/ (as --run).",
         metavar="RUN", show_default=False)] = None,

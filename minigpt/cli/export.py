@@ -11,6 +11,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import app, latest_run, say
+from minigpt.display import size
 from minigpt.errors import ArgumentError
 
 FORMATS = ("hf", "gguf")
@@ -19,13 +20,14 @@ FORMATS = ("hf", "gguf")
 @app.command("export")
 def export_command(
     out: Annotated[Path, typer.Option(
-        "--out", "-o", help="hf: a directory to create (missing or empty); gguf: a new file "
-        "(FILE.gguf). Never overwritten.")],
+        "--out", "-o", metavar=opt.OUT, help="hf: a directory to create (missing or empty); "
+        "gguf: a new file (FILE.gguf). Never overwritten.")],
     run: opt.Run = None,
     fmt: Annotated[str, typer.Option(
-        "--format", help="hf: a directory AutoModelForCausalLM / AutoTokenizer.from_pretrained "
-        "load (learned positions -> GPT-2, RoPE -> GPT-NeoX). gguf: one file llama.cpp loads "
-        "(gpt2 / gptneox; needs pip install 'minigpt-lab[gguf]').")] = "hf",
+        "--format", metavar="FORMAT", help="hf: a directory AutoModelForCausalLM / "
+        "AutoTokenizer.from_pretrained load (learned positions -> GPT-2, RoPE -> GPT-NeoX). "
+        "gguf: one file llama.cpp loads (gpt2 / gptneox; needs pip install "
+        "'minigpt-lab[gguf]').")] = "hf",
     dtype: Annotated[str, typer.Option(
         "--dtype", help="gguf only: float32 (exact) or float16 (half the size) for the "
         "matrices (f32 and f16 still read).")] = "float32",
@@ -95,6 +97,6 @@ def _gguf(out: Path, run: Path | None, dtype: str) -> None:
     done = export_gguf(loaded, out, dtype)
     say(f"exported {loaded.label} as llama.cpp {done.architecture} ({done.n_params:,} "
         f"parameters, {done.dtype}, pre-tokenizer {done.pre_tokenizer}): "
-        f"{done.n_bytes / 2**20:.1f} MiB")
+        f"{size(done.n_bytes)}")
     say(f"load it with llama.cpp, e.g. llama-cpp-python: Llama(model_path={str(done.out)!r})")
     sys.stdout.write(f"{done.out}\n")

@@ -14,7 +14,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import _Group, app, err_console, out_console, say
-from minigpt.display import printable
+from minigpt.display import duration, head_name, printable
 from minigpt.errors import ArgumentError
 
 features_app = typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=None,
@@ -23,8 +23,8 @@ features_app = typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=No
 app.add_typer(features_app, name="features")
 
 LayerOpt = Annotated[int | None, typer.Option(
-    "--layer", help="The layer whose heads' outputs z (all heads, n_head x d_head wide) the "
-    "SAE reads. Required with --run / --model.")]
+    "--layer", metavar="LAYER", help="The layer whose heads' outputs z (all heads, n_head x "
+    "d_head wide) the SAE reads. Required with --run / --model.")]
 ActivationsOpt = Annotated[Path | None, typer.Option(
     "--activations", help="Train on the one [n, d] tensor of this safetensors file instead "
     "of a model's layer (a tenth is held out).")]
@@ -45,7 +45,8 @@ HeldOutOpt = Annotated[int, typer.Option(
 SeedOpt = Annotated[int, typer.Option(
     "--seed", help="Seed of the tokens drawn, the SAE's initial weights and its batches.")]
 OutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="The SAE's directory (SAELens's layout). Default: <run>/features/layer<L>.")]
+    "--out", "-o", metavar=opt.OUT, help="The SAE's directory (SAELens's layout). Default: "
+    "<run>/features/layer<L>.")]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue the unfinished training in --out (same flags).")]
 SaeOpt = Annotated[Path, typer.Option("--sae", help="An SAE directory features train wrote.")]
@@ -53,10 +54,11 @@ FeatureOpt = Annotated[int | None, typer.Option("--feature", help="Show this fea
 TopOpt = Annotated[int, typer.Option("--top", help="Show the N features active on the most "
                                      "held-out tokens.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png (features.png: features x heads), html "
-    "(features.html); repeatable or comma-separated.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png (features.png: features "
+    "x heads), html (features.html); repeatable or comma-separated.")]
 ShowOutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="Directory for the files. Default: the SAE's directory.")]
+    "--out", "-o", metavar=opt.OUT, help="Directory for the files. Default: the SAE's "
+    "directory.")]
 
 
 @features_app.command("train")
@@ -85,10 +87,18 @@ def train_command(
         if out is None:
             raise ArgumentError("out", "is needed with --activations: give {name} DIR")
     from minigpt.device import cpu_threads
-    from minigpt.features.train_features import train_features
+    from minigpt.features.train_features import Source, train_features
 
-    src = _source(run, model, checkpoint, device, layer, text_file, activations, tokens,
-                  held_out, settings)
+    if activations is not None:
+        src = Source(activations=activations, tokens=tokens, held_out=held_out)
+    elif layer is None:
+        raise ArgumentError("layer", "is needed: the layer whose heads' outputs the SAE "
+                            "reads (or give --activations FILE)")
+    else:
+        from minigpt.cli.main import load_inspected
+
+        src = Source(load_inspected(run, model, device, checkpoint), layer, text_file,
+                     tokens=tokens, held_out=held_out)
     if out is None:
         if src.loaded.run_dir is None:
             raise ArgumentError("out", "is needed with --model: give {name} DIR")
@@ -105,23 +115,6 @@ def train_command(
         sys.stdout.flush()
 
 
-def _source(run, model, checkpoint, device, layer, text_file, activations, tokens, held_out,
-            settings):
-    from minigpt.features.train_features import Source, check_layer
-
-    if activations is not None:
-        return Source(activations=activations, tokens=tokens, held_out=held_out)
-    if layer is None:
-        raise ArgumentError("layer", "is needed: the layer whose heads' outputs the SAE "
-                            "reads (or give --activations FILE)")
-    from minigpt.cli.main import load_inspected
-
-    loaded = load_inspected(run, model, device, checkpoint)
-    check_layer(layer, loaded)
-    settings.resolved(loaded.cfg.model.n_head * loaded.cfg.model.head_dim)  # --k vs the width
-    return Source(loaded, layer, text_file, tokens=tokens, held_out=held_out)
-
-
 def summary_line(info: dict) -> str:
     q = info["quality"]
     line = (f"held-out: L0 {q['l0']:.1f}, variance explained {q['variance_explained']:.3f}, "
@@ -133,7 +126,7 @@ def summary_line(info: dict) -> str:
                  f"SAE spliced in {ce['sae']:.4f}: "
                  + (f"{100 * rec:.1f}% of the loss recovered" if rec is not None else
                     "ablating the layer costs nothing"))
-    return line + f" ({info['seconds']:.0f} s)"
+    return line + f" ({duration(info['seconds'])})"
 
 
 class _Bar:
@@ -154,13 +147,13 @@ class _Bar:
             self.progress.stop()
 
     def __call__(self, e) -> None:
-        from minigpt.features.train_features import Collecting, Starting
+        from minigpt import events
 
-        if isinstance(e, Starting):
+        if isinstance(e, events.SaeStarting):
             say(f"features: a TopK SAE on {e.what}; into {e.out}")
             return
-        if isinstance(e, Collecting):
-            what, done, total, stats = f"z of {e.split}", e.done, e.total, ""
+        if isinstance(e, events.Progress):
+            what, done, total, stats = e.stage, e.done, e.total, ""
         else:
             what, done, total = "SAE step", e.step, e.steps
             stats = f"mse {e.mse:.4f} | dead {100 * e.dead_fraction:.1f}%"
@@ -257,7 +250,7 @@ def features_table(view):
     table.add_column("feature", justify="right")
     table.add_column("density", justify="right")
     for h in range(view.n_head):
-        table.add_column(f"L{view.layer}.H{h}", justify="right")
+        table.add_column(head_name(view.layer, h), justify="right")
     for name in ("top context", "+", "-"):
         table.add_column(name, overflow="fold")
     for f in view.features:

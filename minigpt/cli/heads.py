@@ -13,17 +13,19 @@ import typer
 import minigpt.cli.options as opt
 from minigpt.cli.main import EtaLines, app, load_inspected, out_console, say
 from minigpt.cli.shading import shade as _shade
+from minigpt.config.fields import comma_list
 from minigpt.display import head_name, printable
 from minigpt.errors import ArgumentError
 from minigpt.files import shown
 
 LayerOpt = Annotated[list[int] | None, typer.Option(
-    "--layer", help="Layer to show (repeatable). Default: all.")]
+    "--layer", metavar="LAYER", help="Layer to show (repeatable). Default: all.")]
 HeadOpt = Annotated[list[int] | None, typer.Option(
     "--head", help="Head to show (repeatable). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", help="Files to write as well: png, html, safetensors, json (table: none); "
-    "repeatable or comma-separated. The table is printed in every case, except with --json.")]
+    "--format", metavar="FORMAT", help="Files to write as well: png, html, safetensors, json "
+    "(table: none); repeatable or comma-separated. The table is printed in every case, "
+    "except with --json.")]
 AblateOpt = Annotated[str | None, typer.Option(
     "--ablate", metavar="MODE", help="Also measure what each head carries: the loss with that "
     "head alone ablated minus the loss without (nats/token). zero: its output replaced by "
@@ -106,7 +108,7 @@ def inspect_heads_command(
                 "lower bound)")
         insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
                        seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
-                       progress=EtaLines("inspect-heads"))
+                       on_event=EtaLines("inspect-heads"))
         active = _active_features(sae, loaded, inp.tokens)
     _say_measured(insp, loaded)
     if out_dir is not None:
@@ -199,7 +201,7 @@ def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
     """The `--qk` heads' names (checked: interp.qk), before any work."""
     from minigpt.interp.qk import resolve_heads
 
-    return [f"L{la}.H{h}" for la, h in resolve_heads(mcfg, qk)] if qk else []
+    return [head_name(la, h) for la, h in resolve_heads(mcfg, comma_list(qk))] if qk else []
 
 
 def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
@@ -230,8 +232,9 @@ def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_f
                          target=None if target is None else token_id(tok, target, "target"),
                          answer=None if answer is None else token_id(tok, answer, "answer"),
                          wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
-                         qk=resolve_heads(loaded.cfg.model, qk) if qk else None,
-                         qk_pairs=parse_pairs(qk_pairs, len(inp.tokens)) if qk_pairs else None)
+                         qk=resolve_heads(loaded.cfg.model, comma_list(qk)) if qk else None,
+                         qk_pairs=(parse_pairs(comma_list(qk_pairs), len(inp.tokens))
+                                   if qk_pairs else None))
     if patch_from is not None:
         req.patch_tokens, req.patch_source = corrupted_input(
             loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,

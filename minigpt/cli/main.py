@@ -28,8 +28,9 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from minigpt import __version__
-from minigpt.display import printable
+from minigpt.display import duration, printable
 from minigpt.errors import ArgumentError, ConflictError, MinigptError
+from minigpt.events import Progress
 from minigpt.files import denied, shown
 from minigpt.threads import quiet_openmp
 
@@ -56,9 +57,9 @@ def say(text: str) -> None:
 
 
 class EtaLines:
-    """A long analysis's progress (its `progress(stage, done, total)` callback) as plain lines
-    on stderr with an ETA from the stage's own pace: the first after FIRST seconds (a quick
-    analysis says nothing), then one every EVERY seconds and one as each stage ends."""
+    """A long analysis's progress (its events.Progress events; other events pass by) as plain
+    lines on stderr with an ETA from the stage's own pace: the first after FIRST seconds (a
+    quick analysis says nothing), then one every EVERY seconds and one as each stage ends."""
 
     FIRST, EVERY = 2.0, 10.0
 
@@ -69,7 +70,10 @@ class EtaLines:
         self.start = self.last = self.prev = self.clock()
         self.stage, self.stage_start, self.said = "", self.start, False
 
-    def __call__(self, stage: str, done: int, total: int) -> None:
+    def __call__(self, e: object) -> None:
+        if not isinstance(e, Progress):
+            return
+        stage, done, total = e.stage, e.done, e.total
         now, prev = self.clock(), self.prev
         self.prev = now
         if stage != self.stage:
@@ -79,18 +83,9 @@ class EtaLines:
                                              (ended and self.said)):
             return
         pace = (now - self.stage_start) / max(done, 1)
-        eta = "" if ended else f", ETA {_clock(pace * (total - done))}"
-        say(f"{self.command}: {stage} {done}/{total}, {_clock(now - self.start)}{eta}")
+        eta = "" if ended else f", ETA {duration(pace * (total - done))}"
+        say(f"{self.command}: {stage} {done}/{total}, {duration(now - self.start)}{eta}")
         self.last, self.said = now, True
-
-
-def _clock(seconds: float) -> str:
-    """'42s', '3m05s', '2h10m', '200d'."""
-    s = int(seconds)
-    if s >= 2 * 86400:
-        return f"{s // 86400}d"
-    return (f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else
-            f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
 # The parser's own error type, found through typer's public BadParameter (typer vendors click:

@@ -1,7 +1,9 @@
 """The options several commands share, each declared once with one spelling, type, default
 and help text (tests/test_cli_options.py walks every command's options and holds them to it).
 A command module imports the namespace, `import minigpt.cli.options as opt`, and names
-them as `run: opt.Run = None`; options that are one command's own live in its module."""
+them as `run: opt.Run = None`; options that are one command's own live in its module, and
+where one flag means something of its own in several commands (`--out`: a run directory, a
+picture, a report) each still shows the one metavar declared here (`OUT`)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,18 @@ from typing import Annotated
 
 import typer
 
+OUT = "PATH"  # every --out's metavar: a directory or a file, as each command's help says
+RUN = "RUN"   # every --run's: a run's directory (or, where the help says so, its name)
+
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 Run = Annotated[Path | None, typer.Option(
-    "--run", help="Run directory. Default: the latest finished run under runs/ that the command "
-    "can use (named on stderr, with any newer run it passed over).")]
+    "--run", metavar=RUN, help="Run directory. Default: the latest finished run under runs/ "
+    "that the command can use (named on stderr, with any newer run it passed over).")]
 Threads = Annotated[int, typer.Option(
     "--threads", help="CPU threads to compute on (torch intra-op), as train.threads: 0 = "
     "automatic, else 1 to the CPUs this process may use.")]
 Runs = Annotated[list[str] | None, typer.Option(
-    "--run", metavar="RUN", help="A run: its directory, or its name under runs/. Repeatable; "
+    "--run", metavar=RUN, help="A run: its directory, or its name under runs/. Repeatable; "
     "runs given as arguments count the same.")]
 Model = Annotated[str | None, typer.Option(
     "--model", metavar="PATH|hf:REPO_ID[@REV]",
@@ -74,4 +79,4 @@ Force = Annotated[bool, typer.Option(
     "refused otherwise, in one line naming the estimate and the largest value that fits "
     "(docs/cli.md#cost-bounds).")]
 FilesOut = Annotated[Path | None, typer.Option(
-    "--out", "-o", help="Directory for the files. Default: <run>/heads/.")]
+    "--out", "-o", metavar=OUT, help="Directory for the files. Default: <run>/heads/.")]

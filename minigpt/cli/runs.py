@@ -13,7 +13,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import app, out_console, say
-from minigpt.display import printable
+from minigpt.display import duration, printable
 
 
 @app.command("runs")
@@ -66,7 +66,7 @@ def _runs_table(rows, where: str):
         table.add_row(Text(printable(r.name)), _status(r),
                       f"{r.step}/{r.max_steps if r.max_steps else '?'}", _val(r),
                       "-" if r.params is None else f"{r.params:,}",
-                      "-" if r.wall_time is None else _duration(r.wall_time),
+                      "-" if r.wall_time is None else duration(r.wall_time),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_change)))
     return table
 
@@ -93,10 +93,3 @@ def _val(r) -> str:
     if r.last_step is None or r.last_step == r.best_step:
         return best
     return f"{best}, {r.last_val_bpb:.4f}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, s = divmod(round(seconds), 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{s:02d}s"

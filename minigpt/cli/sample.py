@@ -106,7 +106,8 @@ def sample_command(
     # On a terminal the prompt is shown first (dimmed), so the text reads from its start.
     shown = ("" if json_out or not sys.stdout.isatty() else
              ("…" + tok.decode(p.ids)) if p.cut else p.text)
-    view = _SampleView(p, seed, num_samples, json_out, streaming, t_start, shown)
+    view = _SampleView(p, seed, num_samples, json_out=json_out, streaming=streaming,
+                       t_start=t_start, shown_prompt=shown)
     with _stdout_to_the_end(), decoding_threads(loaded.model, threads):
         smp.sample(loaded.model, p.ids, tok.decode, how, seed=seed,
                    stops=[unescape_stop(s) for s in stop or []], stop_ids=[tok.eot_id],
@@ -158,7 +159,7 @@ class _SampleView:
     """Prints what `infer.sample.sample` reports: text on stdout (streamed, whole, or one JSON
     document per sample) and one line of timings per sample on stderr."""
 
-    def __init__(self, prompt, seed: int, num_samples: int, json_out: bool, streaming: bool,
+    def __init__(self, prompt, seed: int, num_samples: int, *, json_out: bool, streaming: bool,
                  t_start: float, shown_prompt: str = ""):
         self.prompt, self.seed, self.n, self.json_out = prompt, seed, num_samples, json_out
         self.streaming, self.t_start, self.shown = streaming, t_start, shown_prompt

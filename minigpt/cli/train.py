@@ -15,7 +15,7 @@ import typer
 import minigpt.cli.options as opt
 from minigpt import events
 from minigpt.cli.main import app, err_console, out_console
-from minigpt.display import head_name, printable
+from minigpt.display import duration, head_name, printable, size
 
 
 @app.command("train")
@@ -27,8 +27,8 @@ def train_command(
         "--set", help="Override one setting: section.key=value (repeatable), e.g. "
         "--set train.max_steps=500.")] = None,
     out: Annotated[str | None, typer.Option(
-        "--out", "-o", help="Run directory (default: <run.out_dir>/<run.name>, i.e. "
-        "runs/<config name>).")] = None,
+        "--out", "-o", metavar=opt.OUT, help="Run directory (default: "
+        "<run.out_dir>/<run.name>, i.e. runs/<config name>).")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the run in --out from its last checkpoint, with its own "
         "config.yaml: --config and --set values equal to the stored ones are accepted, and "
@@ -136,9 +136,7 @@ class _TrainView:
         done, spent = step - self.start_step, time.monotonic() - self.t0
         if done <= 0 or spent <= 0:
             return "?"
-        left = round((max_steps - step) * spent / done)
-        return f"{left // 3600}h{left // 60 % 60:02d}m" if left >= 3600 else \
-            f"{left // 60}m{left % 60:02d}s"
+        return duration((max_steps - step) * spent / done)
 
     def _step(self, e: events.StepEvent) -> None:
         stats = f"loss {e.loss:.4f} | lr {e.lr:.2e} | {e.tokens_per_s:,.0f} tok/s"
@@ -147,7 +145,7 @@ class _TrainView:
             self.progress.update(self.task, completed=e.step, stats=stats, eta=eta)
             return
         self.line(f"step {e.step}/{e.max_steps} | {stats} | grad norm {e.grad_norm:.3f} | "
-                  f"{e.elapsed:.1f}s | ETA {eta}")
+                  f"{duration(e.elapsed)} | ETA {eta}")
 
     def _eval(self, e: events.EvalEvent) -> None:
         if self.synthetic:  # random ids: half the positions cannot be predicted, no bytes
@@ -156,11 +154,11 @@ class _TrainView:
                       "predicted | ")
             self.line(f"eval step {e.step}: {copies}val loss over all positions "
                       f"{e.val_loss:.4f} (first occurrences cannot be predicted) | "
-                      f"{e.elapsed:.1f}s")
+                      f"{duration(e.elapsed)}")
         else:
             self.line(f"eval step {e.step}: val loss {e.val_loss:.4f} | ppl {e.val_ppl:.2f} | "
                       f"{e.val_bpb:.4f} bits/byte (best {e.best_val_bpb:.4f}) | "
-                      f"{e.elapsed:.1f}s")
+                      f"{duration(e.elapsed)}")
         self._rising(e)
         for prompt, text in e.samples:
             body = printable(prompt + text, keep="\n\t").replace("\n", "\n  | ")
@@ -212,8 +210,8 @@ class _TrainView:
             self.corpus_pass[e.stage] = now
             what = {"scan": "reading records", "bpe": "training the BPE",
                     "tokenize": "tokenizing"}.get(e.stage, e.stage)
-            self.line(f"data: {what} {100 * e.done / e.total:.0f}% ({e.done / 1e6:,.0f} of "
-                      f"{e.total / 1e6:,.0f} MB)")
+            self.line(f"data: {what} {100 * e.done / e.total:.0f}% ({size(e.done)} of "
+                      f"{size(e.total)})")
 
     def _dataset_ready(self, e: events.DatasetReady) -> None:
         if e.synthetic:

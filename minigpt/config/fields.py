@@ -15,6 +15,7 @@ import difflib
 import functools
 import math
 import typing
+from collections.abc import Iterable
 from typing import Any
 
 from minigpt.errors import ConfigError
@@ -144,6 +145,15 @@ def build_section(cls: type, section: str, body: dict, source: str) -> Any:
 
 
 
+def comma_list(values: str | Iterable[str]) -> list[str]:
+    """The items of one or more comma-separated values, stripped, in order: `a, b` -> [a, b];
+    ["a,b", "c"] -> [a, b, c]. The one parser of every comma-separated list a user types (a
+    `--set` list, --format, --qk, --qk-pairs, --suite, --seq-lens). A blank item is kept, for
+    the caller to refuse by name."""
+    values = [values] if isinstance(values, str) else values
+    return [item.strip() for value in values for item in value.split(",")]
+
+
 def parse_value(cls: type, key: str, raw: str, where: str) -> Any:
     """The text after `=` in `--set section.key=value`, typed and checked like the field
     `cls.key`: strings verbatim, lists comma-separated (`a,b`, or YAML's `[a, b]`), everything
@@ -155,7 +165,7 @@ def parse_value(cls: type, key: str, raw: str, where: str) -> Any:
         items = raw.strip()
         if items.startswith("[") and items.endswith("]"):
             items = items[1:-1]
-        value = [v.strip() for v in items.split(",")] if items.strip() else []
+        value = comma_list(items) if items.strip() else []
     else:
         value = parse_yaml(raw, where) if raw.strip() else None
         if tp is bool and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):

@@ -230,6 +230,11 @@ class TrainConfig:
         "max_steps",
         choices=HEAD_KINDS)
 
+    def micro(self, world: int) -> int:
+        """Sequences per forward pass on each of `world` ranks: micro_batch_size, else each
+        rank's whole share of batch_size (at least 1)."""
+        return self.micro_batch_size or max(1, self.batch_size // world)
+
 
 @dataclass
 class RunConfig:
@@ -247,6 +252,11 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on: train.batch_size rows of model.block_size."""
+        return self.train.batch_size * self.model.block_size
 
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "tokenizer": TokenizerConfig,

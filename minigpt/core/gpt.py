@@ -88,8 +88,10 @@ class Intervention:
     `[batch, head, query, d_head]` of a layer, before W_O mixes them: head h writes
     z[:, h] @ W_O[:, h*D:(h+1)*D]^T), `mlp_out` (an MLP's output, (B, T, C)).
     Readers (what reads it, before their norm): `attn_in` (the stream a layer's heads read,
-    (B, T, C); it may return (3, H, B, T, C): each head's query, key and value input apart,
-    which the layer then projects head by head), `mlp_in` (an MLP's input, (B, T, C)) and
+    (B, T, C); it may return (3, H, B', T, C): each head's query, key and value input apart,
+    which the layer then projects head by head; B' = B, or B * T copies, one per query
+    position, whose heads' outputs `heads` then takes back to (B, ...)), `mlp_in` (an MLP's
+    input, (B, T, C)) and
     `final_in` (what the final norm and the LM head read, (B, T, C)). A reader's change
     reaches that reader only: the residual stream itself goes on unchanged.
     Inside a layer: `qk` (every head's queries and keys `[batch, head, position, d_head]` as
@@ -379,7 +381,9 @@ class CausalSelfAttention(nn.Module):
                              dropout_p=drop, mask=mask)  # z: every head's output, (B, H, T, D)
         if spec.intervention is not None:  # the one place to read or change a single head
             z = spec.intervention.heads(layer, z)
-        y = linear(self.c_proj, z.transpose(1, 2).reshape(B, T, -1))  # (B,T,H*D) -> (B,T,C)
+        # merge: (B', T, H*D) -> (B', T, C); B' is the stream's batch, which `heads` may
+        # restore from the per-query copies an `attn_in` made (position-aware patching)
+        y = linear(self.c_proj, z.transpose(1, 2).flatten(2))
         return dropout(y, self.resid_dropout if self.training else 0.0), probs
 
     def _split_qkv(self, x: Tensor) -> Tensor:

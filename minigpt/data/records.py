@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from minigpt.display import size
 from minigpt.errors import MinigptError
 from minigpt.files import json_int, open_file
 
@@ -187,7 +188,7 @@ def _lines(fh, raw, path: Path, progress: Progress | None) -> Iterator[tuple[int
 
 
 def _too_long(path: Path, line_no: int) -> MinigptError:
-    return MinigptError(f"{path}: line {line_no} is longer than {MAX_RECORD_BYTES >> 20} MiB; "
+    return MinigptError(f"{path}: line {line_no} is longer than {size(MAX_RECORD_BYTES)}; "
                         "a JSON Lines record is one document of at most that size")
 
 

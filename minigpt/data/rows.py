@@ -64,7 +64,14 @@ from minigpt.errors import ArgumentError, MinigptError
 from minigpt.events import DatasetReady, OnEvent, no_events
 from minigpt.files import read_text
 
-HELD_OUT_FRACTION = 0.1  # of a text file's tokens (`text_rows`)
+HELD_OUT_FRACTION = 0.1  # of a text file's tokens (`text_rows`), of a file of activations
+
+
+def held_out_count(n: int) -> int:
+    """How many of `n` tokens or rows are held out: the last HELD_OUT_FRACTION of them, at
+    least one."""
+    return max(1, n - int(n * (1 - HELD_OUT_FRACTION)))
+
 _SALT = {"train": 0, "val": 1}  # induction: train and val rows come from different streams
 
 
@@ -286,13 +293,14 @@ def text_rows(path: Path, tokenizer, block_size: int) -> TextRows:
     """The rows of the text file `path` (its tokens, 90% / 10%); an ArgumentError naming
     --text-file when either part is shorter than one row of block_size + 1 tokens."""
     ids = torch.tensor(tokenizer.encode(read_text(path, "text_file")), dtype=torch.long)
-    cut = int(len(ids) * (1 - HELD_OUT_FRACTION))
+    cut = len(ids) - held_out_count(len(ids))
     need = block_size + 1
     if len(ids) - cut < need + 1 or cut < need + 1:
         raise ArgumentError("text_file", f"has {len(ids)} tokens; features need at least "
                             f"{math.ceil((need + 1) / HELD_OUT_FRACTION)} (a row of "
-                            f"block_size + 1 = {need} held out and 9 times as many to train "
-                            "on); give a longer text", subject=path)
+                            f"block_size + 1 = {need} held out, the last "
+                            f"{HELD_OUT_FRACTION:.0%}, and the rest to train on); give a "
+                            "longer text", subject=path)
     return TextRows(ids[:cut], ids[cut:], block_size)
 
 

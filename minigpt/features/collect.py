@@ -26,6 +26,12 @@ from minigpt.errors import ArgumentError, MinigptError
 BATCH_TOKENS = 8192  # tokens per forward pass while collecting
 
 
+def z_width(mcfg) -> int:
+    """The width of a position's flattened z for a model of `mcfg` (a ModelConfig): n_head x
+    d_head, the SAE's d_in."""
+    return mcfg.n_head * mcfg.head_dim
+
+
 def flat_z(z: Tensor) -> Tensor:
     """z (B, H, T, D) -> (B, T, H*D), head-major per position (hook_z's order)."""
     B, H, T, D = z.shape

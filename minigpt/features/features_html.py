@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from minigpt.display import visible_token
+from minigpt.display import head_name, visible_token
 from minigpt.features.show import FeaturesView
 from minigpt.files import atomic_write_text
 
@@ -29,7 +29,7 @@ def _feature_html(f, layer: int) -> str:
     minus = ", ".join(f"<code>{_tok(t)}</code>" for t, _ in f.suppressed)
     return (f'<section><h2>feature {f.index}</h2><p>active on {100 * f.density:.2f}% of '
             f"held-out tokens</p><table><tr>"
-            + "".join(f"<th>L{layer}.H{h}</th>" for h in range(len(f.heads)))
+            + "".join(f"<th>{head_name(layer, h)}</th>" for h in range(len(f.heads)))
             + f"</tr><tr>{heads}</tr></table><p>largest activations:</p><ol>{ctx}</ol>"
             f"<p>raises: {plus}<br>lowers: {minus}</p></section>")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minigpt.display import figure_png
+from minigpt.display import figure_png, head_name
 from minigpt.features.show import FeaturesView
 from minigpt.files import atomic_write_bytes
 
@@ -22,7 +22,7 @@ def png_bytes(view: FeaturesView) -> bytes:
     ax = fig.add_subplot()
     data = [f.heads for f in view.features]
     im = ax.imshow(data, cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(view.n_head), [f"L{view.layer}.H{h}" for h in range(view.n_head)])
+    ax.set_xticks(range(view.n_head), [head_name(view.layer, h) for h in range(view.n_head)])
     ax.set_yticks(range(n), [f"{f.index} ({f.density:.3f})" for f in view.features])
     ax.set_ylabel("feature (density)")
     ax.set_title(f"which heads write each feature (layer {view.layer})", fontsize=10)

@@ -1,8 +1,8 @@
 """Training a TopK SAE (`interp.sae`) on a `[n, d_in]` set of activations: Adam, batches drawn
 from a generator seeded by `seed`, decoder rows renormalised after every step, dead features
 (no activation for `dead_after` training rows) fed by AuxK. Progress goes to `on_event`
-(`SaeStep` every `report_every` steps). Every `save_every` steps, and at the end, `save(state)`
-gets the whole training state as tensors (`TrainState`: the SAE, Adam's moments, each
+(`events.SaeStep` every `report_every` steps). Every `save_every` steps, and at the end,
+`save(state)` gets the whole training state as tensors (`TrainState`: the SAE, Adam's moments, each
 feature's rows since it last fired, the generator's state), so an interrupted training
 resumes where it was and ends with the same weights as an uninterrupted one (same machine,
 same thread count).
@@ -18,14 +18,22 @@ import torch
 from torch import Tensor
 
 from minigpt.errors import ArgumentError
+from minigpt.events import SaeStep
 from minigpt.interp.sae import TopKSAE, default_lr, losses
+
+FEATURES_PER_INPUT = 8  # the automatic width: 8 features per dimension of the input
+
+
+def default_width(d_in: int) -> int:
+    """The SAE's width when --width is not given: FEATURES_PER_INPUT x the input's width."""
+    return FEATURES_PER_INPUT * d_in
 
 
 @dataclass(frozen=True)
 class SaeSettings:
     """What an SAE is trained with; `check` words every bad value as the flag's error."""
 
-    width: int | None     # features (d_sae); None = 8 x d_in
+    width: int | None     # features (d_sae); None = default_width(d_in)
     k: int                # active features per row
     steps: int            # optimizer steps
     batch_size: int       # rows per step
@@ -35,24 +43,32 @@ class SaeSettings:
     dead_after: int = 0   # rows without firing before a feature counts as dead; 0 = automatic
 
     def check(self) -> None:
+        """Every value that does not depend on the input (--k against a --width given, too),
+        checked before anything loads."""
         for name in ("width", "k", "steps", "batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ArgumentError(name, f"must be a positive number, got {value}")
-        if self.width and self.k > self.width:
-            raise ArgumentError("k", f"{self.k} exceeds --width {self.width}: at most width "
-                                "features can be active; lower --k or raise --width")
+        if self.width is not None:
+            self._check_k(self.width)
         if not self.lr >= 0:  # NaN included
             raise ArgumentError("lr", f"must be >= 0 (0 = automatic), got {self.lr}")
         if self.seed < 0:
             raise ArgumentError("seed", f"must be >= 0, got {self.seed}")
 
-    def resolved(self, d_in: int) -> SaeSettings:
-        """The settings with every automatic value filled in for inputs of width d_in."""
-        width = self.width or 8 * d_in
+    def _check_k(self, width: int, d_in: int | None = None) -> None:
+        """At most `width` features can be active (the automatic width's when `d_in`)."""
         if self.k > width:
-            raise ArgumentError("k", f"{self.k} exceeds the width {width} (8 x the input's "
-                                f"{d_in}); lower --k or raise --width")
+            what = (f"--width {width}" if d_in is None else f"the width {width} "
+                    f"({FEATURES_PER_INPUT} x the input's {d_in})")
+            raise ArgumentError("k", f"{self.k} exceeds {what}: at most width features can "
+                                "be active; lower --k or raise --width")
+
+    def resolved(self, d_in: int) -> SaeSettings:
+        """The settings with every automatic value filled in for inputs of width d_in (--k
+        checked against the automatic width)."""
+        width = self.width or default_width(d_in)
+        self._check_k(width, None if self.width else d_in)
         return SaeSettings(width, self.k, self.steps, self.batch_size,
                            self.lr or default_lr(width), self.seed,
                            self.aux_k or max(1, d_in // 2),
@@ -60,18 +76,6 @@ class SaeSettings:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class SaeStep:
-    """Progress: `step` of `steps` done, the step's losses, seconds so far."""
-
-    step: int
-    steps: int
-    mse: float
-    aux: float
-    dead_fraction: float
-    elapsed: float
 
 
 @dataclass

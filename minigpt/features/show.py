@@ -14,7 +14,6 @@ Per feature f:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import flops_per_token
-from minigpt.cost import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.cost import Work, check_flops
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.features import collect
 from minigpt.interp.sae import TopKSAE
@@ -111,26 +110,19 @@ def pick_features(density: Tensor, feature: int | None, top: int) -> list[int]:
 
 
 def check_show_cost(loaded, sae: TopKSAE, tokens: int, force: bool = False) -> None:
-    """`tokens` bounded by cost's rule (an hour, 80% of the free memory; ArgumentError
-    naming `tokens` and the largest that fits, unless `force`): a forward pass of the model
-    per token (a third of core.gpt.flops_per_token), the SAE's encoding (2 x d_in x d_sae
-    FLOPs), at this machine's measured matmul rate (a lower bound; measured only when the FLOPs
-    could take an hour at FLOOR_RATE); memory: every token's z and its d_sae activations."""
-    if force:
-        return
-    mcfg, device = loaded.cfg.model, loaded.device
+    """`tokens` bounded by cost's rule (`cost.check_flops`: an hour, a share of the free
+    memory; ArgumentError naming `tokens` and the largest that fits, unless `force`): a forward
+    pass of the model per token (a third of core.gpt.flops_per_token) and the SAE's encoding
+    (2 x d_in x d_sae FLOPs); memory: every token's z and its d_sae activations."""
+    mcfg = loaded.cfg.model
     per_token = flops_per_token(mcfg, mcfg.block_size) / 3 + 2.0 * sae.d_in * sae.d_sae
 
-    def cost_at(rate: float) -> Callable[[int], Cost]:
-        return lambda n: Cost(n * per_token / rate, 4.0 * n * (sae.d_in + 2 * sae.d_sae))
+    def work_of(n: int) -> Work:
+        return Work(n * per_token, 4.0 * n * (sae.d_in + 2 * sae.d_sae))
 
-    rate, basis = FLOOR_RATE, "a count of what it holds (its FLOPs fit at any speed)"
-    if cost_at(FLOOR_RATE)(tokens).seconds > TIME_LIMIT_S:
-        rate = matmul_rate(device)
-        basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
-                 "GFLOP/s: a lower bound")
-    check_cost("tokens", tokens, cost_at(rate), what=f"{tokens:,} held-out tokens through the "
-               f"model and the SAE's {sae.d_sae:,} features", device=device, basis=basis)
+    check_flops("tokens", tokens, work_of, device=loaded.device, force=force,
+                what=f"{tokens:,} held-out tokens through the model and the SAE's "
+                f"{sae.d_sae:,} features")
 
 
 @torch.no_grad()

@@ -7,7 +7,6 @@ written: a bad value leaves no directory behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -15,32 +14,17 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import flops_per_token
-from minigpt.cost import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.cost import TRAIN_LIMIT_S, Work, check_flops
+from minigpt.data.rows import HELD_OUT_FRACTION, held_out_count
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.events import Progress, SaeStarting, no_events
 from minigpt.features import collect, store
-from minigpt.features.fit import SaeSettings, TrainState, fit_sae, new_state
+from minigpt.features.fit import SaeSettings, TrainState, default_width, fit_sae, new_state
 from minigpt.interp.sae import ce_recovered, quality
 from minigpt.run.safetensors_io import load_tensors
 
 DEFAULT_TOKENS = 262_144     # activations to train on
 DEFAULT_HELD_OUT = 32_768    # held-out tokens the quality is measured on
-
-
-@dataclass
-class Starting:
-    """Every check passed (the cost included): the SAE on `what` starts, into `out`."""
-
-    what: str
-    out: Path
-
-
-@dataclass
-class Collecting:
-    """Progress: `done` of `total` rows of the `split` run through the model."""
-
-    split: str
-    done: int
-    total: int
 
 
 @dataclass
@@ -104,7 +88,8 @@ def read_activations(path: Path) -> Tensor:
                             "be one 2-D float tensor [n, d]", subject=path)
     if x.shape[0] < 20 or x.shape[1] < 1:
         raise ArgumentError("activations", f"holds {x.shape[0]} rows of {x.shape[1]}; at "
-                            "least 20 are needed (a tenth is held out)", subject=path)
+                            f"least 20 are needed (the last {HELD_OUT_FRACTION:.0%} is held out)",
+                            subject=path)
     x = x.float()
     if not torch.isfinite(x).all():
         raise ArgumentError("activations", "holds NaN or infinite values", subject=path)
@@ -116,7 +101,7 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
     if src.loaded is None:
         x = read_activations(src.activations)
         perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
-        cut = x.shape[0] - max(1, x.shape[0] // 10)
+        cut = x.shape[0] - held_out_count(x.shape[0])
         return x[perm[:cut]], x[perm[cut:]], None
     rows = collect.run_rows(src.loaded, src.text_file)
     model = src.loaded.model
@@ -125,7 +110,7 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
         r = collect.draw_rows(rows, split, n, seed + salt)
 
         def report(done: int, split=split, total=r.shape[0]) -> None:
-            on_event(Collecting(split, done, total))
+            on_event(Progress(f"z of {split}", done, total))
 
         out.append((collect.collect(model, r, src.layer, report), r))
     return out[0][0], out[1][0], out[1][1]
@@ -136,27 +121,25 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     """Train (or, with `resume`, continue) an SAE on `src` into `out` (module docstring);
     refused before the work when its estimate does not fit (`check_features_cost`), unless
     `force`."""
-    on_event = on_event or (lambda e: None)
+    on_event = on_event or no_events
     settings.check()
+    s = None  # the settings resolved for the input's width, once it is known
     if src.loaded is not None:
         check_layer(src.layer, src.loaded)
-        mcfg = src.loaded.cfg.model
-        settings.resolved(mcfg.n_head * mcfg.head_dim)  # --k against the automatic width
+        s = settings.resolved(collect.z_width(src.loaded.cfg.model))
     check_out(out, resume)
     for name in ("tokens", "held_out"):
         if getattr(src, name) < 1:
             raise ArgumentError(name, f"must be a positive number, got {getattr(src, name)}")
-    if src.loaded is not None and not force:
-        check_features_cost(src, settings, mcfg.n_head * mcfg.head_dim)
+    if s is not None:
+        check_features_cost(src, s, collect.z_width(src.loaded.cfg.model), force=force)
+        on_event(SaeStarting(src.describe(), out))
     t0 = time.monotonic()
-    if src.loaded is not None:
-        on_event(Starting(src.describe(), out))
     x, held, held_rows = gather(src, settings.seed, on_event)
-    if src.loaded is None:
-        if not force:
-            check_features_cost(src, settings, x.shape[1], x.shape[0] + held.shape[0])
-        on_event(Starting(src.describe(), out))
-    s = settings.resolved(x.shape[1])
+    if s is None:
+        s = settings.resolved(x.shape[1])
+        check_features_cost(src, s, x.shape[1], x.shape[0] + held.shape[0], force=force)
+        on_event(SaeStarting(src.describe(), out))
     state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
                                     "source": src.describe()}
     resumed = _resume(out, state, meta) if resume else 0
@@ -170,58 +153,49 @@ def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: boo
     return FeaturesResult(out, s, info, resumed)
 
 
-def features_cost(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None,
-                  rate: float = FLOOR_RATE) -> Cost:
-    """What `train_features` costs: collecting `rows` z of width `d_in` (a third of
+def features_work(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None) -> Work:
+    """What `train_features` does: collecting `rows` z of width `d_in` (a third of
     core.gpt.flops_per_token each, with the model `mcfg`; none for a file), `s.steps` steps
     of `s.batch_size` rows through the encoder and decoder (12 x width x d_in FLOPs a row,
-    forward and backward), the held-out measures; at `rate` FLOP/s. Memory: the z, the SAE's
-    two matrices with their gradients and Adam moments, a batch's latents."""
-    width = s.width or 8 * d_in
+    forward and backward), the held-out measures. Memory: the z, the SAE's two matrices with
+    their gradients and Adam moments, a batch's latents."""
+    width = s.width
     per_token = flops_per_token(mcfg, mcfg.block_size) / 3 if mcfg is not None else 0.0
     flops = (rows * per_token + s.steps * s.batch_size * 12.0 * width * d_in
              + held_out * (4.0 * width * d_in + 3 * per_token))
     held = 4.0 * rows * d_in + 32.0 * width * d_in + 12.0 * s.batch_size * width
-    return Cost(flops / rate, held)
+    return Work(flops, held)
 
 
-def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None
-                        ) -> None:
-    """`features_cost` checked by cost's rule (a week, the training bound; 80% of the
-    free memory), naming the number furthest above its default (--width, --tokens,
-    --held-out, --batch-size, --steps; a file's rows are what it holds) and the largest value
-    of it that fits with the others as given. The time is at this machine's measured matmul
-    rate (a lower bound), measured only when the FLOPs could take that long at FLOOR_RATE."""
+def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None = None, *,
+                        force: bool = False) -> None:
+    """`features_work` of the resolved settings `s` on inputs `d_in` wide checked by cost's
+    rule (`cost.check_flops`: a week, the training bound; a share of the free memory), naming
+    the number furthest above its default (--width, --tokens, --held-out, --batch-size,
+    --steps; a file's rows are what it holds) and the largest value of it that fits with the
+    others as given, unless `force`."""
     mcfg = src.loaded.cfg.model if src.loaded is not None else None
     device = src.loaded.device if src.loaded is not None else "cpu"
-    given = {"width": s.width or 8 * d_in, "steps": s.steps, "batch_size": s.batch_size}
-    usual = {"width": 8 * d_in, "steps": 2000, "batch_size": 1024}
+    given = {"width": s.width, "steps": s.steps, "batch_size": s.batch_size}
+    usual = {"width": default_width(d_in), "steps": 2000, "batch_size": 1024}
     if mcfg is not None:
         given.update(tokens=src.tokens, held_out=src.held_out)
         usual.update(tokens=DEFAULT_TOKENS, held_out=DEFAULT_HELD_OUT)
     rows = rows if rows is not None else src.tokens + src.held_out
-
-    def cost_at(rate: float, name: str) -> Callable[[int], Cost]:
-        def cost_of(v: int) -> Cost:
-            n = {**given, name: v}
-            at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
-            if mcfg is None:
-                return features_cost(at, d_in, rows, max(1, rows // 10), None, rate)
-            return features_cost(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg,
-                                 rate)
-        return cost_of
-
     name = max(given, key=lambda k: given[k] / usual[k])
-    rate, basis = FLOOR_RATE, "a count of what it holds (its FLOPs fit at any speed)"
-    if cost_at(FLOOR_RATE, name)(given[name]).seconds > TRAIN_LIMIT_S:
-        rate = matmul_rate(device)
-        basis = (f"its FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
-                 "GFLOP/s: a lower bound")
+
+    def work_of(v: int) -> Work:
+        n = {**given, name: v}
+        at = replace(s, width=n["width"], steps=n["steps"], batch_size=n["batch_size"])
+        if mcfg is None:
+            return features_work(at, d_in, rows, held_out_count(rows))
+        return features_work(at, d_in, n["tokens"] + n["held_out"], n["held_out"], mcfg)
+
     others = ", ".join(f"--{k.replace('_', '-')} {v:,}" for k, v in given.items() if k != name)
-    check_cost(name, given[name], cost_at(rate, name), device=device, basis=basis,
-               limit_s=TRAIN_LIMIT_S, limit_what="an SAE's training may take",
-               what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
-               f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
+    check_flops(name, given[name], work_of, device=device, force=force, limit_s=TRAIN_LIMIT_S,
+                limit_what="an SAE's training may take",
+                what=f"an SAE of {given['width']:,} features on {rows:,} rows of width {d_in:,}, "
+                f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
 
 
 def _resume(out: Path, state: TrainState, meta: dict) -> int:

@@ -14,11 +14,14 @@ import torch
 from torch import Tensor
 
 from minigpt.cost import Cost, check_cost, timed
+from minigpt.display import size
 from minigpt.errors import ArgumentError
 from minigpt.files import atomic_write_bytes, shown
+from minigpt.heads.attribution_graph import graph_bytes
 from minigpt.heads.probes import corrupted_input, prepare_input, token_id
 from minigpt.interp.edge_args import ABLATIONS
 from minigpt.interp.edge_graph import Circuit, attribute_edges, circuit_cost
+from minigpt.interp.edge_positions import position_cost
 from minigpt.interp.patching import Metric, check_same_length, make_metric
 
 ABLATION_HELP = {"zero": "every edge's source value is zero",
@@ -41,7 +44,7 @@ class Pairs:
 
 
 def check_circuit_cost(model, n_tokens: int, pairs: int, ig_steps: int, curves: bool = True,
-                       force: bool = False) -> Cost:
+                       force: bool = False, positions: bool = False, graph: bool = False) -> Cost:
     """The estimated cost of a circuit search (`interp.edge_graph.circuit_cost`, from one
     gradient step timed on a pair of `n_tokens` zeros); ArgumentError naming `pairs` or
     `ig_steps`, the cost and the largest value that fits (cost.check_cost), unless `force`."""
@@ -50,11 +53,25 @@ def check_circuit_cost(model, n_tokens: int, pairs: int, ig_steps: int, curves: 
     metric = make_metric(ids.shape[1])
     targets = torch.tensor([metric.targets(ids[0].tolist())], device=device)
     step_s = timed(lambda: attribute_edges(model, ids, ids, metric, targets, 1))
-    check_cost("pairs", pairs, lambda v: circuit_cost(cfg, n_tokens, v, 1, curves, step_s),
-               what=f"{pairs} pairs of {n_tokens} tokens", device=device, force=force)
-    return check_cost("ig_steps", ig_steps,
-                      lambda v: circuit_cost(cfg, n_tokens, pairs, v, curves, step_s),
-                      what=f"{ig_steps} steps on {pairs} pair(s)", device=device, force=force)
+
+    held_graph = graph_bytes(cfg, n_tokens) if graph else 0.0  # --format graph's links
+
+    def cost(n_pairs: int, steps: int) -> Cost:
+        c = circuit_cost(cfg, n_tokens, n_pairs, steps, curves, step_s)
+        if not positions:
+            return Cost(c.seconds, c.bytes + held_graph)
+        per_step, other, held = position_cost(cfg, n_tokens, n_pairs, curves)
+        return Cost(c.seconds + (per_step * steps + other) * n_pairs * step_s,
+                    c.bytes + held + held_graph)
+
+    by = " by position" if positions else ""
+    none_fit = (f"the attribution graph of {n_tokens} tokens alone holds {size(held_graph)}: "
+                "give fewer tokens (--max-tokens, or a shorter text)") if graph else None
+    check_cost("pairs", pairs, lambda v: cost(v, 1), none_fit=none_fit,
+               what=f"{pairs} pairs of {n_tokens} tokens{by}", device=device, force=force)
+    return check_cost("ig_steps", ig_steps, lambda v: cost(pairs, v), none_fit=none_fit,
+                      what=f"{ig_steps} steps on {pairs} pair(s){by}", device=device,
+                      force=force)
 
 
 def circuit_pairs(cfg, tokenizer, *, patch_from: str | None, text: str | None = None,
@@ -114,10 +131,12 @@ def circuit_title(label: str, pairs: Pairs) -> str:
     return f"{label}, corrupted: {name}"
 
 
-def circuit_file_names(formats: Sequence[str], curves: bool) -> list[str]:
+def circuit_file_names(formats: Sequence[str], curves: bool, slug: str | None = None
+                       ) -> list[str]:
     """The names of the files `write_circuit_files` writes for `formats` (faithfulness.png
-    only with the curves): what is checked before any work."""
-    names = []
+    only with the curves), and the attribution graph's (`graph`: SLUG.json and
+    graph-metadata.json): what is checked before any work."""
+    names = [f"{slug}.json", "graph-metadata.json"] if "graph" in formats and slug else []
     if "png" in formats:
         names += ["circuit.png", *(["faithfulness.png"] if curves else [])]
     return names + [name for fmt, name in (("html", "circuit.html"), ("json", "circuit.json"))

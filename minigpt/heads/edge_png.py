@@ -7,11 +7,13 @@ ranking, with each curve's area)."""
 
 from __future__ import annotations
 
-from minigpt.display import figure_png, head_name
+from minigpt.display import figure_png, head_name, mlp_name
 from minigpt.interp.edge_graph import FRACTIONS, Circuit
 
 BEND = {"q": 0.25, "k": 0.0, "v": -0.25}  # the curvature of an edge into each input
-RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching"}
+RANKING_LABEL = {"eap": "EAP", "eap-ig": "EAP-IG", "patching": "real single-edge patching",
+                 "eap@positions": "EAP by position (as many positions)",
+                 "eap-ig@positions": "EAP-IG by position (as many positions)"}
 
 
 def _positions(result: Circuit) -> dict[str, tuple[float, float]]:
@@ -24,7 +26,7 @@ def _positions(result: Circuit) -> dict[str, tuple[float, float]]:
         for h in range(g.n_head):
             pos[head_name(layer, h)] = (float(h), y)
         if g.mlp:
-            pos[f"L{layer}.MLP"] = ((g.n_head - 1) / 2, y + 1)
+            pos[mlp_name(layer)] = ((g.n_head - 1) / 2, y + 1)
         y += 2 if g.mlp else 1
     pos["logits"] = ((g.n_head - 1) / 2, y)
     return pos
@@ -120,6 +122,8 @@ def faithfulness_png(result: Circuit, title: str = "") -> bytes:
     ax = fig.subplots()
     areas = result.areas()
     for name, pts in result.curves.items():
+        if name.endswith("@summed"):  # the summed curve again, counted in positions: JSON only
+            continue
         ax.plot(FRACTIONS, [f for _, f in pts], "-o", markersize=3,
                 label=f"{RANKING_LABEL.get(name, name)} (area {areas[name][0]:.3f})")
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")

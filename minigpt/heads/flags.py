@@ -4,8 +4,10 @@ torch and the model have loaded (seconds on a busy laptop)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
+from minigpt.config.fields import comma_list
 from minigpt.core.sampling import check_seed
 from minigpt.errors import ArgumentError
 from minigpt.interp.edge_args import ABLATIONS, check_direction
@@ -13,20 +15,20 @@ from minigpt.interp.modes import check_mode
 from minigpt.threads import check_threads
 
 FORMATS = ("table", "png", "html", "safetensors", "json")
-CIRCUIT_FORMATS = ("table", "png", "html", "json")  # what `minigpt circuit --format` writes
+CIRCUIT_FORMATS = ("table", "png", "html", "json", "graph")  # `minigpt circuit --format`
+SLUG = re.compile(r"[A-Za-z0-9_-]{1,100}")  # a graph's name (heads/attribution_graph.py)
 
 
 def parse_formats(values: Sequence[str], valid: Sequence[str] = FORMATS) -> list[str]:
     """Format names (each may be comma-separated), validated against `valid` (inspect-heads':
     FORMATS); none given: the table."""
     out: list[str] = []
-    for value in values:
-        for name in (v.strip().lower() for v in value.split(",")):
-            if name not in valid:
-                raise ArgumentError("format", f"'{name}' is not a format; valid: "
-                                   f"{', '.join(valid)}")
-            if name not in out:
-                out.append(name)
+    for name in (v.lower() for v in comma_list(values)):
+        if name not in valid:
+            raise ArgumentError("format", f"'{name}' is not a format; valid: "
+                               f"{', '.join(valid)}")
+        if name not in out:
+            out.append(name)
     return out or ["table"]
 
 
@@ -64,3 +66,14 @@ def check_early(formats: Sequence[str] | None, seed: int, threads: int, *,
     check_ablate(ablate)
     check_threads(threads)
     return fmts
+
+
+def check_slug(slug: str) -> str:
+    """`circuit --slug`: a graph's name, 1 to 100 letters, digits, `_` or `-` (what Neuronpedia
+    accepts, and a file name and a URL part for circuit-tracer's viewer); ArgumentError
+    otherwise."""
+    if not SLUG.fullmatch(slug):
+        raise ArgumentError("slug", "must be 1 to 100 letters, digits, '_' or '-' (the "
+                            "characters the graph viewers accept in a graph's name), e.g. "
+                            "induction-circuit", subject=slug)
+    return slug

@@ -18,22 +18,16 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import device_of, flops_per_token
-from minigpt.cost import (
-    FLOOR_RATE,
-    MEMORY_SHARE,
-    TIME_LIMIT_S,
-    Cost,
-    check_cost,
-    free_memory,
-    matmul_rate,
-)
+from minigpt.cost import Cost, Work, check_flops
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.events import OnEvent, progress_to
 from minigpt.heads.probes import ProbeInput
 from minigpt.interp.head_circuits import (
     KIND_HELP,
     Attribution,
     Composition,
     Patching,
+    composition_cost,
     composition_scores,
     direct_logit_attribution,
     patch_heads,
@@ -52,8 +46,8 @@ from minigpt.interp.heads import (
     score_heads,
 )
 from minigpt.interp.lens import Lens, logit_lens
-from minigpt.interp.patching import Progress, make_metric
-from minigpt.interp.qk import QKHead, induction_pairs, qk_attribution
+from minigpt.interp.patching import OnProgress, make_metric
+from minigpt.interp.qk import QKHead, induction_pairs, qk_attribution, qk_cost
 
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
@@ -82,7 +76,7 @@ class Inspection:
     step: int = 0
     notes: list[str] = field(default_factory=list)
     ablation: Ablation | None = None  # what each head carries (`ablate_heads`), if asked for
-    dla: Attribution | None = None  # each head's direct share of the logit (heads.circuits)
+    dla: Attribution | None = None  # each head's direct share of the logit (interp.head_circuits)
     patch: Patching | None = None  # each head patched from a corrupted input
     composition: Composition | None = None  # Q/K/V composition from the weights
     copy_start: int | None = None    # induction probe: the position its second copy starts at
@@ -267,7 +261,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
             run: str = "", step: int = 0, ablate: str | None = None, seed: int = 0,
             circuits: CircuitRequest | None = None,
             token_str: Callable[[int], str] | None = None,
-            progress: Progress | None = None) -> Inspection:
+            on_event: OnEvent | None = None) -> Inspection:
     """Attention maps and head scores of `model` on `inp.tokens` (already within block_size),
     on `device` (None: where the model's weights are). MinigptError if the attention or the
     logits are not finite. `ablate` (a mode of interp.heads' ablation) also measures what each
@@ -275,12 +269,13 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
     The delimiter score reads the token strings only when they are text (`inp.is_text`); `seed`
     orders the resample ablation's reference. `circuits` adds direct logit attribution,
     composition, patching and the logit lens (scored where the ablation is); `token_str`
-    (the tokenizer's) names the lens's tokens. `progress(stage, done, total)` as the long
+    (the tokenizer's) names the lens's tokens. `on_event` gets an events.Progress as the long
     parts (ablation, patching, the qk split, composition) go on; `inspect_cost` estimates
     them all before."""
     tokens = inp.tokens
     if not tokens:
         raise ValueError("inspect: no tokens")
+    progress = progress_to(on_event) if on_event is not None else None
     dev = torch.device(device) if device is not None else device_of(model)
     attn, diff = attention_maps(model, tokens, dev)
     check_finite(attn, diff, run)
@@ -304,7 +299,7 @@ def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
 
 
 def measure_circuits(insp: Inspection, model, req: CircuitRequest,
-                     positions: Sequence[int] | None, progress: Progress | None = None
+                     positions: Sequence[int] | None, progress: OnProgress | None = None
                      ) -> None:
     """Fill `insp.dla`, `.patch`, `.composition`, `.lens` and `.qk` as `req` asks
     (interp.head_circuits, interp.lens, interp.qk), reporting `progress`."""
@@ -375,13 +370,11 @@ def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
     ModelConfig) with what is asked for: a forward pass is a third of core.gpt.flops_per_token
     per token; the maps take two (explicit and SDPA), an ablation or a patching sweep about
     half a pass per head (each row runs from its head's layer on), DLA, the lens and
-    --features one each; the qk split projects every writer of a head's layer and keeps two
-    (pairs x writers x writers) grids per head in float64; composition one product per later
-    layer (3 C^3 per layer pair). Memory: the maps (three copies of layers x heads x T x T
-    floats: the pass, the scores, the copy kept) and the qk split's grids and writers, or
-    composition's products, whichever is larger."""
-    T, L, H, C = n_tokens, cfg.n_layer, cfg.n_head, cfg.n_embd
-    D = C // H
+    --features one each; the qk split and composition as their own formulas say
+    (interp.qk.qk_cost, interp.head_circuits.composition_cost). Memory: the maps (three copies
+    of layers x heads x T x T floats: the pass, the scores, the copy kept) and the qk split's
+    or composition's, whichever is larger."""
+    T, L, H = n_tokens, cfg.n_layer, cfg.n_head
     pass_flops = flops_per_token(cfg, T) * T / 3
     sweeps = (ablate is not None) + (req is not None and req.patch_tokens is not None)
     passes = 2 + sweeps * (L * H / 2 + 2) + features
@@ -390,39 +383,27 @@ def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
     flops, held = passes * pass_flops, 12.0 * L * H * T * T
     extra = 0.0
     if req is not None and req.qk:
-        P = max(1, min(len(req.qk_pairs) if req.qk_pairs else T, T - 1))
-
-        def writers(la: int) -> int:  # the writers of the stream entering layer la
-            return 2 + la * (H + cfg.mlp)
-
-        flops += sum(4 * writers(la) * T * C * D + 4 * P * writers(la) ** 2 * D
-                     for la, _ in req.qk)
-        extra = (8.0 * (2 + L * (H + cfg.mlp)) * T * C
-                 + sum(16.0 * P * writers(la) ** 2 for la, _ in req.qk))
+        pairs = max(1, min(len(req.qk_pairs) if req.qk_pairs else T, T - 1))
+        qk = qk_cost(cfg, T, req.qk, pairs)
+        flops, extra = flops + qk.flops, qk.bytes
     if req is not None and req.composition:
-        flops += 3.0 * C ** 3 * L * (L - 1) / 2
-        extra = max(extra, 60.0 * L * C * C)
+        comp = composition_cost(cfg)
+        flops, extra = flops + comp.flops, max(extra, comp.bytes)
     return flops, held + extra
 
 
 def check_inspect_cost(model, n_tokens: int, *, ablate: str | None = None,
                        req: CircuitRequest | None = None, features: bool = False,
                        force: bool = False) -> Cost | None:
-    """`inspect_cost` on `n_tokens` tokens checked by cost's rule (refused, naming
-    `max_tokens`, the estimate and the largest value that fits, unless `force`): the time is
-    the FLOPs at this machine's measured matmul rate (a lower bound), measured only when the
-    FLOPs could take an hour at FLOOR_RATE. The estimate when it was measured, else None (a
-    quick inspection: nothing worth saying)."""
+    """`inspect_cost` on `n_tokens` tokens checked by cost's rule (`cost.check_flops`: refused,
+    naming `max_tokens`, the estimate and the largest value that fits, unless `force`). The
+    estimate when the rate was measured, else None (a quick inspection: nothing worth
+    saying)."""
     cfg, device = model.cfg, device_of(model)
-    flops, held = inspect_cost(cfg, n_tokens, ablate=ablate, req=req, features=features)
-    limit_bytes = MEMORY_SHARE * free_memory(device)
-    if force or (flops <= TIME_LIMIT_S * FLOOR_RATE and held <= limit_bytes):
-        return None
-    rate = matmul_rate(device, next(model.parameters()).dtype)
 
-    def cost_of(t: int) -> Cost:
-        f, b = inspect_cost(cfg, min(t, n_tokens), ablate=ablate, req=req, features=features)
-        return Cost(f / rate, b)
+    def work_of(t: int) -> Work:
+        return Work(*inspect_cost(cfg, min(t, n_tokens), ablate=ablate, req=req,
+                                  features=features))
 
     asked = [w for w, on in (("ablation", ablate), ("DLA", req and req.dla),
                              ("patching", req and req.patch_tokens is not None),
@@ -431,10 +412,9 @@ def check_inspect_cost(model, n_tokens: int, *, ablate: str | None = None,
                               req and req.qk),
                              ("composition", req and req.composition), ("features", features))
              if on]
-    return check_cost("max_tokens", n_tokens, cost_of, device=device, minimum=2,
-                      what=f"inspecting {n_tokens:,} tokens" + (f" with {', '.join(asked)}"
-                                                                 if asked else ""),
-                      basis=f"the model's FLOPs at this machine's measured matmul rate, "
-                      f"{rate / 1e9:.3g} GFLOP/s: a lower bound",
-                      none_fit="even 2 tokens do not fit: ask for less (fewer --qk heads, no "
-                      "--composition)")
+    return check_flops("max_tokens", n_tokens, work_of, device=device, minimum=2,
+                       dtype=next(model.parameters()).dtype, force=force,
+                       what=f"inspecting {n_tokens:,} tokens" + (f" with {', '.join(asked)}"
+                                                                  if asked else ""),
+                       none_fit="even 2 tokens do not fit: ask for less (fewer --qk heads, no "
+                       "--composition)")

@@ -10,7 +10,7 @@ those records.
 `circuit` (models of two layers or more, `circuit_record`): the best induction head of the
 layers after the first, the best previous-token head of the layers before it, the
 K-composition of the two (how much the induction head's keys read what the previous-token head
-writes: heads.circuits) beside the score of random weights, and the head with the largest
+writes: interp.head_circuits) beside the score of random weights, and the head with the largest
 direct logit attribution on the induction probe's second copy: the circuit forming, not only
 the patterns.
 `circuit["edges"]` (`edge_record`): the EAP score (interp/edge_graph.py, one step, noising;
@@ -141,7 +141,7 @@ def qk_record(model: torch.nn.Module, ids: Sequence[int], induction: tuple[int, 
     idx = torch.tensor([list(ids)], dtype=torch.long, device=device_of(model))
     h = qk_attribution(model, idx, [induction], induction_pairs(ids, len(ids) // 2))[0]
     query = "embed" if "embed" in h.writers else "embed.tok"
-    key = f"L{previous[0]}.H{previous[1]}"
+    key = head_name(*previous)
     q, k, _, margin = h.terms()[0]
     return {"term": [query, key], "margin": round(h.term_margin(query, key), 6),
             "top": [q, k, round(margin, 6)]}

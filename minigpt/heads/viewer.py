@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from minigpt.display import visible_token
+from minigpt.display import head_name, visible_token
 from minigpt.files import atomic_write_bytes
 from minigpt.heads.inspection import PATCH_READING, Inspection
 from minigpt.interp.heads import LAG_WINDOW, SCORE_HELP, SCORE_NAMES
@@ -57,8 +57,8 @@ def viewer_data(insp: Inspection, heads: Sequence[tuple[int, int]] | None = None
 
 def qk_data(insp: Inspection) -> dict | None:
     """Each split head's grid (interp.qk) as the page draws it, by head name: the writers, the
-    terms' mean margins and scores [query writer][key writer] (3 decimals), the pairs (None:
-    nothing split)."""
+    terms' mean margins and scores [query writer][key writer] (3 decimals), the pairs, and
+    every head's name [layer][head] (None: nothing split)."""
     if insp.qk is None:
         return None
     out = {}
@@ -69,7 +69,8 @@ def qk_data(insp: Inspection) -> dict | None:
                        "mean_score": round(float(h.scores.mean()), 4),
                        "mean_margin": round(float(h.margins.mean()), 4),
                        "closure": h.closure}
-    return {"heads": out, "pairs": insp.qk_pairs}
+    names = [[head_name(la, h) for h in range(insp.n_head)] for la in range(insp.n_layer)]
+    return {"heads": out, "pairs": insp.qk_pairs, "names": names}
 
 
 def table_data(insp: Inspection, rows: list[dict]) -> dict:
@@ -123,6 +124,10 @@ TYPE_HELP = {
     "local": "most attention on the query and the 3 tokens before it",
     "n/a": "a single token: nothing to score",
 }
+# A type that is also a score column is explained once, under the score's name, in the
+# glossary (a browser showed "local" twice: once as the score, once as the type).
+TYPE_AS_SCORE = {"local": "; as a dominant type: the local score is at least 0.4 and no "
+                          "pattern score is, nor is the attention diffuse"}
 GLYPHS = {
     "·": "a space inside a token",
     "↵": "a newline",
@@ -137,10 +142,10 @@ GLYPHS = {
 def glossary() -> list[list[str]]:
     """[term, meaning] pairs: every score column, the dominant types that are not scores, the
     glyphs token labels use (`visible_token`) and the ablation column."""
-    return ([[n, SCORE_HELP[n]] for n in SCORE_NAMES]
+    return ([[n, SCORE_HELP[n] + TYPE_AS_SCORE.get(n, "")] for n in SCORE_NAMES]
             + [["dominant", ("the pattern score (induction .. delimiter) that is highest and "
-                "at least 0.4; otherwise one of the types below")]]
-            + [[n, v] for n, v in TYPE_HELP.items()]
+                "at least 0.4; otherwise one of the types below, or local")]]
+            + [[n, v] for n, v in TYPE_HELP.items() if n not in SCORE_HELP]
             + [["prev@k", (f"the best previous-token score over lags k = 1..{LAG_WINDOW} "
                 "(attention from t to t-k), @ that lag")],
                ["ind@k", (f"the best induction score over lags k = 1..{LAG_WINDOW} (attention "
@@ -495,7 +500,7 @@ _JS_QK = r"""
     return "rgb(" + end.map((x) => Math.round(255 * (1 - a) + x * a)).join(",") + ")";
   }
   function draw(cur) {
-    const name = "L" + cur.layer + ".H" + cur.head, Q = D.qk.heads[name];
+    const name = D.qk.names[cur.layer][cur.head], Q = D.qk.heads[name];
     const table = document.getElementById("qk"), info = document.getElementById("qk-info");
     table.replaceChildren();
     table.dataset.head = name;

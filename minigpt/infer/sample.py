@@ -21,7 +21,7 @@ import torch
 from minigpt.core.generate import sampling_loop
 from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.core.sampling import Sampling
-from minigpt.cost import FLOOR_RATE, TIME_LIMIT_S, Cost, check_cost, matmul_rate
+from minigpt.cost import Work, check_flops
 from minigpt.device import use_compile_cache
 from minigpt.errors import ArgumentError
 
@@ -202,26 +202,22 @@ def sample_flops(cfg, prompt_len: int, new_tokens: int, samples: int,
 
 def check_sample_cost(model, prompt_len: int, how: Sampling, kv_cache: bool = True,
                       force: bool = False) -> None:
-    """`sample_flops` checked by cost's rule (an hour, at this machine's measured
-    matmul rate, a lower bound: decoding is slower than its FLOPs; measured only when the FLOPs
-    could take an hour at FLOOR_RATE): refused naming `max_new_tokens` or `num_samples`,
-    whichever is further above its default (200, 1), and the largest that fits, unless
-    `force`. Sampling streams its text and may end early at a stop: the bound is on what was
-    asked for."""
-    cfg, device = model.cfg, device_of(model)
+    """`sample_flops` checked by cost's rule (`cost.check_flops`: an hour at this machine's
+    measured matmul rate, a lower bound: decoding is slower than its FLOPs): refused naming
+    `max_new_tokens` or `num_samples`, whichever is further above its default (200, 1), and
+    the largest that fits, unless `force`. Sampling streams its text and may end early at a
+    stop: the bound is on what was asked for."""
+    cfg = model.cfg
     n, k = how.max_new_tokens, how.num_samples
-    if force or sample_flops(cfg, prompt_len, n, k, kv_cache) <= TIME_LIMIT_S * FLOOR_RATE:
-        return
-    rate = matmul_rate(device, next(model.parameters()).dtype)
     name = "num_samples" if k >= n / 200 else "max_new_tokens"
 
-    def cost_of(v: int) -> Cost:
+    def work_of(v: int) -> Work:
         new, samples = (n, v) if name == "num_samples" else (v, k)
-        return Cost(sample_flops(cfg, prompt_len, new, samples, kv_cache) / rate, 0.0)
+        return Work(sample_flops(cfg, prompt_len, new, samples, kv_cache), 0.0)
 
-    check_cost(name, getattr(how, name), cost_of, device=device,
-               what=f"{k:,} sample(s) of {n:,} tokens", basis=f"the model's FLOPs at this "
-               f"machine's measured matmul rate, {rate / 1e9:.3g} GFLOP/s: a lower bound")
+    check_flops(name, getattr(how, name), work_of, device=device_of(model),
+                dtype=next(model.parameters()).dtype, force=force,
+                what=f"{k:,} sample(s) of {n:,} tokens")
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,14 +79,16 @@ CMD: 0 is best). The baseline ranks edges by their real single-edge patching eff
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, Intervention, eval_mode
 from minigpt.cost import Cost
+from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.edge_args import (
     ABLATIONS,
@@ -95,7 +97,7 @@ from minigpt.interp.edge_args import (
     check_ig_steps,
     check_search,
 )
-from minigpt.interp.patching import SMALL_GAP, Metric, record, run_value, sweep
+from minigpt.interp.patching import SMALL_GAP, Metric, OnProgress, record, run_value, sweep
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's sizes
 INPUTS = ("q", "k", "v")
@@ -163,7 +165,7 @@ class Graph:
         if u == 0:
             return "embed"
         layer, i = divmod(u - 1, self.stride)
-        return f"L{layer}.MLP" if i == self.n_head else f"L{layer}.H{i}"
+        return mlp_name(layer) if i == self.n_head else head_name(layer, i)
 
     def reader_name(self, v: int) -> tuple[str, str]:
         """(node name, input): ("L1.H0", "k"), ("L0.MLP", "mlp"), ("logits", "logits")."""
@@ -171,9 +173,9 @@ class Graph:
             return "logits", "logits"
         layer, i = divmod(v, self.per_layer)
         if i == 3 * self.n_head:
-            return f"L{layer}.MLP", "mlp"
+            return mlp_name(layer), "mlp"
         kind, head = divmod(i, self.n_head)
-        return f"L{layer}.H{head}", INPUTS[kind]
+        return head_name(layer, head), INPUTS[kind]
 
     def node_of_reader(self, v: int) -> int | None:
         """The writer index of reader v's node (None for the logits)."""
@@ -239,9 +241,9 @@ class _Attribute(Intervention):
     `delta` (which then holds a_source - a_base; it held a_source)."""
 
     def __init__(self, model, graph: Graph, delta: Tensor, x_source: Tensor, alpha: float,
-                 sums: list[Tensor], fill: bool) -> None:
+                 sums: list[Tensor], fill: bool, collect: Collector | None = None) -> None:
         self.model, self.graph, self.delta, self.x_source = model, graph, delta, x_source
-        self.alpha, self.sums, self.fill = alpha, sums, fill
+        self.alpha, self.sums, self.fill, self.collect = alpha, sums, fill, collect
         self.leaf: Tensor | None = None
 
     def embed(self, x: Tensor) -> Tensor:
@@ -266,16 +268,27 @@ class _Attribute(Intervention):
                 s[:n_writers, cols] += part
 
         x.register_hook(hook)
+        if self.collect is not None:
+            self.collect.reader(x, cols)
 
     def attn_in(self, layer: int, x: Tensor) -> Tensor:
+        if self.collect is not None:
+            self.collect.attn_in(layer, x)
         xs = x.expand(3, self.graph.n_head, *x.shape)  # (3, H, B, T, C): one per reader
         self._reader(xs, self.graph.attn_readers(layer), self.graph.head_writers(layer).start)
         return xs
+
+    def qk(self, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.collect is not None:
+            self.collect.qk(layer, q, k)
+        return q, k
 
     def heads(self, layer: int, z: Tensor) -> Tensor:
         if self.fill:
             self.delta[self.graph.head_writers(layer)] -= head_contributions(
                 self.model, layer, z.detach())
+        if self.collect is not None:
+            self.collect.heads(layer, z)
         return z
 
     def mlp_in(self, layer: int, x: Tensor) -> Tensor:
@@ -296,18 +309,36 @@ class _Attribute(Intervention):
         return xf
 
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total): a long search's progress
+class Collector(Protocol):
+    """What else a gradient pass of `attribute_edges` hands to whoever asks (`collect`;
+    interp/edge_positions.py splits the scores by position with it): each reader's input as
+    it is made (`reader`: x, whose gradient a hook may take, and its readers' columns), the
+    stream a layer's heads read (`attn_in`), their queries and keys as the scores read them
+    (`qk`), their outputs z (`heads`); and, after the last pass, the writers' activation
+    differences (U, B, T, C) and the pass count (`finish`)."""
+
+    def reader(self, x: Tensor, cols: slice) -> None: ...
+
+    def attn_in(self, layer: int, x: Tensor) -> None: ...
+
+    def qk(self, layer: int, q: Tensor, k: Tensor) -> None: ...
+
+    def heads(self, layer: int, z: Tensor) -> None: ...
+
+    def finish(self, delta: Tensor, passes: int) -> None: ...
 
 
 def attribute_edges(model, base: Tensor, source: Source, metric: Metric,
                     targets: Tensor | None, ig_steps: int = 1,
-                    progress: Progress | None = None) -> tuple[Tensor, Tensor]:
+                    progress: OnProgress | None = None,
+                    collect: Collector | None = None) -> tuple[Tensor, Tensor]:
     """(EAP, EAP-IG) scores (U, R) float64 (NaN where no edge) of every edge for the base
     run on `base` (B, T) with values from `source` (B, T) ids or an ablation (module
     docstring: the estimate of
     metric(base with the edge patched from source) - metric(base)); `targets` (B, P) the
     scored tokens. ig_steps 1: both are EAP. The model's parameters get no gradient.
-    `progress("scoring edges", done, ig_steps)` after each gradient pass."""
+    `progress("scoring edges", done, ig_steps)` after each gradient pass; `collect` sees
+    every pass (Collector)."""
     graph = graph_of(model.cfg)
     check_ig_steps(ig_steps)
     U, R = graph.n_writers, graph.n_readers
@@ -319,7 +350,8 @@ def attribute_edges(model, base: Tensor, source: Source, metric: Metric,
         x_source = delta[0].clone()
         for k in range(ig_steps, 0, -1):  # k = m first: the base run, which fills delta
             att = _Attribute(model, graph, delta, x_source, k / ig_steps,
-                             [eap, ig] if k == ig_steps else [ig], fill=k == ig_steps)
+                             [eap, ig] if k == ig_steps else [ig], fill=k == ig_steps,
+                             collect=collect)
             with torch.enable_grad():
                 final = model.residual_stream(
                     base, attn=ForwardSpec(model.cfg.attn_impl, intervention=att))[-1]
@@ -327,6 +359,8 @@ def attribute_edges(model, base: Tensor, source: Source, metric: Metric,
                 torch.autograd.grad(m, [att.leaf])
             if progress is not None:
                 progress("scoring edges", ig_steps - k + 1, ig_steps)
+        if collect is not None:
+            collect.finish(delta, ig_steps)
     valid = graph.valid()
     return eap.masked_fill(~valid, math.nan), (ig / ig_steps).masked_fill(~valid, math.nan)
 
@@ -585,6 +619,7 @@ class Circuit:
     target: float | None = None  # the fraction asked for (--recover), if one was
     notes: list[str] = field(default_factory=list)
     rankings: dict[str, Tensor] = field(default_factory=dict)  # every ranking computed
+    positions: object | None = None  # the scores by position (edge_positions.PositionScores)
 
     @property
     def n_edges(self) -> int:
@@ -632,6 +667,9 @@ class Circuit:
             node, inp = self.graph.reader_name(v)
             out.append({"from": self.graph.writer_name(u), "to": node, "input": inp,
                         "score": float(self.scores[u, v]), "in_circuit": bool(self.circuit[u, v])})
+            if self.positions is not None:  # 8 significant digits: the list sums to the score
+                out[-1]["positions"] = [{"from_pos": i, "to_pos": j, "score": float(f"{x:.8g}")}
+                                        for i, j, x in self.positions.entries(u, v)]
         return sorted(out, key=lambda e: -abs(e["score"]))
 
     def nodes(self) -> list[dict]:
@@ -664,7 +702,8 @@ def layer_head(name: str) -> tuple[int | None, int | None]:
 def find_circuit(model, clean: Tensor, corrupted: Source, metric: Metric,
                  targets: Tensor | None, *, direction: str = "noising", ig_steps: int = 5,
                  edges: int | None = None, recover: float | None = None, curves: bool = True,
-                 baseline: bool | None = None, progress: Progress | None = None) -> Circuit:
+                 baseline: bool | None = None, progress: OnProgress | None = None,
+                 collect: Collector | None = None) -> Circuit:
     """Score every edge on the pairs (clean, corrupted) (B, T) (`corrupted` may be an
     ablation: zero or mean; module docstring) (EAP, or EAP-IG when
     `ig_steps` > 1, in `direction`), keep the circuit of the top `edges` (or the smallest top-N
@@ -673,7 +712,8 @@ def find_circuit(model, clean: Tensor, corrupted: Source, metric: Metric,
     and, when `baseline` (None: models of at most BASELINE_MAX_EDGES edges), the real
     single-edge patching effects). ArgumentError for a bad request or inputs whose metric
     does not differ. `progress(stage, done, total)` as each part ends (attribute_edges's
-    passes, then the search and each faithfulness curve: `circuit_stages`)."""
+    passes, then the search and each faithfulness curve: `circuit_stages`); `collect` sees
+    the scoring passes (attribute_edges)."""
     check_search(edges, recover, ig_steps, direction)
     if isinstance(corrupted, str):
         check_ablation(corrupted, direction)
@@ -682,7 +722,7 @@ def find_circuit(model, clean: Tensor, corrupted: Source, metric: Metric,
     faith = Patcher(model, clean, corrupted, metric, targets)  # base clean: faithfulness
     check_gap(faith.m_base, faith.m_source)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
-    eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps, progress)
+    eap, ig = attribute_edges(model, base, source, metric, targets, ig_steps, progress, collect)
     scores = ig if ig_steps > 1 else eap
     n_edges = int(graph.valid().sum())
     parts = 1 + (len(_rankings(ig_steps, n_edges, baseline)) if curves else 0)

@@ -49,13 +49,14 @@ from torch import Tensor
 
 from minigpt.core.gpt import device_of, eval_mode
 from minigpt.core.kernels import norm
+from minigpt.cost import Work
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.interp.edge_args import check_direction
 from minigpt.interp.patching import (
     SMALL_GAP,
     HeadRows,
     Metric,
-    Progress,
+    OnProgress,
     Record,
     check_same_length,
     record,
@@ -265,7 +266,7 @@ def _r_factor(x: Tensor) -> Tensor:
     return torch.linalg.qr(x, mode="r").R
 
 
-def composition_from_weights(w: dict[str, Tensor], progress: Progress | None = None
+def composition_from_weights(w: dict[str, Tensor], progress: OnProgress | None = None
                              ) -> dict[str, Tensor]:
     """The three score tensors (L, H, L, H) of `head_weights`' matrices.
 
@@ -295,6 +296,14 @@ def composition_from_weights(w: dict[str, Tensor], progress: Progress | None = N
     return {kind: s[i] for i, kind in enumerate(KINDS)}
 
 
+def composition_cost(cfg) -> Work:
+    """What `composition_scores` of a model of `cfg` costs: one (C x C)-sized product per later
+    layer, 3 C^3 FLOPs per layer pair; memory: the factored weights and products, ~60 L C^2
+    bytes."""
+    L, C = cfg.n_layer, cfg.n_embd
+    return Work(3.0 * C ** 3 * L * (L - 1) / 2, 60.0 * L * C * C)
+
+
 def composition_baseline(n_head: int, n_embd: int, head_dim: int, centred: bool,
                          draws: int = BASELINE_DRAWS, seed: int = 0) -> dict[str, float]:
     """The mean score of `draws` x `draws` pairs of heads whose weights are standard Gaussian,
@@ -321,7 +330,7 @@ def check_composition(cfg) -> None:
 
 
 @torch.no_grad()
-def composition_scores(model, progress: Progress | None = None) -> Composition:
+def composition_scores(model, progress: OnProgress | None = None) -> Composition:
     """Q-, K- and V-composition of `model`'s heads from its weights alone; MinigptError when
     it has a single layer (no head has an earlier one to read from)."""
     cfg = model.cfg
@@ -375,7 +384,7 @@ class Patching:
 @torch.no_grad()
 def patch_heads(model, clean: Sequence[int], corrupted: Sequence[int], metric: Metric, *,
                 direction: str = "noising", source: str = "",
-                progress: Progress | None = None) -> Patching:
+                progress: OnProgress | None = None) -> Patching:
     """Every head patched alone (module docstring): one run of the input the outputs come
     from, then the input that receives them: interp.patching's `HeadRows` run by its `sweep`,
     the driver ablation runs (one clean pass keeps its residual stream, and the rows patching

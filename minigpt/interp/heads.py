@@ -110,7 +110,7 @@ from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, device_of, eval_mode
 from minigpt.interp.modes import MODE_HELP, check_mode
-from minigpt.interp.patching import HeadRows, Progress, make_metric, record, stage, sweep
+from minigpt.interp.patching import HeadRows, OnProgress, make_metric, record, stage, sweep
 
 # --------------------------------------------------------------------------------------------
 # 1. Where each head looks.
@@ -326,7 +326,7 @@ class Ablation:
 def ablate_heads(model, tokens: Sequence[int], mode: str = "zero", *,
                  positions: Sequence[int] | None = None, scored: str = "every next-token "
                  "prediction", minimum: int = 2, seed: int = 0,
-                 progress: Progress | None = None) -> Ablation:
+                 progress: OnProgress | None = None) -> Ablation:
     """Every head's ablation effect on `tokens` (one sequence within the model's block_size):
     the loss (interp.patching's `loss` metric) at `positions` (None: every prediction; an input
     shorter than `minimum` tokens has none: ArgumentError); `seed` orders the resample

@@ -162,10 +162,13 @@ def check_same_length(clean: Sequence[int], corrupted: Sequence[int]) -> None:
 # --------------------------------------------------------------------------------------------
 # The sweep.
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total): a long analysis's progress
+# How every long loop of an analysis reports: progress(stage, done, total). The analyses send no
+# events (they import no events module); `minigpt.events.progress_to(on_event)` makes one of
+# these that sends `events.Progress`, the one progress mechanism of the library.
+OnProgress = Callable[[str, int, int], None]
 
 
-def stage(progress: Progress | None, name: str) -> Callable[[int, int], None] | None:
+def stage(progress: OnProgress | None, name: str) -> Callable[[int, int], None] | None:
     """`progress` for one stage: (done, total) -> progress(name, done, total); None: none."""
     return None if progress is None else (lambda done, total: progress(name, done, total))
 

@@ -59,9 +59,11 @@ import torch
 from torch import Tensor
 
 from minigpt.core.gpt import ForwardSpec, apply_rope, device_of, eval_mode
+from minigpt.cost import Work
+from minigpt.display import head_name, mlp_name
 from minigpt.errors import ArgumentError
 from minigpt.interp.edge_graph import graph_of, layer_head
-from minigpt.interp.patching import Progress, Record
+from minigpt.interp.patching import OnProgress, Record
 
 BIAS = "bias"  # the writer of every constant (norm and projection biases)
 PREVIOUS_TERM = ("embed", "previous")  # the textbook induction term: (query, key) writers
@@ -87,7 +89,7 @@ class QKHead:
 
     @property
     def name(self) -> str:
-        return f"L{self.layer}.H{self.head}"
+        return head_name(self.layer, self.head)
 
     @property
     def closure(self) -> float:
@@ -129,26 +131,25 @@ class QKHead:
 # What to split: heads and pairs, checked.
 
 
-def resolve_heads(cfg, values: Sequence[str]) -> list[tuple[int, int]]:
-    """(layer, head) of each `--qk` value: a head's node name as `minigpt circuit` prints it
-    (`L1.H2`; the graph's own names, interp/edge_graph.py), several comma-separated, or `all`; in
-    order, each once. ArgumentError (`qk`) for any other name."""
+def resolve_heads(cfg, names: Sequence[str]) -> list[tuple[int, int]]:
+    """(layer, head) of each `--qk` name: a head's node name as `minigpt circuit` prints it
+    (`L1.H2`; the graph's own names, interp/edge_graph.py), or `all`; in order, each once.
+    ArgumentError (`qk`) for any other name."""
     graph = graph_of(cfg)
     heads = [graph.writer_name(u) for la in range(graph.n_layer)
              for u in range(graph.head_writers(la).start, graph.head_writers(la).stop)]
     out: list[tuple[int, int]] = []
-    for value in values:
-        for name in (v.strip() for v in value.split(",")):
-            chosen = heads if name.lower() == "all" else [name]
-            for n in chosen:
-                if n not in heads:
-                    raise ArgumentError("qk", f"'{name}' is not a head of this model: heads are "
-                                        f"named as `minigpt circuit` prints them, L0.H0 .. "
-                                        f"{heads[-1]} ({cfg.n_layer} layers of {cfg.n_head} "
-                                        "heads), or all")
-                pair = layer_head(n)
-                if pair not in out:
-                    out.append(pair)
+    for name in names:
+        chosen = heads if name.lower() == "all" else [name]
+        for n in chosen:
+            if n not in heads:
+                raise ArgumentError("qk", f"'{name}' is not a head of this model: heads are "
+                                    f"named as `minigpt circuit` prints them, L0.H0 .. "
+                                    f"{heads[-1]} ({cfg.n_layer} layers of {cfg.n_head} "
+                                    "heads), or all")
+            pair = layer_head(n)
+            if pair not in out:
+                out.append(pair)
     if not out:
         raise ArgumentError("qk", "names no head; give e.g. L0.H0, or all")
     return out
@@ -157,25 +158,23 @@ def resolve_heads(cfg, values: Sequence[str]) -> list[tuple[int, int]]:
 _PAIR = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
 
 
-def parse_pairs(values: Sequence[str], n_tokens: int) -> list[tuple[int, int, int]]:
-    """(batch 0, query, key) of each `--qk-pairs` value `QUERY:KEY` (several comma-separated):
-    positions of the input, the key at or before the query (the causal mask). ArgumentError
-    (`qk_pairs`) otherwise."""
+def parse_pairs(items: Sequence[str], n_tokens: int) -> list[tuple[int, int, int]]:
+    """(batch 0, query, key) of each `--qk-pairs` item `QUERY:KEY`: positions of the input,
+    the key at or before the query (the causal mask). ArgumentError (`qk_pairs`) otherwise."""
     out = []
-    for value in values:
-        for part in value.split(","):
-            m = _PAIR.fullmatch(part)
-            if m is None:
-                raise ArgumentError("qk_pairs", f"'{part.strip()}' is not QUERY:KEY (two "
-                                    "positions, e.g. 7:3)")
-            t, s = int(m.group(1)), int(m.group(2))
-            if t >= n_tokens:
-                raise ArgumentError("qk_pairs", f"{t}:{s}: query {t} is past the input's last "
-                                    f"position {n_tokens - 1}")
-            if s > t:
-                raise ArgumentError("qk_pairs", f"{t}:{s}: key {s} is after query {t}; the "
-                                    "causal mask lets a query attend to keys 0..query only")
-            out.append((0, t, s))
+    for part in items:
+        m = _PAIR.fullmatch(part)
+        if m is None:
+            raise ArgumentError("qk_pairs", f"'{part.strip()}' is not QUERY:KEY (two "
+                                "positions, e.g. 7:3)")
+        t, s = int(m.group(1)), int(m.group(2))
+        if t >= n_tokens:
+            raise ArgumentError("qk_pairs", f"{t}:{s}: query {t} is past the input's last "
+                                f"position {n_tokens - 1}")
+        if s > t:
+            raise ArgumentError("qk_pairs", f"{t}:{s}: key {s} is after query {t}; the "
+                                "causal mask lets a query attend to keys 0..query only")
+        out.append((0, t, s))
     return out
 
 
@@ -214,10 +213,31 @@ class _QKRecord(Record):
         return q, k
 
 
+def writer_count(cfg, layer: int) -> int:
+    """How many writers the stream entering `layer` of a model of `cfg` (a ModelConfig) is
+    split into: the embedding (token and position apart where positions are added: learned,
+    sinusoidal), each earlier layer's heads and MLP, and the constant of the biases."""
+    embed = 2 if cfg.pos_encoding in ("learned", "sinusoidal") else 1
+    return embed + layer * (cfg.n_head + bool(cfg.mlp)) + 1
+
+
+def qk_cost(cfg, n_tokens: int, heads: Sequence[tuple[int, int]], pairs: int) -> Work:
+    """What `qk_attribution` of `heads` on `n_tokens` tokens and `pairs` pairs costs: every
+    writer projected through each head's layer (4 W T C D FLOPs a head), each pair's grid (4
+    W^2 D); memory: every writer's output (float64, W x T x C; the biases are one constant) and
+    two float64 grids (pairs x W x W) per head."""
+    T, C, D, L = n_tokens, cfg.n_embd, cfg.head_dim, cfg.n_layer
+    flops = sum(4 * writer_count(cfg, la) * T * C * D + 4 * pairs * writer_count(cfg, la) ** 2
+                * D for la, _ in heads)
+    held = (8.0 * (writer_count(cfg, L) - 1) * T * C
+            + sum(16.0 * pairs * writer_count(cfg, la) ** 2 for la, _ in heads))
+    return Work(flops, held)
+
+
 @torch.no_grad()
 def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
                    pairs: Sequence[tuple[int, int, int]] | None = None,
-                   progress: Progress | None = None) -> list[QKHead]:
+                   progress: OnProgress | None = None) -> list[QKHead]:
     """Each head of `heads` ((layer, head)) split at `pairs` ((batch, query, key)) of the
     input idx (B, T) (None: each query's most attended key, queries 1..T-1, per head); one
     forward pass, then per layer one projection of every writer (module docstring);
@@ -276,7 +296,7 @@ class _Writers:
         cfg = model.cfg
         self.model, self.rec, self.centred = model, rec, cfg.norm == "layernorm"
         B, T = idx.shape
-        n = 2 + cfg.n_layer * (cfg.n_head + bool(cfg.mlp))
+        n = writer_count(cfg, cfg.n_layer) - 1  # every writer but the biases' constant
         self.buf = torch.empty(n, B, T, cfg.n_embd, dtype=torch.float64, device=idx.device)
         self.names: list[str] = []
         if model.wpe is not None or cfg.pos_encoding == "sinusoidal":
@@ -301,11 +321,11 @@ class _Writers:
             w_o = c_proj.weight.double().view(cfg.n_embd, cfg.n_head, cfg.head_dim)
             z = self.rec.z[la].double()  # (B, H, T, D)
             for h in range(cfg.n_head):
-                self._add(f"L{la}.H{h}", z[:, h] @ w_o[:, h].T)  # (B, T, D) @ (D, C)
+                self._add(head_name(la, h), z[:, h] @ w_o[:, h].T)  # (B, T, D) @ (D, C)
             if c_proj.bias is not None:
                 self.const = self.const + c_proj.bias.double()
             if la in self.rec.mlp:
-                self._add(f"L{la}.MLP", self.rec.mlp[la])
+                self._add(mlp_name(la), self.rec.mlp[la])
             self.layers += 1
         n = len(self.names)
         return [*self.names, BIAS], self.buf[:n], self.const

@@ -45,7 +45,7 @@ class TopKSAE(nn.Module):
     def __init__(self, d_in: int, d_sae: int, k: int, *, generator: torch.Generator | None = None
                  ) -> None:
         super().__init__()
-        if not 0 < k <= d_sae:  # callers check user input (features.settings); a bug here
+        if not 0 < k <= d_sae:  # a bug: callers check user input (features.fit)
             raise ValueError(f"need 0 < k <= d_sae, got k={k}, d_sae={d_sae}")
         self.d_in, self.d_sae, self.k = d_in, d_sae, k
         w_dec = torch.randn(d_sae, d_in, generator=generator)

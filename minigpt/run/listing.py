@@ -40,6 +40,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from minigpt import display
 from minigpt.errors import MinigptError
 from minigpt.events import CircuitCheck, circuit_check
 from minigpt.files import ReadError, load_json, open_regular, parse_yaml, read_problem, read_regular
@@ -154,7 +155,7 @@ def read_run_metrics(run_dir: Path) -> tuple[list[dict], int]:
     except OSError as e:
         raise Unreadable(path, read_problem(e)) from None
     if size > MAX_METRICS_BYTES:
-        raise Unreadable(path, f"larger than {MAX_METRICS_BYTES >> 20} MiB; not a metrics log")
+        raise Unreadable(path, f"larger than {display.size(MAX_METRICS_BYTES)}; not a metrics log")
     try:
         return read_metrics(path)
     except ReadError as e:  # replaced between the check and the read

@@ -95,7 +95,7 @@ class Batches:
 
 
 def open_batches(cfg: Config, start: Resumed | None, device: torch.device, info: DistInfo,
-                 on_event: OnEvent, session: Session | None = None) -> Batches:
+                 on_event: OnEvent, session: Session) -> Batches:
     """The batches of a session: the batch geometry, the tokenizer (the checkpoint's on resume,
     else built, rank 0 first), model.vocab_size fitted to it, the memory and time check of
     `session` (safety.check_training; rank 0 decides), the rows (rank 0
@@ -110,7 +110,6 @@ def open_batches(cfg: Config, start: Resumed | None, device: torch.device, info:
     tokenizer = (Tokenizer.load(start.checkpoint.path) if start is not None
                  else main_first(lambda: build_tokenizer(cfg, report), info))
     fit_vocab(cfg, tokenizer)
-    session = session or Session(world=info.world_size)
     main_first(lambda: check_training(cfg, session, device) if info.is_main else None, info)
     rows = main_first(lambda: rows_for(cfg, tokenizer, report), info)
     generator = torch.Generator().manual_seed(cfg.run.seed)
@@ -132,8 +131,8 @@ def validation_sample(rows: TokenRows | InductionRows, t: TrainConfig, seed: int
 def batch_geometry(t: TrainConfig, info: DistInfo) -> tuple[int, int]:
     """(sequences per forward pass, forward passes per step on each rank): the global batch of
     train.batch_size is cut into one slice per rank, each into micro-batches."""
-    micro = t.micro_batch_size or t.batch_size // info.world_size
-    if micro == 0 or t.batch_size % (info.world_size * micro):
+    micro = t.micro(info.world_size)
+    if t.batch_size % (info.world_size * micro):
         raise ConfigError(
             f"train.batch_size: {t.batch_size} must be a multiple of the world size "
             f"({info.world_size}) x train.micro_batch_size ({micro})")

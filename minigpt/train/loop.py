@@ -32,7 +32,7 @@ import copy
 import math
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -92,9 +92,13 @@ def set_up(cfg: Config, saving: Saving, start: Resumed | None, device: torch.dev
            info: DistInfo, on_event: Callable[[object], None],
            session: Session | None = None) -> Trainer:
     """The training session of `cfg` in `saving`'s run directory, continuing `start` (None: from
-    step 0): its four parts, each made once (the module docstring)."""
+    step 0): its four parts, each made once (the module docstring). train.precision is
+    resolved on `device` here, once: the cost check, the forward passes and the first line
+    all read this dtype."""
+    dtype = amp_dtype(cfg.train.precision, device)
+    session = replace(session or Session(world=info.world_size), dtype=dtype)
     batches = open_batches(cfg, start, device, info, on_event, session)
-    weights = Weights.build(cfg, device, start, info, batches.tokenizer)
+    weights = Weights.build(cfg, device, start, info, dtype, batches.tokenizer)
     saving.claim()
     report = Reporting.build(cfg, saving.run_dir, batches.tokenizer, weights.average.model,
                              info, on_event,
@@ -120,9 +124,9 @@ class Trainer:
         t, state, b = self.cfg.train, self.state, self.batches
         self.report.start(StartEvent(
             self.saving.run_dir, state.step, t.max_steps, self._params(), str(b.device),
-            b.world, t.batch_size * self.cfg.model.block_size, b.tokenizer.n_vocab,
+            b.world, self.cfg.tokens_per_step, b.tokenizer.n_vocab,
             b.rows.bytes_per_token, torch.get_num_threads() if b.device.type == "cpu" else 0,
-            self.cfg.data.source, "bf16" if amp_dtype(t.precision, b.device) else "fp32"),
+            self.cfg.data.source, "bf16" if self.weights.dtype else "fp32"),
             state.elapsed)
         reason, signame = "finished", ""
         self.weights.model.train()
@@ -161,7 +165,7 @@ class Trainer:
             what = "the training loss" if not math.isfinite(r.loss) else "the gradient norm"
             raise self._diverged(step + 1, what)
         self.state.step = step + 1
-        self.state.tokens_seen += self.cfg.train.batch_size * self.cfg.model.block_size
+        self.state.tokens_seen += self.cfg.tokens_per_step
         return r.loss, lr, r.grad_norm, stop
 
     def evaluate(self, step: int) -> None:

@@ -90,9 +90,9 @@ class Reporting:
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float, tokens_seen: int) -> None:
         t = self.cfg.train
-        tokens_per_step = t.batch_size * self.cfg.model.block_size
         self.emit(StepEvent(step, t.max_steps, loss, lr, grad_norm,
-                            self.clock.tokens_per_s(step, tokens_per_step), self.clock.elapsed(),
+                            self.clock.tokens_per_s(step, self.cfg.tokens_per_step),
+                            self.clock.elapsed(),
                             tokens_seen))
 
     def heads_formed(self, step: int, last: bool) -> bool:

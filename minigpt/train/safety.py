@@ -13,8 +13,7 @@ import torch
 
 from minigpt.config import Config
 from minigpt.core.gpt import flops_per_token
-from minigpt.cost import FLOOR_RATE, TRAIN_LIMIT_S, Cost, check_cost, matmul_rate
-from minigpt.device import amp_dtype
+from minigpt.cost import TRAIN_LIMIT_S, Work, check_flops
 
 
 class StopFlag:
@@ -44,12 +43,13 @@ class StopFlag:
 @dataclass(frozen=True)
 class Session:
     """What a session's cost depends on beyond its config: the step it starts from, the step
-    `--stop-after` ends it at (None: train.max_steps), its ranks, and `--force` (train
-    whatever the estimate)."""
+    `--stop-after` ends it at (None: train.max_steps), its ranks, `--force` (train
+    whatever the estimate) and the autocast dtype its steps run in."""
     start: int = 0
     stop_after: int | None = None
     world: int = 1
     force: bool = False
+    dtype: torch.dtype | None = None  # train.precision resolved on the device (None: fp32)
 
     def steps(self, max_steps: int) -> int:
         end = max_steps if self.stop_after is None else min(max_steps, self.stop_after)
@@ -70,7 +70,7 @@ def training_bytes(cfg: Config, world: int = 1) -> float:
     activations per layer plus ~3 vocab-sized rows (logits, softmax, gradient); every
     evaluation's offsets (drawn at once)."""
     m, t = cfg.model, cfg.train
-    micro = t.micro_batch_size or max(1, t.batch_size // world)
+    micro = t.micro(world)
     params = (m.vocab_size * m.n_embd * (1 if m.tie_weights else 2)
               + m.n_layer * 12 * m.n_embd ** 2 + m.block_size * m.n_embd)
     acts = 4 * micro * m.block_size * (m.n_layer * 16 * m.n_embd + 3 * m.vocab_size)
@@ -84,9 +84,9 @@ def training_flops(cfg: Config, steps: int) -> float:
     m, t = cfg.model, cfg.train
     per_token = flops_per_token(m, m.block_size)
     evals = steps // t.eval_interval + 1
-    forward = (t.eval_batches * t.batch_size * m.block_size
+    forward = (t.eval_batches * cfg.tokens_per_step
                + len(t.sample_prompts) * t.sample_tokens) * per_token / 3
-    return steps * t.batch_size * m.block_size * per_token + evals * forward
+    return steps * cfg.tokens_per_step * per_token + evals * forward
 
 
 # The settings that set a session's memory and length, and the values the bundled configs use:
@@ -114,38 +114,32 @@ def _culprit(cfg: Config, keys: tuple[str, ...]) -> tuple[str, int, str]:
 def check_training(cfg: Config, session: Session, device: torch.device) -> None:
     """Refuse, before anything is allocated or trained, a session that cannot fit in memory
     (`training_bytes`) or cannot end within TRAIN_LIMIT_S (`training_flops`: its steps, from
-    its first to --stop-after, and its evaluations, at this machine's measured matmul rate, a
-    lower bound; measured only when they could take that long at cost.FLOOR_RATE):
-    cost.check_cost's one line naming the setting furthest above its usual value
+    its first to --stop-after, and its evaluations; cost.check_flops turns them into time in
+    the session's autocast dtype): one line naming the setting furthest above its usual value
     (USUAL), the estimate and the largest value of it that fits with every other setting as
     given (model.n_embd's: a multiple of 2 x model.n_head), unless `session.force`.
     model.vocab_size must be set (the tokenizer's)."""
-    if session.force:
-        return
     m, t = cfg.model, cfg.train
     steps = session.steps(t.max_steps)
-    rate, basis = None, ("a rough fp32 estimate of the weights, their gradients and AdamW "
-                         "state and a micro-batch's activations")
-    if training_flops(cfg, steps) > TRAIN_LIMIT_S * FLOOR_RATE:
-        rate = matmul_rate(device, amp_dtype(t.precision, device) or torch.float32)
-        basis = (f"the model's FLOPs at this machine's measured matmul rate, {rate / 1e9:.3g} "
-                 f"GFLOP/s: a lower bound; memory: {basis}")
     key, value, others = _culprit(cfg, tuple(USUAL))
     step = 2 * m.n_head
     whole = (lambda v: -(-v // step) * step) if key == "model.n_embd" else (lambda v: v)
 
-    def cost_of(v: int) -> Cost:
+    def work_of(v: int) -> Work:
         changes = {key: whole(v)}
         if key == "train.batch_size" and t.micro_batch_size:  # micro-batches within the batch
             changes["train.micro_batch_size"] = min(t.micro_batch_size, whole(v))
         c = _with(cfg, changes)
-        seconds = training_flops(c, session.steps(c.train.max_steps)) / rate if rate else 0.0
-        return Cost(seconds, training_bytes(c, session.world))
+        return Work(training_flops(c, session.steps(c.train.max_steps)),
+                    training_bytes(c, session.world))
 
     minimum = session.start + 1 if key == "train.max_steps" else MINIMUM.get(key, 1)
-    check_cost(key, value, cost_of, device=device, setting=True, limit_s=TRAIN_LIMIT_S,
-               limit_what="a training session may take", basis=basis, minimum=minimum,
-               what=f"{steps:,} steps of {t.batch_size:,} x {m.block_size:,} tokens and "
-               f"{steps // t.eval_interval + 1:,} evaluations of {t.eval_batches:,} batches, "
-               f"a model of {m.n_layer:,} layers x {m.n_embd:,} wide (vocabulary "
-               f"{m.vocab_size:,})", none_fit=f"even {minimum} does not fit: lower {others}")
+    check_flops(key, value, work_of, device=device, dtype=session.dtype or torch.float32,
+                force=session.force, setting=True, limit_s=TRAIN_LIMIT_S,
+                limit_what="a training session may take", minimum=minimum,
+                memory="a rough fp32 estimate of the weights, their gradients and AdamW state "
+                "and a micro-batch's activations",
+                what=f"{steps:,} steps of {t.batch_size:,} x {m.block_size:,} tokens and "
+                f"{steps // t.eval_interval + 1:,} evaluations of {t.eval_batches:,} batches, "
+                f"a model of {m.n_layer:,} layers x {m.n_embd:,} wide (vocabulary "
+                f"{m.vocab_size:,})", none_fit=f"even {minimum} does not fit: lower {others}")

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from minigpt import display
 from minigpt.config import TrainConfig
 from minigpt.errors import ConfigError, MinigptError
 from minigpt.events import CheckpointEvent, DoneEvent, StartEvent
@@ -284,7 +285,7 @@ def _scan(fh, path: Path, size: int):
         n = int.from_bytes(header[:8], "little")
         if n > MAX_RECORD:
             raise _not_events(path, f"the record at byte {at} claims {n:,} bytes, more than "
-                              f"the {MAX_RECORD >> 20} MiB minigpt reads")
+                              f"the {display.size(MAX_RECORD)} minigpt reads")
         if at + 16 + n > size:
             if at > 0:
                 return  # a torn record

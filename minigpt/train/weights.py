@@ -36,7 +36,7 @@ import torch
 from minigpt.config import Config, TrainConfig
 from minigpt.core import step as core_step
 from minigpt.core.gpt import GPT
-from minigpt.device import amp_dtype, forward_context, use_compile_cache
+from minigpt.device import forward_context, use_compile_cache
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.resume import Resumed
 from minigpt.train.distill import Teachers, open_teachers
@@ -165,6 +165,7 @@ class Weights:
     optimizer: torch.optim.AdamW | OptimizerChain
     names: list[str]                # parameter names in optimizer order (checkpoints)
     average: WeightAverage          # .model: what evaluations, samples and checkpoints use
+    dtype: torch.dtype | None       # the autocast dtype train.precision resolved to (None: fp32)
     precision: Context              # the context of every forward pass (autocast or none)
     no_sync: Context | None         # DDP: the context of every micro-batch but the last
     info: DistInfo
@@ -172,7 +173,7 @@ class Weights:
 
     @classmethod
     def build(cls, cfg: Config, device: torch.device, start: Resumed | None,
-              info: DistInfo, tokenizer=None) -> Weights:
+              info: DistInfo, dtype: torch.dtype | None, tokenizer=None) -> Weights:
         """The model (initialised from run.seed), its optimizer at update 0's learning rate and
         its WeightAverage, restored from the checkpoint on resume; what runs the forward pass;
         the teachers of train.distill_from (checked against `tokenizer`, the run's); then the
@@ -186,8 +187,8 @@ class Weights:
             average.load(start.checkpoint)
             load_optimizer_state(optimizer, names, start.checkpoint)
         fwd = forward_module(model, t, device, info, cfg.data.cache_dir)
-        weights = cls(t, model, fwd, optimizer, names, average,
-                      forward_context(device, amp_dtype(t.precision, device)),
+        weights = cls(t, model, fwd, optimizer, names, average, dtype,
+                      forward_context(device, dtype),
                       fwd.no_sync if info.enabled else None, info, teachers)
         seed_rngs(cfg.run.seed, info, start)
         return weights

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minigpt.display import head_name, mlp_name
 from minigpt.errors import MinigptError
 from minigpt.truth.programs import BOS, PAD, Program, tracr_modules
 
@@ -152,13 +153,13 @@ def _components(t, craft) -> list[dict]:
     out = []
     for (layer, kind), block in zip(block_names(t, craft), craft.blocks):
         if kind == "mlp":
-            out.append({"node": f"L{layer}.MLP", "layer": layer, "block": block,
+            out.append({"node": mlp_name(layer), "layer": layer, "block": block,
                         "reads": {"mlp": _dirs(block.fst.input_space, block.fst.matrix, 0)},
                         "writes": _dirs(block.snd.output_space, block.snd.matrix, 1)})
             continue
         for h, head in enumerate(block.as_multi().heads()):
             qk, ov = head.w_qk, head.w_ov
-            out.append({"node": f"L{layer}.H{h}", "layer": layer, "block": head,
+            out.append({"node": head_name(layer, h), "layer": layer, "block": head,
                         "reads": {"q": _dirs(qk.left_space, qk.matrix, 0),
                                   "k": _dirs(qk.right_space, qk.matrix, 1),
                                   "v": _dirs(ov.input_space, ov.matrix, 0)},

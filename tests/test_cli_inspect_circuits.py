@@ -13,54 +13,27 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import attention_maps_unrendered, in_process
+from conftest import SHARP_INDUCTION, attention_maps_unrendered, error_line, in_process, make_run
 from rich.console import Console
 from typer.testing import CliRunner
 
 from minigpt.cli import app
-from minigpt.config import from_dict
-from minigpt.core.gpt import GPT
-from minigpt.data.tokenizer import bytes_tokenizer
 from minigpt.interp import head_circuits as c
 from minigpt.interp.patching import make_metric
 from minigpt.run import load_run
-from minigpt.run.checkpoint import save_checkpoint
 
-BLOCK = 24
-
-
-def make_run(run: Path, n_layer: int = 2) -> Path:
-    tok = bytes_tokenizer()
-    cfg = from_dict({"model": {"n_layer": n_layer, "n_head": 3, "n_embd": 24,
-                               "block_size": BLOCK, "vocab_size": tok.n_vocab, "mlp": False},
-                     "tokenizer": {"vocab_size": 256},
-                     "data": {"source": "induction", "induction_vocab": 50}})
-    model = GPT.from_config(cfg, seed=0)
-    with torch.no_grad():  # sharper than the init, so patching moves the loss visibly
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(10.0)
-    save_checkpoint(run, step=5, model=model, cfg=cfg, tokenizer=tok, trainer_state={"step": 5})
-    return run
+BLOCK = SHARP_INDUCTION["block_size"]
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny", **SHARP_INDUCTION)
 
 
 def invoke(run_dir: Path, *args: str, width: int | None = None):
     env = {"COLUMNS": str(width)} if width else {}
     return CliRunner().invoke(app, ["inspect-heads", "--run", str(run_dir), "--device", "cpu",
                                     *args], env=env, catch_exceptions=False)
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_json_carries_the_librarys_numbers(run_dir):
@@ -180,7 +153,7 @@ def test_a_long_patch_from_text_is_echoed_cut(run_dir):
     assert json.loads(r.stdout)["patch"]["corrupted_input"] == "text: " + "cd" * 30000
 
 def test_a_one_layer_model_has_no_composition(tmp_path):
-    run = make_run(tmp_path / "one", n_layer=1)
+    run = make_run(tmp_path / "one", **SHARP_INDUCTION, n_layer=1)
     assert "composition needs heads in two layers" in error_line(invoke(run, "--composition"))
 
 

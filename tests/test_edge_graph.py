@@ -215,7 +215,7 @@ def test_the_hand_built_induction_circuit():
     """The circuit's edges carry the copy: the induction head into the logits is the
     strongest real effect and the strongest EAP-IG score (noising); EAP and its two strongest
     edges keep the clean loss almost whole (faithfulness)."""
-    from test_circuits import PROBE, SECOND, V, induction_circuit_model
+    from test_head_circuits import PROBE, SECOND, V, induction_circuit_model
 
     from minigpt.heads.probes import corrupt_second_copy
 
