@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 import yaml
 from safetensors.torch import load_file
+from test_train import LATEST, tiny_sets
 
 from minigpt.config import ConfigError, load_config
 from minigpt.core.gpt import GPT
 from minigpt.run import load_run
 from minigpt.train import train
 from minigpt.train.distill import Teachers
-from tests.test_train import LATEST, tiny_sets
 
 
 def test_the_loss_mixes_the_teachers_mean_probabilities():
