@@ -6,6 +6,7 @@ the decoding thread count (`minigpt.device.decode_threads`).
     python benchmarks/sample_bench.py --skip-startup --repeats 1
     python benchmarks/sample_bench.py --threads-table # issue 25's table (below)
     python benchmarks/sample_bench.py --crossover     # 1 vs 2 threads by width (below)
+    python benchmarks/sample_bench.py --compiled      # the compiled decode step (issue 59)
 
 --threads-table: KV-cache decoding tokens/s of the default shape (4 x 128, block 128, vocab
 1024) and of 6 x 384 (block 256) at one and at two threads, each quiet and with a second
@@ -58,6 +59,45 @@ SHAPES = {
     "big": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
 }
 TARGETS = {"small": 3.0, "big": 10.0}
+
+
+def compiled_table(args) -> None:
+    """Issue 59's decode table: both shapes decode block_size - 1 tokens from a one-token prompt
+    (greedy) without the cache, with it (eager) and through the compiled one-token step
+    (core/decode.py), the three alternating within every repeat; best wall tokens/s and best
+    tokens per CPU-second of this thread, and how long the first compiled decode took (the
+    compile: a warm inductor cache in the minigpt cache after the first run of a shape)."""
+    from minigpt.device import use_compile_cache
+
+    use_compile_cache("")
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread, vocab {args.vocab}, {args.pos}, fp32 CPU, "
+          f"best of {args.repeats}; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores (shared machine: noisy)")
+    for name, shape in SHAPES.items():
+        model = random_model(shape, args.vocab, args.pos)
+        n = shape["block_size"] - 1
+        t0 = time.perf_counter()
+        list(generate(model, [0], 4, temperature=0.0, compile_step=True))
+        first = time.perf_counter() - t0
+        paths = {"no cache": (False, False), "cache": (True, False), "compiled": (True, True)}
+        wall, cpu, toks = dict.fromkeys(paths, 0.0), dict.fromkeys(paths, 0.0), {}
+        for _ in range(args.repeats):
+            for p, (cache, comp) in paths.items():
+                t, c = time.perf_counter(), time.thread_time()
+                toks[p] = list(generate(model, [0], n, temperature=0.0, use_kv_cache=cache,
+                                        compile_step=comp))
+                wall[p] = max(wall[p], n / (time.perf_counter() - t))
+                cpu[p] = max(cpu[p], n / max(time.thread_time() - c, 1e-9))
+        same = toks["compiled"] == toks["cache"] == toks["no cache"]
+        print(f"{name:5s} {shape['n_layer']} x {shape['n_embd']}, {n} new tokens: "
+              + ", ".join(f"{p} {wall[p]:.0f} tok/s ({cpu[p]:.0f} per CPU-s)" for p in paths)
+              + f"; compiled / no cache {wall['compiled'] / wall['no cache']:.1f}x wall, "
+              f"{cpu['compiled'] / cpu['no cache']:.1f}x CPU; cache / no cache "
+              f"{wall['cache'] / wall['no cache']:.1f}x wall, "
+              f"{cpu['cache'] / cpu['no cache']:.1f}x CPU; first compiled decode {first:.1f} s; "
+              f"greedy tokens {'identical' if same else 'DIFFER'}; load "
+              f"{os.getloadavg()[0]:.1f}")
 
 
 def tokens_per_s(model: GPT, use_kv_cache: bool, repeats: int) -> tuple[float, float]:
@@ -241,10 +281,15 @@ def main() -> None:
     ap.add_argument("--threads-table", action="store_true",
                     help="tokens/s at 1 and 2 threads, quiet and busy, and the policy's choice")
     ap.add_argument("--crossover", action="store_true", help="1 vs 2 threads by model width")
+    ap.add_argument("--compiled", action="store_true",
+                    help="no cache, cache and the compiled decode step at both shapes")
     ap.add_argument("--busy", action="store_true", help="--crossover with a second process busy")
     args = ap.parse_args()
     if args.threads_table or args.crossover:
         (threads_table if args.threads_table else crossover)(args)
+        return
+    if args.compiled:
+        compiled_table(args)
         return
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -13,12 +13,14 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
 from minigpt.core.gpt import device_of
 from minigpt.errors import ArgumentError, ConfigError, MinigptError
 from minigpt.files import read_file
+from minigpt.paths import cache_root
 from minigpt.threads import check_threads, thread_problem
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
@@ -204,3 +206,22 @@ def training_threads(threads: int) -> contextlib.AbstractContextManager:
     if problem is not None:
         raise ConfigError(f"train.threads: {problem}")
     return cpu_threads(threads)
+
+
+def compile_cache_dir(cache_dir: str) -> Path:
+    """Where torch.compile keeps its on-disk caches (inductor's FX graph and AOTAutograd
+    caches, compiled kernels; Triton's on CUDA): `<minigpt cache>/torch-compile`, the cache
+    root of `data.cache_dir` / $MINIGPT_CACHE (paths.cache_root), so a second run of the same
+    model loads its kernels instead of compiling them again."""
+    return cache_root(cache_dir) / "torch-compile"
+
+
+def use_compile_cache(cache_dir: str) -> None:
+    """Point inductor at `compile_cache_dir` unless the user chose a TORCHINDUCTOR_CACHE_DIR.
+    Inductor reads the variable whenever it opens its cache, and writes its default (a per-user
+    directory in /tmp) there the first time anything asks, so that default counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir(cache_dir))

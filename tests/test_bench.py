@@ -352,9 +352,10 @@ def test_verdicts_say_when_a_ratio_is_inside_the_noise():
     assert attention(t(3.8, 4, 4.2), t(1.9, 2, 2.1)) == [clear]
 
     def sample(cached, recomputed):
-        return bench.sample_verdicts([SampleRow(False, 8, 4, t(1, 1, 1), recomputed, 1, 1 / (
-            recomputed.median_ms / 1e3), 1), SampleRow(True, 8, 4, t(1, 1, 1), cached, 1, 1 / (
-                cached.median_ms / 1e3), 1)], True)[0]
+        return bench.sample_verdicts([SampleRow(False, False, 8, 4, t(1, 1, 1), recomputed, 1,
+                                                1 / (recomputed.median_ms / 1e3), 1),
+                                      SampleRow(True, False, 8, 4, t(1, 1, 1), cached, 1,
+                                                1 / (cached.median_ms / 1e3), 1)], True)[0]
 
     assert sample(t(1, 2, 6), t(2, 3, 9)).startswith(
         "KV cache against recomputing the context: 1.50x, within the noise")

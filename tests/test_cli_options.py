@@ -68,6 +68,9 @@ OWN_MEANING = {
         "their synthetic inputs with 0; features seeds the tokens it draws (and the SAE's "
         "weights and batches); each help says its default")),
     "--device": ({"train"}, "train's default is the config's run.device"),
+    "--compile": ({"bench", "sample"}, (
+        "bench also times the train and decode steps compiled; sample decodes through the "
+        "compiled one-token step")),
 }
 
 

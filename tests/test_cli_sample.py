@@ -68,6 +68,16 @@ def test_stream_and_no_stream_print_the_same_text(run_dir):
     assert streamed.stdout == whole.stdout == as_json["text"] + "\n"
 
 
+@pytest.mark.slow
+def test_the_compiled_decode_step_gives_the_same_tokens(run_dir):
+    """--compile decodes through the compiled one-token step (it compiles: slow tier)."""
+    common = ("--run", str(run_dir), "-n", "40", "-t", "0", "--json")  # 40 > block_size
+    a = json.loads(invoke(*common).stdout)
+    b = invoke(*common, "--compile")
+    assert b.exit_code == 0 and "compiled decode step" in b.stderr
+    assert json.loads(b.stdout)["tokens"] == a["tokens"]
+
+
 def test_no_kv_cache_gives_the_same_tokens(run_dir):
     common = ("--run", str(run_dir), "-n", "40", "--seed", "5", "--json")  # 40 > block_size
     a = json.loads(invoke(*common).stdout)
@@ -176,6 +186,7 @@ def test_special_token_text_is_plain_unless_allowed(run_dir):
     (["--num-samples", "0"], "--num-samples"),
     (["--device", "cuda"], "--device cuda"),
     (["-p", "a", "--prompt-file", "x.txt"], "give one of them"),
+    (["--compile", "--no-kv-cache"], "--compile compiles the KV-cache decode step"),
 ])
 def test_bad_flags(run_dir, args, needle):
     if needle == "--device cuda" and torch.cuda.is_available():

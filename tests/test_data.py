@@ -283,6 +283,28 @@ def test_offsets_reproducible_from_generator_state(tmp_path):
     assert y[0, -1].item() == data.train[o + 16]
 
 
+def test_epoch_order_reads_every_window_once_per_epoch(tmp_path):
+    """train.data_order epochs: within an epoch the rows are back-to-back windows at one phase,
+    each once, in a shuffled order; the next epoch has its own phase and order; an offset is a
+    function of (row number, seed), however the rows are asked for."""
+    data = prepare(cfg_for(write(tmp_path / "c.txt", SHAKESPEARE[:20_000])))
+    ds = TokenRows(data, 16)
+    per_epoch = (len(data.train) - 16) // 16
+    rows = ds.epoch_offsets(0, 3 * per_epoch, seed=7)
+    assert int(rows.min()) >= 0 and int(rows.max()) <= len(data.train) - 16 - 1
+    phases = []
+    for e in range(3):
+        epoch = rows[e * per_epoch:(e + 1) * per_epoch]
+        phase = int(epoch.min())
+        assert phase < 16 and sorted(epoch.tolist()) == [phase + 16 * j for j in range(per_epoch)]
+        assert epoch.tolist() != sorted(epoch.tolist())  # shuffled
+        phases.append((phase, epoch.tolist()))
+    assert phases[0] != phases[1] != phases[2]
+    pieces = torch.cat([ds.epoch_offsets(i, 5, seed=7) for i in range(0, 3 * per_epoch, 5)])
+    assert torch.equal(pieces[:len(rows)], rows)  # asked in batches: the same rows
+    assert not torch.equal(ds.epoch_offsets(0, per_epoch, seed=8), rows[:per_epoch])
+
+
 def test_induction_batches_repeat(tmp_path):
     cfg = from_dict({"model": {"block_size": 32}, "tokenizer": {"vocab_size": 256},
                      "data": {"source": "induction", "induction_vocab": 20,
@@ -1021,3 +1043,10 @@ def test_induction_runs_need_the_pairs_layout():
             "data.induction_runs: 0.5 needs the pairs layout")):
         from_dict({"model": {"block_size": 24}, "tokenizer": {"vocab_size": 256}, "data": {
             "source": "induction", "induction_min_period": 0, "induction_runs": 0.5}})
+
+
+def test_epoch_order_needs_a_corpus():
+    with pytest.raises(ConfigError, match=re.escape(
+            "train.data_order: epochs reads a corpus epoch by epoch, but data.source induction")):
+        from_dict({"tokenizer": {"vocab_size": 256}, "train": {"data_order": "epochs"},
+                   "data": {"source": "induction"}})

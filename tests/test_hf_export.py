@@ -235,7 +235,8 @@ def test_without_the_rope_permutation_gpt_neox_disagrees(exported, bpe, tmp_path
 
 
 @pytest.mark.parametrize("change, needle", [
-    *UNEXPORTABLE, ({"pos_encoding": "learned", "qk_norm": True}, "model.qk_norm")])
+    *UNEXPORTABLE, ({"pos_encoding": "learned", "qk_norm": True}, "model.qk_norm"),
+    ({"value_skip": True}, "model.value_skip")])
 def test_what_has_no_equivalent_is_refused_by_name(change, needle):
     with pytest.raises(MinigptError, match=needle) as err:
         export_kind(ModelConfig(**{**EXPORT_MODEL, "vocab_size": 300, **change}))

@@ -7,8 +7,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from minigpt.config import Config, ModelConfig
+from minigpt.config import Config, ModelConfig, load_config
 from minigpt.core.gpt import GPT, ForwardSpec, KVCache, flops_per_token
 
 ENCODINGS = ["rope", "learned", "sinusoidal", "none"]
@@ -726,3 +727,52 @@ def test_precision_auto_follows_the_cpus_bf16_instructions(monkeypatch):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a)
         assert amp_dtype("auto", cpu) == want
         assert amp_dtype("fp32", cpu) is None and amp_dtype("bf16", cpu) == torch.bfloat16
+
+
+def test_mtp_adds_the_loss_of_the_token_after_next_in_training_only():
+    """model.mtp_weight w: in training the loss is CE(next) + w * CE(token after next), the
+    second from the final stream plus mtp([stream, embedding of the next token]) through the
+    same final norm, head and soft-cap; in eval mode, and without targets, the plain pass."""
+    cfg = load_config(None, ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+                             "model.vocab_size=20", "model.logit_softcap=10",
+                             "model.mtp_weight=0.3", "model.tie_weights=false"])
+    m = GPT.from_config(cfg, seed=0)
+    torch.nn.init.normal_(m.mtp.weight, std=0.1)  # it starts at zero
+    x, y = torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8))
+    y[0, 2] = -1
+    _, loss = m(x, y)
+    stream = m.residual_stream(x)[-1]  # (2, 8, C)
+    z = stream[:, :-1] + m.mtp(torch.cat((stream[:, :-1], m.wte(y[:, :-1].clamp(min=0))), -1))
+    ce = lambda lg, t: F.cross_entropy(lg.reshape(-1, 20), t.reshape(-1), ignore_index=-1)
+    expected = ce(m.unembed(stream), y) + 0.3 * ce(m.unembed(z), y[:, 1:])
+    assert torch.allclose(loss, expected, atol=1e-5)
+    m.eval()
+    assert torch.allclose(m(x, y)[1], ce(m.unembed(stream), y), atol=1e-6)
+    assert m.num_params()["mtp"] == 2 * 16 * 16
+
+
+def test_value_skip_adds_a_share_of_the_first_layers_values():
+    """model.value_skip: layer l > 0 attends with v_l + lambda_l * v_0. With every lambda 0 it
+    is the plain model; the lambdas train (they get gradients); the cache decodes the whole
+    pass's logits; a pass that starts mid-model is refused."""
+    sets = ["model.n_layer=3", "model.n_embd=16", "model.n_head=2", "model.vocab_size=20"]
+    m = GPT.from_config(load_config(None, [*sets, "model.value_skip=true"]), seed=0)
+    plain = GPT.from_config(load_config(None, sets), seed=0).eval()
+    assert m.value_lambdas.tolist() == [0.5, 0.5]
+    x = torch.randint(0, 20, (2, 8))
+    _, loss = m(x, x)
+    loss.backward()
+    assert m.value_lambdas.grad.abs().min() > 0
+    m.eval()
+    with torch.no_grad():
+        plain.load_state_dict({k: t for k, t in m.state_dict().items() if k != "value_lambdas"})
+        logits = m(x)[0]
+        assert not torch.allclose(plain(x)[0], logits, atol=1e-4)
+        cache = m.new_kv_cache(2)
+        steps = [m(x[:, :5], kv_cache=cache)[0]] + [m(x[:, t:t + 1], kv_cache=cache)[0]
+                                                     for t in range(5, 8)]
+        assert torch.allclose(torch.cat(steps, 1), logits, atol=1e-5)
+        m.value_lambdas.zero_()
+        assert torch.allclose(plain(x)[0], m(x)[0], atol=1e-6)
+    with pytest.raises(ValueError, match="model.value_skip: a pass from block 1 on"):
+        m.from_layer(1, torch.zeros(2, 8, 16))

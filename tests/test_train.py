@@ -160,8 +160,9 @@ REGULARISED = {**MUON, "model.attn_dropout": 0.1, "train.ema": 0.9}
 
 
 @pytest.mark.parametrize("options", [{}, MUON, REGULARISED, {"train.precision": "fp32"},
-                                     {**MUON, "train.precision": "bf16"}],
-                         ids=["adamw", "muon", "regularised", "fp32", "muon-bf16"])
+                                     {**MUON, "train.precision": "bf16"},
+                                     {"train.data_order": "epochs"}],
+                         ids=["adamw", "muon", "regularised", "fp32", "muon-bf16", "epochs"])
 def test_exact_resume_is_bit_identical(tmp_path, options):
     """6 steps straight == 4 steps (stop) + resume to 6: same weights, same optimizer state
     (AdamW moments; Muon momentum buffers too), same logged losses; with train.ema the
@@ -529,7 +530,8 @@ def test_batched_muon_is_torch_muon_step_for_step():
 
 
 def test_the_compile_cache_lives_under_the_minigpt_cache(tmp_path, monkeypatch):
-    from minigpt.train.weights import compiles, use_compile_cache
+    from minigpt.device import use_compile_cache
+    from minigpt.train.weights import compiles
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     use_compile_cache(str(tmp_path / "c"))

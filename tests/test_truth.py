@@ -187,6 +187,31 @@ def test_resampled_inputs_cannot_reveal_what_only_positions_carry(induction_run)
     assert all(f["auroc"]["revealed"] == 1.0 for f in truth["finders"].values())
 
 
+@pytest.mark.parametrize("source", ["resample", "zero"])
+def test_a_programs_edges_split_by_position(induction_run, source):
+    """A compiled model has no norm and a head width of its own (model.d_head): `--positions`
+    splits its edges as they are. Every edge's positions sum to its score, a non-edge has none
+    (exactly 0 everywhere), the previous-token head reaches the induction head's key at a
+    later query (i < j), and the position-aware curve is there beside the summed one."""
+    extra = [] if source == "resample" else ["--patch-from", source]
+    r = in_process(["circuit", "--run", induction_run, "--pairs", "2", "--positions",
+                    "--json", *extra])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    true = {(e["from"], e["to"], e["input"]) for e in doc["truth"]["true_edges"]}
+    for e in doc["edges"]:
+        at = e.get("positions", [])
+        assert abs(sum(x["score"] for x in at) - e["score"]) < 1e-5, e
+        assert at or e["score"] == 0.0
+        if (e["from"], e["to"], e["input"]) not in true:
+            assert not at, e
+    key = next(e for e in doc["edges"] if (e["from"], e["to"], e["input"])
+               == ("L0.H0", "L1.H0", "k"))
+    assert any(x["from_pos"] < x["to_pos"] and abs(x["score"]) > 1e-3 for x in key["positions"])
+    for name in ("eap-ig@positions", "eap-ig@summed"):
+        assert doc["curves"][name][-1]["recovered"] == pytest.approx(1.0, abs=1e-6)
+
+
 def test_the_circuit_table_fits_80_columns(induction_run):
     r = in_process(["circuit", "--run", induction_run, "--pairs", "2", "--no-curve"],
                    COLUMNS="80")

@@ -35,8 +35,8 @@ def bench_command(
         help="Also write every figure and the environment to this JSON file.")] = None,
     json_out: opt.Json = False,
     compile_: Annotated[bool, typer.Option(
-        "--compile", help="Also time the train step under torch.compile (slow to warm up on "
-        "CPU: about a minute per shape).")] = False,
+        "--compile", help="Also time the train step and the decode step under torch.compile "
+        "(slow to warm up on CPU: about a minute per shape).")] = False,
     peak_tflops: Annotated[float | None, typer.Option(
         "--peak-tflops", help="Peak TFLOP/s for MFU (default: measured matmul rate on CPU, "
         "datasheet table on known GPUs).")] = None,
@@ -184,12 +184,17 @@ def _sample_table(sm) -> tuple[object, list[str]]:
     s = sm.settings
     what = f"{s.model}, " if s.model else ""
     threads = ", ".join(sorted({str(r.threads) for r in sm.rows}))
-    t = _table(["KV cache", "TTFT ms", "prefill tok/s", "decode ms/tok", "IQR", "decode tok/s"])
+    t = _table(["KV cache", "TTFT ms", "prefill tok/s", "ms/tok", "IQR", "tok/s", "GFLOP/s",
+                "GB/s"])
     for r in sm.rows:
-        t.add_row("yes" if r.kv_cache else "no", _g(r.ttft.median_ms),
+        t.add_row(r.label, _g(r.ttft.median_ms),
                   f"{r.prefill_tokens_per_s:,.0f}", _g(r.decode.median_ms), _iqr(r.decode),
-                  f"{r.decode_tokens_per_s:,.0f}")
+                  f"{r.decode_tokens_per_s:,.0f}", _g(r.gflops), _g(r.gbytes))
     t = worded(t, f"greedy decoding, batch 1: {what}{s.n_layer}L {s.n_embd}d, prompt "
                f"{s.prompt_len} + {s.new_tokens} new tokens, {threads} thread(s) (as "
                "`minigpt sample`)")
-    return t, [f"verdict: {v}" for v in sm.verdicts]
+    work = "; ".join(f"{r.label}: {r.flops_per_token / 1e6:.3g} MFLOP, "
+                     f"{r.bytes_per_token / 1e6:.3g} MB" for r in sm.rows
+                     if not r.compiled)
+    return t, [f"arithmetic of a decoded token (FLOPs; weights and cache read): {work}",
+               *(f"verdict: {v}" for v in sm.verdicts)]

@@ -43,6 +43,9 @@ StreamOpt = Annotated[bool | None, typer.Option(
     "--stream/--no-stream", help="Print tokens as they come. Default: on a terminal.")]
 NoKvCacheOpt = Annotated[bool, typer.Option(
     "--no-kv-cache", help="Recompute the whole context for every token (slow).")]
+CompileOpt = Annotated[bool, typer.Option(
+    "--compile", help="Decode through the compiled one-token step (torch.compile: tens of "
+    "seconds to compile a shape the first time, faster per token after; docs/cli.md).")]
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="One JSON document per sample on stdout.")]
 AllowSpecialOpt = Annotated[bool, typer.Option(
@@ -57,7 +60,7 @@ def sample_command(
     stop: StopOpt = None, stream: StreamOpt = None, no_kv_cache: NoKvCacheOpt = False,
     device: opt.Device = "auto", json_out: JsonOpt = False,
     allow_special: AllowSpecialOpt = False, model: opt.Model = None, threads: opt.Threads = 0,
-    force: opt.Force = False,
+    force: opt.Force = False, compile_: CompileOpt = False,
 ) -> None:
     """Generate text from a trained run or a Hugging Face model (text on stdout, timings on
     stderr)."""
@@ -90,9 +93,11 @@ def sample_command(
             f"last {block} tokens")
     with decoding_threads(loaded.model, threads):
         smp.check_sample_cost(loaded.model, len(p.ids), how, not no_kv_cache, force)
+    compiled = smp.decode_compiles(not no_kv_cache, compile_)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     dev = loaded.device
-    say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}")
+    say(f"sampling from {which}{loaded.label} on {dev}, seed {seed}"
+        + (", compiled decode step (the first step compiles it)" if compiled else ""))
     if loaded.cfg.data.source == "induction":
         say("note: this run was trained on synthetic induction data (random token ids, each "
             "segment repeated), not on text: its output is ids shown as bytes; see it with "
@@ -106,7 +111,8 @@ def sample_command(
     with _stdout_to_the_end(), decoding_threads(loaded.model, threads):
         smp.sample(loaded.model, p.ids, tok.decode, how, seed=seed,
                    stops=[unescape_stop(s) for s in stop or []], stop_ids=[tok.eot_id],
-                   use_kv_cache=not no_kv_cache, on_text=view.on_text, on_done=view.on_done)
+                   use_kv_cache=not no_kv_cache, on_text=view.on_text, on_done=view.on_done,
+                   compile_step=compiled)
 
 
 def _program(loaded, prompt: str | None, prompt_file: Path | None, json_out: bool) -> None:

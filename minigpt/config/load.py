@@ -99,6 +99,10 @@ def _check_train(t: TrainConfig, m: ModelConfig) -> None:
 def _check_induction(cfg: Config) -> None:
     """The synthetic induction data: its ids, segment lengths and tokenizer."""
     m, d, tc = cfg.model, cfg.data, cfg.tokenizer
+    if d.source == "induction" and cfg.train.data_order == "epochs":
+        raise ConfigError("train.data_order: epochs reads a corpus epoch by epoch, but "
+                          "data.source induction draws every row fresh; set train.data_order "
+                          "random")
     if m.vocab_size and d.source == "induction" and m.vocab_size < d.induction_vocab:
         raise ConfigError(
             f"data.induction_vocab: {d.induction_vocab} exceeds model.vocab_size="

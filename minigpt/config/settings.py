@@ -76,6 +76,13 @@ class ModelConfig:
     logit_softcap: float = setting(
         0.0, "0 = off; else logits = cap * tanh(logits / cap), for the loss and for sampling",
         min=0.0)
+    value_skip: bool = setting(
+        False, "every layer after the first adds a learned share (from 0.5) of the first layer's "
+        "values to its own (a value residual); export and analyses that start mid-model refuse it")
+    mtp_weight: float = setting(
+        0.0, "0 = off; else training adds this times the loss of predicting the token after next "
+        "(the final stream and the next token's embedding through one extra matrix, then the final "
+        "norm and LM head); sampling, inspection and export never use it", min=0.0)
 
     @property
     def head_dim(self) -> int:
@@ -179,6 +186,17 @@ class TrainConfig:
         0.0, "0 = off; else evaluate, sample and save (model.safetensors) an exponential moving "
         "average of the weights with this decay per step (the plain mean of all steps so far until "
         "its horizon 1/(1-ema) is reached)", min=0.0, max_exclusive=1.0)
+    data_order: str = setting(
+        "random", "the rows each step reads: random = windows at random offsets, drawn with "
+        "replacement; epochs = every epoch a fresh shuffle of back-to-back windows at a random "
+        "phase, so every training token is read once per epoch (corpus data)",
+        choices=("random", "epochs"))
+    distill_from: list[str] = setting(  # noqa: RUF009 - a field(default_factory=...)
+        [], "run directories whose models teach this one: the loss mixes in the cross-entropy "
+        "against their mean next-token probabilities (same tokenizer; saved as absolute paths)")
+    distill_weight: float = setting(
+        0.5, "with distill_from: the teachers' share of the loss (the rest is the usual "
+        "cross-entropy against the next tokens)", min=0.0, max=1.0)
     grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 = off", min=0.0)
     eval_interval: int = setting(250, "evaluate every this many steps", min=1)
     eval_batches: int = setting(20, "validation batches per evaluation", min=1)

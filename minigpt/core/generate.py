@@ -133,22 +133,27 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: 
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None, use_kv_cache: bool = True,
              stop_ids: Sequence[int] = (),
-             on_logits: Callable[[torch.Tensor], None] | None = None) -> Iterator[int]:
+             on_logits: Callable[[torch.Tensor], None] | None = None,
+             compile_step: bool = False) -> Iterator[int]:
     """Yield up to `max_new_tokens` new token ids continuing `prompt_ids` (non-empty).
 
     Ends early after yielding a token in `stop_ids` (e.g. <|endoftext|>). `on_logits`, if
     given, sees each step's next-token logits (V,) float32 before sampling (for tests and
     inspection). `model` is a minigpt GPT (anything with `.cfg.block_size`,
     `forward(idx, kv_cache=...)` and `new_kv_cache`); it is put in eval mode for the duration.
-    The iterator may be abandoned at any point (e.g. after a stop string)."""
+    `compile_step` (with the cache): a static cache, so each one-token step runs the blocks
+    compiled (core/decode.py: the first step compiles them). The iterator may be abandoned at
+    any point (e.g. after a stop string)."""
     how = Sampling(temperature, top_k, top_p, max_new_tokens)
-    return sampling_loop(model, prompt_ids, how, generator, use_kv_cache, stop_ids, on_logits)
+    return sampling_loop(model, prompt_ids, how, generator, use_kv_cache, stop_ids, on_logits,
+                         compile_step)
 
 
 @torch.inference_mode()
 def sampling_loop(model: torch.nn.Module, prompt_ids: Sequence[int], how: Sampling,
             generator: torch.Generator | None, use_kv_cache: bool, stop_ids: Sequence[int],
-            on_logits: Callable[[torch.Tensor], None] | None) -> Iterator[int]:
+            on_logits: Callable[[torch.Tensor], None] | None,
+            compile_step: bool = False) -> Iterator[int]:
     """The decoding loop of `generate`, with the settings already validated in `how`
     (`how.num_samples` is not used: one call, one sample). infer/sample.py runs it per sample."""
     ids = [int(t) for t in prompt_ids]
@@ -166,7 +171,7 @@ def sampling_loop(model: torch.nn.Module, prompt_ids: Sequence[int], how: Sampli
     stops = frozenset(int(t) for t in stop_ids)
     with eval_mode(model):
         _, start = truncate_prompt(ids, block)  # the first id of the model's window
-        cache = model.new_kv_cache(1, block) if use_kv_cache else None
+        cache = model.new_kv_cache(1, block, static=compile_step) if use_kv_cache else None
         step_in = torch.empty((1, 1), dtype=torch.long, device=device)  # reused decode input
 
         def window_logits() -> torch.Tensor:

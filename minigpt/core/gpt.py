@@ -1,6 +1,7 @@
-"""The GPT, top to bottom in one file: the lecture's attention, the position encodings, the
-KV cache, then the transformer that uses them (CausalSelfAttention, MLP,
-Block, GPT), like nanoGPT's model.py. Tensors of attention are `[batch, head, query, key]`.
+"""The GPT, top to bottom in one file: the lecture's attention, the position encodings, then
+the transformer that uses them (CausalSelfAttention, MLP, Block, GPT), like nanoGPT's model.py.
+Tensors of attention are `[batch, head, query, key]`. The KV cache and the compiled one-token
+decode step of this same pass are core/decode.py's.
 
 The hand-written CPU pieces it calls (the fused attention kernel's CPU-bf16 rule, the
 soft-capped loss and ReLU^2 as one autograd node each, the packed dropout mask, the leaf layers
@@ -55,6 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.config.settings import Config, ModelConfig
+from minigpt.core.decode import KVCache, decode_steps
 from minigpt.core.kernels import (
     dropout,
     embedding,
@@ -169,13 +171,15 @@ def causal_mask(t_q: int, t_k: int, past_length: int, device=None) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, causal: bool = True,
               past_length: int = 0, impl: str = "sdpa", return_probs: bool = False,
-              dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+              dropout_p: float = 0.0, mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention over heads.
 
     q (B, H, Tq, D), k and v (B, H, Tk, D) -> out (B, H, Tq, D), probs (B, H, Tq, Tk) or None.
     `scale` defaults to 1/sqrt(D); pass 1.0 for the lecture's unscaled examples. `causal` masks
-    keys after each query's absolute position `past_length + i`. `dropout_p` drops attention
-    probabilities (pass 0 outside training). Probabilities come only from `impl="explicit"`.
+    keys after each query's absolute position `past_length + i`; a boolean `mask` (Tq, Tk), True
+    = may attend, replaces that rule (a static KV cache's: core/decode.py). `dropout_p` drops
+    attention probabilities (pass 0 outside training). Probabilities come only from
+    `impl="explicit"`.
     """
     if impl not in IMPLS:  # the one check of `impl` and `return_probs` (ForwardSpec has none)
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -185,14 +189,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, ca
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     # A mask is needed unless every query may see every key (e.g. one-token decode with a cache).
-    needs_mask = causal and past_length < t_k - 1
-    top_left = needs_mask and t_q == t_k and past_length == 0  # the training case
+    needs_mask = mask is not None or (causal and past_length < t_k - 1)
+    top_left = mask is None and needs_mask and t_q == t_k and past_length == 0  # training's case
+    if needs_mask and mask is None and not top_left:
+        mask = causal_mask(t_q, t_k, past_length, q.device)
     if impl == "sdpa":
-        mask = causal_mask(t_q, t_k, past_length, q.device) if needs_mask and not top_left else None
         return sdpa(q, k, v, mask=mask, is_causal=top_left, scale=scale, dropout_p=dropout_p), None
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk)
     if needs_mask:
-        scores = scores.masked_fill(~causal_mask(t_q, t_k, past_length, q.device), float("-inf"))
+        if mask is None:
+            mask = causal_mask(t_q, t_k, 0, q.device)
+        scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(dim=-1)  # (B, H, Tq, Tk), each row sums to 1
     dropped = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = dropped @ v  # (B, H, Tq, Tk) @ (B, H, Tk, D) -> (B, H, Tq, D)
@@ -304,61 +311,6 @@ class QKNorm(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# The KV cache: keys and values of earlier positions, for decoding.
-
-
-class KVCache:
-    """Keys and values of every layer for incremental decoding (inference only, no autograd).
-
-    Per layer, `k[i]` and `v[i]` are preallocated (B, n_head, max_len, head_dim); `length` is the
-    number of tokens cached (the same for every sequence in the batch). Keys are stored AFTER
-    RoPE, at their absolute positions 0..length-1.
-
-    Contract with `GPT.forward(idx, kv_cache=cache)`:
-    - prefill: pass the prompt (B, T) to an empty cache; decode: pass the next 1+ tokens. The
-      model places them at positions `length .. length+T-1` (RoPE angles and learned/sinusoidal
-      rows offset by `length`), attends to everything cached plus causally within the new
-      tokens, and advances `length` by T. Logits equal a full recompute of the whole sequence.
-    - capacity: if `length + T > max_len` the model raises ValueError; nothing is written.
-    - block_size: `GPT.new_kv_cache(B)` allocates `max_len = block_size`. When the context is
-      full the caller crops: keep the last `block_size - 1` (or fewer) tokens, `reset()` the
-      cache and prefill them again; positions restart at 0 for the window. Re-prefilling (not
-      sliding the cached keys) is what makes the logits equal a full forward of the cropped
-      context: deeper layers' cached k/v depend on the tokens that were dropped. This works for
-      every pos_encoding. For rope / sinusoidal / none the caller may instead allocate
-      `max_len > block_size` and keep decoding (tables extend on demand; positions past the
-      trained length are extrapolation). With `learned` positions, any position >= block_size
-      raises ValueError (the table has no row for it): the sampler crops or stops.
-    """
-
-    def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
-                 *, device=None, dtype: torch.dtype = torch.float32) -> None:
-        shape = (batch_size, n_head, max_len, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.batch_size, self.max_len, self.length = batch_size, max_len, 0
-
-    @property
-    def remaining(self) -> int:
-        return self.max_len - self.length
-
-    def reset(self) -> None:
-        """Forget everything (buffers are reused); the next forward is a prefill at position 0."""
-        self.length = 0
-
-    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new k, v (B, H, T, D) at [length, length+T) of `layer`; return the filled
-        prefix views (B, H, length+T, D). `length` advances only through `advance()`."""
-        start, n = self.length, k.shape[2]
-        kb, vb = self.k[layer], self.v[layer]
-        kb.narrow(2, start, n).copy_(k)  # narrow + copy_: cheaper than slice assignment
-        vb.narrow(2, start, n).copy_(v)
-        return kb.narrow(2, 0, start + n), vb.narrow(2, 0, start + n)
-
-    def advance(self, n: int) -> None:
-        self.length += n
-
-# --------------------------------------------------------------------------------------------
 # The transformer: attention layer, MLP, block, GPT.
 
 
@@ -384,8 +336,8 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor] | None,
-                cache: KVCache | None, layer: int, spec: ForwardSpec
-                ) -> tuple[Tensor, Tensor | None]:
+                cache: KVCache | None, layer: int, spec: ForwardSpec,
+                values: ValueSkip | None = None) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C), or (3, H, B, T, C): each head's query, key and value input apart (an
         Intervention's `attn_in`). Returns the layer's output (B, T, C) and, when asked, the
         attention probabilities."""
@@ -411,12 +363,14 @@ class CausalSelfAttention(nn.Module):
                 qk = apply_rope(qk, *rope)  # tables (T, D) broadcast over (2, B, H)
             q, k = qk.unbind(0)  # 2 x (B, H, T, D)
             v = v.squeeze(0)  # (B, H, T, D)
+        if values is not None:  # model.value_skip
+            v = values(layer, v)
         if spec.intervention is not None:  # the queries and keys the scores read
             q, k = spec.intervention.qk(layer, q, k)
-        past = 0
-        if cache is not None:
-            past = cache.length
-            k, v = cache.append(layer, k, v)  # (B, H, past + T, D)
+        past, mask = 0, None
+        if cache is not None:  # a static cache's step never reads its length (core/decode.py)
+            past = 0 if cache.static else cache.length
+            k, v, mask = cache.append(layer, k, v)  # (B, H, past + T or max_len, D)
             if k.dtype != q.dtype:  # the cache is in the weights' dtype; q is autocast's
                 k, v = k.to(q.dtype), v.to(q.dtype)
         # Dropout inside the kernel (attn_dropout) sends CPU SDPA to its math fallback; the
@@ -424,7 +378,7 @@ class CausalSelfAttention(nn.Module):
         drop = self.attn_dropout if self.training else 0.0
         z, probs = attention(q, k, v, scale=spec.scale, causal=spec.causal, past_length=past,
                              impl=spec.impl, return_probs=spec.return_probs,
-                             dropout_p=drop)  # z: every head's output, (B, H, T, D)
+                             dropout_p=drop, mask=mask)  # z: every head's output, (B, H, T, D)
         if spec.intervention is not None:  # the one place to read or change a single head
             z = spec.intervention.heads(layer, z)
         # merge: (B', T, H*D) -> (B', T, C); B' is the stream's batch, which `heads` may
@@ -475,6 +429,20 @@ class MLP(nn.Module):
         return dropout(y, self.dropout if self.training else 0.0)
 
 
+class ValueSkip:
+    """model.value_skip in one forward pass: layer 0's values v_0 (B, H, T, D), kept as it
+    computes them, and each later layer l's values become v_l + lambdas[l - 1] * v_0."""
+
+    def __init__(self, lambdas: Tensor) -> None:
+        self.lambdas, self.first = lambdas, None
+
+    def __call__(self, layer: int, v: Tensor) -> Tensor:
+        if layer == 0:
+            self.first = v
+            return v
+        return v + self.lambdas[layer - 1].to(v.dtype) * self.first
+
+
 class Block(nn.Module):
     """Pre-norm: x + attn(norm(x)), then x + mlp(norm(x)) (no MLP when cfg.mlp is false)."""
 
@@ -486,10 +454,12 @@ class Block(nn.Module):
         self.mlp = MLP(cfg) if cfg.mlp else None
 
     def forward(self, x: Tensor, *, rope, cache: KVCache | None, layer: int,
-                spec: ForwardSpec) -> tuple[Tensor, Tensor | None]:
+                spec: ForwardSpec, values: ValueSkip | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         g = spec.intervention  # what each reader reads and each writer writes, when set
         xa = x if g is None else g.attn_in(layer, x)  # (B, T, C) or (B, T, 3, H, C)
-        a, probs = self.attn(norm(self.ln_1, xa), rope=rope, cache=cache, layer=layer, spec=spec)
+        a, probs = self.attn(norm(self.ln_1, xa), rope=rope, cache=cache, layer=layer, spec=spec,
+                             values=values)
         x = x + a
         if self.mlp is not None:
             if g is None:
@@ -536,9 +506,15 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.n_out, bias=False)  # (V, C): V = n_out
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # one Parameter, two uses
+        # model.mtp_weight: [stream, next token's embedding] (2C) -> C, added to the stream
+        self.mtp = nn.Linear(2 * cfg.n_embd, cfg.n_embd, bias=False) if cfg.mtp_weight else None
+        self.value_lambdas = (nn.Parameter(torch.full((cfg.n_layer - 1,), 0.5))
+                              if cfg.value_skip else None)  # model.value_skip (ValueSkip)
         self.apply(self._init_weights)
         if cfg.head_init == "zero":  # after the normal init, so every other weight is unchanged
             nn.init.zeros_(self.lm_head.weight)
+        if self.mtp is not None:  # starts as the identity on the stream
+            nn.init.zeros_(self.mtp.weight)
 
     def _init_weights(self, module: nn.Module) -> None:
         """GPT-2: N(0, 0.02) everywhere; projections into the residual stream (attention W_O,
@@ -606,18 +582,24 @@ class GPT(nn.Module):
         cached key and no mask is built. Training, sampling, inspection and imported models
         all run this pass."""
         x, _ = self._stream(idx, kv_cache, attn or self._spec)
-        cap = self.cfg.logit_softcap
-        if targets is not None and cap:  # soft-cap and cross-entropy in one pass
-            raw = self.raw_logits(x)  # (B, T, V)
-            logits, loss = softcap_cross_entropy(raw.view(-1, raw.shape[-1]),
-                                                 targets.reshape(-1), cap)
-            return logits.view(raw.shape), loss
-        logits = self.unembed(x)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1),
-                                   ignore_index=-1)
+        if targets is None:
+            return self.unembed(x), None
+        logits, loss = self._loss(self.raw_logits(x), targets)
+        if self.mtp is not None and self.training:  # model.mtp_weight: the token after next
+            nxt = embedding(self.wte, targets[:, :-1].clamp(min=0))  # (B, T-1, C)
+            y = x[:, :-1] + linear(self.mtp, torch.cat((x[:, :-1], nxt), dim=-1))  # (B, T-1, C)
+            loss = loss + self.cfg.mtp_weight * self._loss(self.raw_logits(y), targets[:, 1:])[1]
         return logits, loss
+
+    def _loss(self, raw: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """Raw logits (B, T, V) float32 and targets (B, T) (-1 = ignored) -> the logits
+        (soft-capped when cfg.logit_softcap: cap and cross-entropy in one pass) and the mean
+        cross-entropy."""
+        cap, flat = self.cfg.logit_softcap, raw.reshape(-1, raw.shape[-1])  # (B*T, V)
+        if cap:
+            logits, loss = softcap_cross_entropy(flat, targets.reshape(-1), cap)
+            return logits.view(raw.shape), loss
+        return raw, F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
 
     def forward_with_attention(self, idx: Tensor, scale: float | None = None,
                                causal: bool = True, head_hook=None) -> tuple[Tensor, list[Tensor]]:
@@ -648,6 +630,7 @@ class GPT(nn.Module):
                 raise ValueError(f"{B} x {T} new tokens do not fit the KV cache ({kv_cache.length}"
                                  f" of {kv_cache.max_len} positions used, batch "
                                  f"{kv_cache.batch_size}); crop, reset() and prefill again")
+            kv_cache.begin(T)
         x = self._embed(idx, start)  # (B, T, C)
         if spec.intervention is not None:
             x = spec.intervention.embed(x)
@@ -664,13 +647,23 @@ class GPT(nn.Module):
         Returns the stream leaving the last block as the final norm reads it (an
         Intervention's `final_in`)."""
         rope = self.rotary.tables(start, x.shape[1]) if self.rotary is not None else None
+        plain = spec.intervention is None and not spec.return_probs and self.value_lambdas is None
+        steps = (decode_steps(self, kv_cache, x.shape[1], plain)  # compiled one-token steps
+                 if kv_cache is not None and kv_cache.static else None)
+        if self.value_lambdas is not None and first > 0:
+            raise ValueError(f"model.value_skip: a pass from block {first} on lacks the first "
+                             "layer's values; run the whole pass")
+        values = ValueSkip(self.value_lambdas) if self.value_lambdas is not None else None
         all_probs = []
         for i, block in enumerate(self.blocks):
             if i < first:
                 continue
             if stream is not None:
                 stream.append(x)
-            x, probs = block(x, rope=rope, cache=kv_cache, layer=i, spec=spec)
+            if steps is None:
+                x, probs = block(x, rope=rope, cache=kv_cache, layer=i, spec=spec, values=values)
+            else:  # a compiled one-token step, on this layer's slot of the static cache
+                x, probs = steps[i](x, rope=rope, cache=kv_cache.slots[i], layer=i, spec=spec)
             if probs is not None:
                 all_probs.append(probs)
         if spec.intervention is not None:
@@ -710,19 +703,22 @@ class GPT(nn.Module):
         cap = self.cfg.logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        """An empty cache on the model's device/dtype; max_len defaults to block_size."""
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None, *,
+                     static: bool = False) -> KVCache:
+        """An empty cache on the model's device/dtype; max_len defaults to block_size. `static`:
+        one-token steps run each block compiled (core/decode.py; the first step compiles)."""
         p = self.wte.weight
         return KVCache(self.cfg.n_layer, batch_size, self.cfg.n_head,
                        max_len or self.cfg.block_size, self.cfg.head_dim,
-                       device=p.device, dtype=p.dtype)
+                       device=p.device, dtype=p.dtype, static=static)
 
     def num_params(self) -> dict[str, int]:
         """Parameter counts. `total` counts every distinct Parameter once (a tied LM head is the
         embedding matrix, counted in `embedding`; `lm_head` is then 0). `position` is the
         learned table (0 otherwise; rope/sinusoidal have no parameters). `non_embedding` =
         total - embedding - position (Kaplan et al.'s N). `matmul` = weights used in matrix
-        multiplies per token (blocks + LM head), the N of flops_per_token."""
+        multiplies per token (blocks + LM head), the N of flops_per_token. `mtp` = the
+        training-only matrix of model.mtp_weight (0 without it), in `total` only."""
         count = lambda ps: sum(p.numel() for p in ps)
         attn = count(p for b in self.blocks for p in b.attn.parameters())
         mlp = count(p for b in self.blocks if b.mlp is not None for p in b.mlp.parameters())
@@ -730,11 +726,12 @@ class GPT(nn.Module):
         emb = self.wte.weight.numel()
         pos = self.wpe.weight.numel() if self.wpe is not None else 0
         head = 0 if self.cfg.tie_weights else self.lm_head.weight.numel()
-        norm = total - attn - mlp - emb - pos - head
+        mtp = self.mtp.weight.numel() if self.mtp is not None else 0
+        norm = total - attn - mlp - emb - pos - head - mtp
         matmul = sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
         return {"total": total, "embedding": emb, "position": pos, "lm_head": head,
                 "attention": attn, "mlp": mlp, "norm": norm, "non_embedding": total - emb - pos,
-                "matmul": matmul + self.lm_head.weight.numel()}
+                "matmul": matmul + self.lm_head.weight.numel(), "mtp": mtp}
 
 
 @contextlib.contextmanager

@@ -191,8 +191,15 @@ def hooked(m: nn.Module) -> bool:
 
 def linear(m: nn.Module, x: Tensor) -> Tensor:
     """`m(x)`: x (..., in) -> (..., out); a module put in place of the nn.Linear (a subclass,
-    an adapter), or one with hooks, is called as a module."""
+    an adapter), or one with hooks, is called as a module. Under torch.compile on the CPU, one
+    row (a decode step's) is a multiply-reduce over the weight, which inductor fuses into one
+    pass that streams the weight once: 1.7x MKL's matrix-vector product here (the 6 x 384
+    model's 25 matrices: 2.37 against 4.01 ms, one thread; core/decode.py)."""
     if m.__class__ is nn.Linear and not hooked(m):
+        if torch.compiler.is_compiling() and x.device.type == "cpu" and x.numel() == x.shape[-1]:
+            y = (m.weight * x.reshape(1, -1)).sum(-1)  # (out, in) * (1, in) -> (out,)
+            y = y if m.bias is None else y + m.bias
+            return y.view(*x.shape[:-1], -1)  # (..., out)
         return F.linear(x, m.weight, m.bias)
     return m(x)
 

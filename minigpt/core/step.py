@@ -42,14 +42,18 @@ class StepResult:
 def train_step(model: nn.Module, optimizer, batches: Iterable[tuple[Tensor, Tensor]], *,
                n_micro: int, grad_clip: float, fwd: nn.Module | None = None,
                precision: Context = contextlib.nullcontext, no_sync: Context | None = None,
-               mean_loss: Callable[[Tensor], float] | None = None) -> StepResult:
+               mean_loss: Callable[[Tensor], float] | None = None,
+               loss_of: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
+               ) -> StepResult:
     """Forward and backward over `n_micro` micro-batches (x, y), clip, optimizer step.
 
     `fwd` is what runs the forward pass (the model, compiled or wrapped in DDP; default the
     model); `precision()` the context each forward runs in (autocast); `no_sync()` the context
     of every micro-batch but the last (DDP: gradients are reduced once, on the last);
     `mean_loss(t)` turns this process's mean micro-loss t (a 0-dim CPU tensor) into the batch's
-    mean loss (the trainer's all-reduce; default: `t.item()`). `grad_clip` <= 0 = no clipping.
+    mean loss (the trainer's all-reduce; default: `t.item()`); `loss_of(x, y, logits, loss)`,
+    when given, the loss to minimise instead of the model's (distillation). `grad_clip` <= 0 =
+    no clipping.
     The optimizer's learning rate is the caller's to set beforehand."""
     fwd = model if fwd is None else fwd  # never `fwd or model`: a wrapper may refuse bool()
     loss_sum = torch.zeros((), device=device_of(model))
@@ -57,7 +61,9 @@ def train_step(model: nn.Module, optimizer, batches: Iterable[tuple[Tensor, Tens
         sync = no_sync() if no_sync is not None and m < n_micro - 1 else contextlib.nullcontext()
         with sync:
             with precision():
-                _, loss = fwd(x, y)  # (B, T) ids -> mean cross-entropy, a 0-dim tensor
+                logits, loss = fwd(x, y)  # (B, T) ids -> mean cross-entropy, a 0-dim tensor
+                if loss_of is not None:
+                    loss = loss_of(x, y, logits, loss)
             (loss / n_micro).backward()  # gradients accumulate over the micro-batches
         loss_sum += loss.detach().float()
     mean = loss_sum.cpu() / n_micro

@@ -102,6 +102,35 @@ class TokenRows:
         return torch.randint(len(arr) - self.block_size, (n,), generator=generator,
                              dtype=torch.long)
 
+    def epoch_offsets(self, first: int, n: int, seed: int) -> torch.Tensor:
+        """(n,) start positions of training rows `first` .. `first + n - 1` read in epochs
+        (train.data_order epochs): epoch e holds the W = (len(train) - block_size) //
+        block_size back-to-back windows that start at a phase p_e in [0, block_size), in a
+        shuffled order; p_e and the order are drawn from a generator seeded by (seed, e), so a
+        row's offset is a function of its number (a resumed run reads what an uninterrupted
+        one would). Row r is window r % W of epoch r // W."""
+        T = self.block_size
+        per_epoch = (len(self.data.train) - T) // T  # windows that fit at any phase
+        if per_epoch < 1:
+            raise MinigptError(f"the training split holds {len(self.data.train)} tokens, too few "
+                               f"for one window of model.block_size={T} at every phase; use "
+                               "train.data_order random")
+        rows = torch.arange(first, first + n)
+        out = torch.empty(n, dtype=torch.long)
+        for e in torch.unique(rows // per_epoch).tolist():
+            phase, order = self._epoch(e, per_epoch, seed)
+            here = rows // per_epoch == e
+            out[here] = phase + order[rows[here] % per_epoch] * T
+        return out
+
+    def _epoch(self, e: int, per_epoch: int, seed: int) -> tuple[int, torch.Tensor]:
+        """Epoch e's phase and window order (the last epoch asked for is kept)."""
+        if getattr(self, "_last_epoch", (None,))[0] != e:
+            g = torch.Generator().manual_seed((seed * 1_000_003 + e) % 2**63)
+            phase = int(torch.randint(self.block_size, (1,), generator=g))
+            self._last_epoch = (e, phase, torch.randperm(per_epoch, generator=g))
+        return self._last_epoch[1], self._last_epoch[2]
+
     def rows(self, split: str, offsets: torch.Tensor) -> torch.Tensor:
         """(n, block_size + 1) int64: the tokens at each offset (on the CPU)."""
         T, arr = self.block_size, self._split(split)

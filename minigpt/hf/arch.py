@@ -194,6 +194,9 @@ def export_kind(m: ModelConfig) -> str:
     if m.logit_softcap:
         raise MinigptError(f"model.logit_softcap is {m.logit_softcap:g}: GPT-2 and GPT-NeoX do "
                            "not soft-cap their logits")
+    if m.value_skip:
+        raise MinigptError("model.value_skip is true: GPT-2 and GPT-NeoX layers read no other "
+                           "layer's values")
     for name, default in (("d_head", "n_embd / n_head"), ("d_mlp", "4 * n_embd"),
                           ("d_vocab_out", "vocab_size")):
         if getattr(m, name):

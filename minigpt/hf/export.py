@@ -4,7 +4,8 @@ no custom code.
 
 learned positions -> GPT2LMHeadModel; rope -> GPTNeoXForCausalLM (full rotary, sequential
 residual, q/k rows permuted to NeoX's rotate-half layout); sinusoidal / none, RMSNorm, ReLU^2,
-QK-norm and logit soft-capping are refused, naming the setting (`arch.export_kind`).
+QK-norm, logit soft-capping and value skips are refused, naming the setting
+(`arch.export_kind`).
 config.json also carries a "minigpt" section (`arch.export_inputs`): whether inputs to inspect
 start with <|endoftext|> and the run's data source and induction ids, so that
 `inspect-heads --model DIR` probes the export with the run's inputs. Biases a

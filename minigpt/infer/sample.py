@@ -22,6 +22,8 @@ from minigpt.core.generate import sampling_loop
 from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.core.sampling import Sampling
 from minigpt.cost import Work, check_flops
+from minigpt.device import use_compile_cache
+from minigpt.errors import ArgumentError
 
 # --------------------------------------------------------------------------------------------
 # Token ids -> printable text.
@@ -136,10 +138,14 @@ def sample(model: torch.nn.Module, prompt_ids: Sequence[int],
            how: Sampling, *, seed: int = 0, stops: Sequence[str] = (),
            stop_ids: Sequence[int] = (), use_kv_cache: bool = True,
            on_text: Callable[[int, str], None] | None = None,
-           on_done: Callable[[SampleResult], None] | None = None) -> list[SampleResult]:
+           on_done: Callable[[SampleResult], None] | None = None,
+           compile_step: bool = False) -> list[SampleResult]:
     """Generate `how.num_samples` continuations of `prompt_ids` one after another from one
     generator seeded with `seed`. `on_text(sample_index, text)` receives printable text as it
-    becomes safe (see TextStream); `on_done(result)` is called as each sample ends."""
+    becomes safe (see TextStream); `on_done(result)` is called as each sample ends.
+    `compile_step`: decode through the compiled one-token step (`decode_compiles`)."""
+    if compile_step:
+        use_compile_cache("")  # inductor's caches under the minigpt cache: compiled once
     device = device_of(model)
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
@@ -151,7 +157,8 @@ def sample(model: torch.nn.Module, prompt_ids: Sequence[int],
         reason = "length"
         t0 = time.perf_counter()
         first = None
-        for tok in sampling_loop(model, prompt_ids, how, generator, use_kv_cache, (), None):
+        for tok in sampling_loop(model, prompt_ids, how, generator, use_kv_cache, (), None,
+                                 compile_step):
             if first is None:
                 first = time.perf_counter() - t0
             token_ids.append(tok)
@@ -211,3 +218,19 @@ def check_sample_cost(model, prompt_len: int, how: Sampling, kv_cache: bool = Tr
     check_flops(name, getattr(how, name), work_of, device=device_of(model),
                 dtype=next(model.parameters()).dtype, force=force,
                 what=f"{k:,} sample(s) of {n:,} tokens")
+
+
+# --------------------------------------------------------------------------------------------
+# Whether to decode through the compiled step.
+
+
+def decode_compiles(use_kv_cache: bool, compile_step: bool) -> bool:
+    """`--compile`: decode through the compiled one-token step (core/decode.py), the KV
+    cache's, so asking for it with `--no-kv-cache` is an ArgumentError. Off by default: the
+    compile (0.4-7 s with inductor's cache warm, 22-140 s cold under load here;
+    benchmarks/README.md "The compiled decode step") costs more than it saves on the few
+    hundred tokens `minigpt sample` usually draws."""
+    if compile_step and not use_kv_cache:
+        raise ArgumentError("compile", "--compile compiles the KV-cache decode step; drop "
+                            "--no-kv-cache, or --compile")
+    return compile_step

@@ -48,7 +48,8 @@ RESUME_SAFE = {("run", "device")} | {
                            "sample_prompts", "precision", "compile", "micro_batch_size",
                            "keep_checkpoints", "head_scores_interval", "schedule",
                            "decay_fraction", "muon_lr", "muon_momentum", "muon_weight_decay",
-                           "tensorboard", "ema", "stop_when_formed", "threads")}
+                           "tensorboard", "ema", "stop_when_formed", "threads", "data_order",
+                           "distill_from", "distill_weight")}
 
 
 def run_dir_for(cfg: Config, out: str | Path | None) -> Path:

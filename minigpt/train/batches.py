@@ -5,7 +5,9 @@ optimizer step takes, and their copy to the device. `open_batches` builds them i
 
 Which rows. Every optimizer step draws the GLOBAL batch of `train.batch_size` offsets from one
 torch.Generator seeded by run.seed (identical on every rank; its state is saved with every
-checkpoint, so a resumed run draws what an uninterrupted one would); rank r takes the r-th
+checkpoint, so a resumed run draws what an uninterrupted one would), or, with train.data_order
+epochs, reads the next `train.batch_size` rows of the epochs (`TokenRows.epoch_offsets`: a
+function of the step and run.seed, so a resumed run reads them too); rank r takes the r-th
 contiguous slice and splits it into micro-batches of `micro_batch_size`. Each micro-loss is
 divided by the number of micro-batches per rank and DDP averages over ranks, so the gradient is
 the mean over the global batch: a DDP run equals a single-process run up to float summation
@@ -65,11 +67,16 @@ class Batches:
     world: int
     device: torch.device
     eval_offsets: torch.Tensor  # the validation rows every evaluation reads
+    epochs_seed: int | None = None  # train.data_order epochs: run.seed; None: random offsets
 
-    def train(self) -> Iterator[Batch]:
-        """This rank's micro-batches of the next global batch (its offsets drawn now, the rows
-        read as the step consumes them)."""
-        offsets = self.rows.sample_offsets("train", self.batch_size, self.generator)  # global
+    def train(self, step: int) -> Iterator[Batch]:
+        """This rank's micro-batches of global batch `step` (0-based; its offsets drawn now, the
+        rows read as the step consumes them)."""
+        if self.epochs_seed is not None:  # rows step * batch_size onwards of the epochs
+            offsets = self.rows.epoch_offsets(step * self.batch_size, self.batch_size,
+                                              self.epochs_seed)
+        else:
+            offsets = self.rows.sample_offsets("train", self.batch_size, self.generator)
         per_rank = self.n_micro * self.micro
         mine = offsets[self.rank * per_rank:(self.rank + 1) * per_rank]
         return (self.get_batch("train", mine[m * self.micro:(m + 1) * self.micro])
@@ -110,7 +117,8 @@ def open_batches(cfg: Config, start: Resumed | None, device: torch.device, info:
         generator.set_state(start.rng.data)
     t = cfg.train
     return Batches(tokenizer, rows, generator, t.batch_size, micro, n_micro, info.rank,
-                   info.world_size, device, validation_sample(rows, t, cfg.run.seed))
+                   info.world_size, device, validation_sample(rows, t, cfg.run.seed),
+                   cfg.run.seed if t.data_order == "epochs" else None)
 
 
 def validation_sample(rows: TokenRows | InductionRows, t: TrainConfig, seed: int

@@ -7,10 +7,11 @@ four parts, each made once, in this order:
 
     batches.py    the tokenizer and the rows (token cache or synthetic induction rows), which
                   rows each step and each evaluation read, their copy to the device
-    saving.py     the run directory (a fresh one claimed now that the data is ready), the run
-                  lock, the checkpoints and the progress they record
     weights.py    the model, the optimizer and its learning-rate schedule, the weight average
-                  (ema.py), the RNGs; one optimizer step through core/step.py
+                  (ema.py), the RNGs, the teachers of train.distill_from (distill.py); one
+                  optimizer step through core/step.py
+    saving.py     the run directory (a fresh one claimed now that the data and the weights are
+                  ready), the run lock, the checkpoints and the progress they record
     reporting.py  every event to the run files (outputs.py), TensorBoard and the caller; the
                   clock, the evaluations' samples and copy metrics, the head measurements
 
@@ -97,8 +98,8 @@ def set_up(cfg: Config, saving: Saving, start: Resumed | None, device: torch.dev
     dtype = amp_dtype(cfg.train.precision, device)
     session = replace(session or Session(world=info.world_size), dtype=dtype)
     batches = open_batches(cfg, start, device, info, on_event, session)
+    weights = Weights.build(cfg, device, start, info, dtype, batches.tokenizer)
     saving.claim()
-    weights = Weights.build(cfg, device, start, info, dtype)
     report = Reporting.build(cfg, saving.run_dir, batches.tokenizer, weights.average.model,
                              info, on_event,
                              resumed_at=saving.state.step if saving.resume else None)
@@ -158,7 +159,8 @@ class Trainer:
         """One optimizer step on this rank's share of the next global batch. Returns (mean loss
         of the global batch, lr, grad norm before clipping, whether any rank was signalled)."""
         step = self.state.step
-        r, lr, stop = self.weights.step(step, self.batches.train(), self.batches.n_micro, flag)
+        b = self.batches
+        r, lr, stop = self.weights.step(step, b.train(step), b.n_micro, flag)
         if not r.stepped:
             what = "the training loss" if not math.isfinite(r.loss) else "the gradient norm"
             raise self._diverged(step + 1, what)

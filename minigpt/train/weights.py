@@ -27,21 +27,19 @@ rank (rank 0's stream is the saved one).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from minigpt.config import Config, TrainConfig
 from minigpt.core import step as core_step
 from minigpt.core.gpt import GPT
-from minigpt.device import forward_context
-from minigpt.paths import cache_root
+from minigpt.device import forward_context, use_compile_cache
 from minigpt.run.load import load_optimizer_state
 from minigpt.run.resume import Resumed
+from minigpt.train.distill import Teachers, open_teachers
 from minigpt.train.distributed import DistInfo, all_reduce_sum
 from minigpt.train.ema import WeightAverage
 from minigpt.train.muon import BatchedMuon
@@ -171,14 +169,17 @@ class Weights:
     precision: Context              # the context of every forward pass (autocast or none)
     no_sync: Context | None         # DDP: the context of every micro-batch but the last
     info: DistInfo
+    teachers: Teachers | None = None  # train.distill_from (distill.py)
 
     @classmethod
     def build(cls, cfg: Config, device: torch.device, start: Resumed | None,
-              info: DistInfo, dtype: torch.dtype | None) -> Weights:
+              info: DistInfo, dtype: torch.dtype | None, tokenizer=None) -> Weights:
         """The model (initialised from run.seed), its optimizer at update 0's learning rate and
         its WeightAverage, restored from the checkpoint on resume; what runs the forward pass;
-        then the RNGs seeded or restored (`seed_rngs`)."""
+        the teachers of train.distill_from (checked against `tokenizer`, the run's); then the
+        RNGs seeded or restored (`seed_rngs`)."""
         t = cfg.train
+        teachers = open_teachers(cfg, tokenizer, device) if t.distill_from else None
         model = GPT.from_config(cfg, seed=cfg.run.seed).to(device)
         optimizer, names = build_optimizer(model, t, device)
         average = WeightAverage(model, t.ema)
@@ -188,7 +189,7 @@ class Weights:
         fwd = forward_module(model, t, device, info, cfg.data.cache_dir)
         weights = cls(t, model, fwd, optimizer, names, average, dtype,
                       forward_context(device, dtype),
-                      fwd.no_sync if info.enabled else None, info)
+                      fwd.no_sync if info.enabled else None, info, teachers)
         seed_rngs(cfg.run.seed, info, start)
         return weights
 
@@ -212,7 +213,8 @@ class Weights:
         r = core_step.train_step(self.model, self.optimizer, batches, n_micro=n_micro,
                                  grad_clip=self.settings.grad_clip, fwd=self.fwd,
                                  precision=self.precision, no_sync=self.no_sync,
-                                 mean_loss=mean_loss)
+                                 mean_loss=mean_loss,
+                                 loss_of=self.teachers.loss if self.teachers else None)
         if r.stepped:
             self.average.update(it + 1)
         return r, lr, stop[0]
@@ -252,25 +254,6 @@ def compiles(setting: str, device: torch.device) -> bool:
     if setting == "auto":
         return AUTO_COMPILE.get(device.type, False)
     return setting == "true"
-
-
-def compile_cache_dir(cache_dir: str) -> Path:
-    """Where torch.compile keeps its on-disk caches (inductor's FX graph and AOTAutograd
-    caches, compiled kernels; Triton's on CUDA): `<minigpt cache>/torch-compile`, the cache
-    root of `data.cache_dir` / $MINIGPT_CACHE (paths.cache_root), so a second run of the same
-    model loads its kernels instead of compiling them again."""
-    return cache_root(cache_dir) / "torch-compile"
-
-
-def use_compile_cache(cache_dir: str) -> None:
-    """Point inductor at `compile_cache_dir` unless the user chose a TORCHINDUCTOR_CACHE_DIR.
-    Inductor reads the variable whenever it opens its cache, and writes its default (a per-user
-    directory in /tmp) there the first time anything asks, so that default counts as unset."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir(cache_dir))
 
 
 def seed_rngs(seed: int, info: DistInfo, start: Resumed | None) -> None:
