@@ -193,26 +193,32 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
-# Model settings added after runs were saved, each with the value that reproduces the model
-# those runs are: left out of the hash at that value, so a run saved before the setting existed
-# still loads (the hash is over the settings the weights depend on, as they were then).
-LATER_SETTINGS = {"d_head": 0, "d_mlp": 0, "d_vocab_out": 0}
+# Model settings added after runs were saved, in the order they came, each with the value
+# that reproduces the model those runs are. At that value a setting is left out of the hash
+# minigpt writes, so a run saved before the setting existed still loads (the hash is over the
+# settings the weights depend on, as they were then).
+LATER_SETTINGS: list[dict] = [
+    {"d_head": 0, "d_mlp": 0, "d_vocab_out": 0},   # issue 55 (compile)
+    {"value_skip": False, "mtp_weight": 0.0},      # issue 59
+]
 
 
-def model_hash(model_cfg: ModelConfig, *, every: bool = False) -> str:
+def model_hash(model_cfg: ModelConfig, *, since: int = 0) -> str:
     """A short hash of every model setting (stored with weights to catch mismatches); a
-    setting of LATER_SETTINGS at its old-model value is left out (`every`: not even those,
-    as minigpt hashed between their arrival and this rule: `model_hashes`)."""
+    setting of LATER_SETTINGS[since:] at its old-model value is left out (`since` > 0: the
+    hash as minigpt wrote it while only the earlier ones were left out: `model_hashes`)."""
+    later = {k: v for gen in LATER_SETTINGS[since:] for k, v in gen.items()}
     fields = {k: v for k, v in dataclasses.asdict(model_cfg).items()
-              if every or k not in LATER_SETTINGS or v != LATER_SETTINGS[k]}
+              if k not in later or v != later[k]}
     blob = json.dumps(fields, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def model_hashes(model_cfg: ModelConfig) -> set[str]:
     """The hashes weights saved for this model may carry: `model_hash` (what is written), and
-    the hash of every setting that runs saved while LATER_SETTINGS were hashed too carry."""
-    return {model_hash(model_cfg), model_hash(model_cfg, every=True)}
+    those of runs saved while a generation of LATER_SETTINGS was hashed at every value (each
+    settings' arrival until this rule)."""
+    return {model_hash(model_cfg, since=g) for g in range(len(LATER_SETTINGS) + 1)}
 
 
 # --------------------------------------------------------------------------------------------
