@@ -154,7 +154,7 @@ def test_inspect_heads_types_the_programs_heads_and_qk_names_the_reason(inductio
                     "--qk", "L1.H0", "--json"])
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    types = {(h["layer"], h["head"]): h["dominant"] for h in doc["heads"]}
+    types = {(h["layer"], h["index"]): h["dominant"] for h in doc["heads"]}
     assert types == {(0, 0): "previous", (1, 0): "induction"}
     terms = doc["qk"][0]["terms"]
     assert (terms[0]["query"], terms[0]["key"]) == ("embed.tok", "L0.H0")
