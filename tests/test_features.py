@@ -497,3 +497,24 @@ def test_token_text_that_looks_like_markup_is_printed_as_text():
                                tricky))
     out = console.export_text()
     assert "[/]" in out and "[bold]" in out and "[/b]" in out
+
+
+def test_show_reports_collecting_through_the_one_progress_mechanism(tiny):
+    """`features show`'s collecting loop sends events.Progress like every long loop: rows done
+    of rows, rising to the total."""
+    from minigpt.events import Progress
+    from minigpt.features.show import describe, load_for
+    from minigpt.features.store import load_sae
+    from minigpt.features.show_options import ShowOptions
+    from minigpt.run import load_run
+
+    loaded = load_run(Path(tiny["run"]), "cpu")
+    sae, _ = load_for(Path(tiny["sae"]), loaded)
+    _, _, info = load_sae(Path(tiny["sae"]))
+    seen = []
+    describe(loaded, sae, info, Path(tiny["sae"]),
+             ShowOptions(tokens=1024, text_file=Path(tiny["text"])), on_event=seen.append)
+    steps = [e for e in seen if isinstance(e, Progress)]
+    assert steps and all(e.stage == "z of val" for e in steps)
+    assert [e.done for e in steps] == sorted(e.done for e in steps)
+    assert steps[-1].done == steps[-1].total

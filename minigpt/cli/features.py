@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 import minigpt.cli.options as opt
-from minigpt.cli.main import _Group, app, err_console, out_console, say
+from minigpt.cli.main import EtaLines, _Group, app, err_console, out_console, say
 from minigpt.display import duration, head_name, printable
 from minigpt.errors import ArgumentError
 
@@ -301,7 +301,8 @@ def show_command(
         say(f"note: {note}")
     files = _files_dir(fmts, out or sae)
     with cpu_threads(threads, opened.loaded.model):
-        view = describe(opened.loaded, opened.sae, opened.info, sae, options, force=force)
+        view = describe(opened.loaded, opened.sae, opened.info, sae, options, force=force,
+                        on_event=EtaLines("features show"))
     say(f"SAE {sae}: layer {view.layer} of {opened.loaded.label}; " + summary_line(opened.info))
     _write_files(view, fmts, files)
     if json_out:

@@ -95,8 +95,8 @@ def inspect_heads_command(
     patch_direction = check_patch_direction(patch_from, patch_direction)
     check_heads_patch_from(patch_from)
     from minigpt.device import cpu_threads
+    from minigpt.heads import inspection as hi
     from minigpt.heads import output
-    from minigpt.heads.inspection import check_inspect_cost, inspect, select_heads
     from minigpt.heads.probes import prepare_input
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
@@ -104,31 +104,28 @@ def inspect_heads_command(
                    target=target, answer=answer)
     sae = _load_features(features, loaded)  # an SAE of another model: refused before any work
     mcfg = loaded.cfg.model
-    layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
+    layers, heads = hi.select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
+    qk_heads = _qk_heads(mcfg, qk)  # (layer, head) of each --qk head, checked before any work
     names = output.file_names(fmts, layers, heads, ablate, composition, dla or patch_from, lens,
-                              _qk_names(mcfg, qk))
+                              [head_name(la, h) for la, h in qk_heads or []])
     out_dir = output.out_dir(fmts, out, loaded.run_dir, names)  # made, every place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
-    circuits = _circuit_request(loaded, inp, max_tokens, seed, dla=dla, composition=composition,
-                                patch_from=patch_from, direction=patch_direction,
-                                target=target, answer=answer, wrong=wrong, lens=lens,
-                                qk=qk, qk_pairs=qk_pairs)
-    if inp.truncated:
-        has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
-               f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
-        say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
-            f"{mcfg.block_size}; see --max-tokens)")
+    circuits = hi.circuit_request(loaded, inp, max_tokens, seed, dla=dla, lens=lens,
+                                  composition=composition, patch_from=patch_from,
+                                  direction=patch_direction, target=target, answer=answer,
+                                  wrong=wrong, qk=qk_heads, qk_pairs=qk_pairs)
+    _say_truncated(inp, mcfg.block_size)
     with cpu_threads(threads):
-        cost = check_inspect_cost(loaded.model, len(inp.tokens), ablate=ablate, req=circuits,
-                                  features=sae is not None, force=force)
+        cost = hi.check_inspect_cost(loaded.model, len(inp.tokens), ablate=ablate, req=circuits,
+                                     features=sae is not None, force=force)
         if cost is not None:
             say(f"inspect-heads: {len(inp.tokens)} tokens, estimated {cost.describe()} (a "
                 "lower bound)")
-        insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
-                       seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
-                       on_event=EtaLines("inspect-heads"))
+        insp = hi.inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                          seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
+                          on_event=EtaLines("inspect-heads"))
         active = _active_features(sae, loaded, inp.tokens)
     _say_measured(insp, loaded)
     if out_dir is not None:
@@ -138,11 +135,19 @@ def inspect_heads_command(
     _emit(insp, layers, heads, json_out, active)
 
 
+def _say_truncated(inp, block_size: int) -> None:
+    """A note on stderr when the text was cut to what the model reads at once."""
+    if inp.truncated:
+        has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
+               f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
+        say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
+            f"{block_size}; see --max-tokens)")
+
+
 def _check_program(loaded, **asked) -> None:
     """A compiled program's outputs are its values, not next tokens: the analyses that score
     next-token predictions are refused on one (ArgumentError naming the first flag given);
     `minigpt circuit` scores its output."""
-    from minigpt.errors import ArgumentError
 
     given = [k for k, v in asked.items() if v not in (None, False)]
     if given and loaded.cfg.data.source == "program":
@@ -216,62 +221,12 @@ def _active_features(sae, loaded, tokens: list[int]) -> dict | None:
                                           for row in per]}
 
 
-def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
-    """The `--qk` heads' names (checked: interp.qk), before any work."""
+def _qk_heads(mcfg, qk: list[str] | None) -> list[tuple[int, int]] | None:
+    """The `--qk` heads as (layer, head), resolved and checked once (interp.qk.resolve_heads);
+    None when --qk is not given."""
     from minigpt.interp.qk import resolve_heads
 
-    return [head_name(la, h) for la, h in resolve_heads(mcfg, comma_list(qk))] if qk else []
-
-
-def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
-                     direction, target, answer, wrong, lens=False, qk=None, qk_pairs=None):
-    """What of interp/head_circuits.py and interp/qk.py to measure (None: nothing), every token
-    checked first."""
-    from minigpt.heads.inspection import CircuitRequest
-    from minigpt.heads.probes import corrupted_input, token_id
-    from minigpt.interp.head_circuits import check_composition
-    from minigpt.interp.patching import check_same_length
-    from minigpt.interp.qk import check_tokens, resolve_heads
-
-    uses_metric = dla or patch_from is not None or lens
-    for param, value in (("target", target), ("answer", answer), ("wrong", wrong)):
-        if value is not None and not uses_metric:
-            raise ArgumentError(param, "sets the metric of --dla, --patch-from and --lens; "
-                                "give one of them too")
-    if qk_pairs and not qk:
-        raise ArgumentError("qk_pairs", "chooses the pairs of --qk; give --qk HEAD too")
-    if qk:
-        check_tokens(len(inp.tokens))
-    if not (uses_metric or composition or qk):
-        return None
-    if composition:
-        check_composition(loaded.cfg.model)
-    tok = loaded.tokenizer
-    req = CircuitRequest(dla=dla, composition=composition, direction=direction, lens=lens,
-                         target=None if target is None else token_id(tok, target, "target"),
-                         answer=None if answer is None else token_id(tok, answer, "answer"),
-                         wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
-                         qk=resolve_heads(loaded.cfg.model, comma_list(qk)) if qk else None,
-                         qk_pairs=_qk_pairs(qk_pairs, inp) if qk_pairs else None)
-    if patch_from is not None:
-        req.patch_tokens, req.patch_source = corrupted_input(
-            loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,
-            eot_first=loaded.eot_first)
-        check_same_length(inp.tokens, req.patch_tokens)  # before any work
-    return req
-
-
-def _qk_pairs(values: list[str], inp):
-    """--qk-pairs: `induction` (the induction probe's targets), or QUERY:KEY pairs."""
-    from minigpt.interp.qk import INDUCTION, parse_pairs
-
-    items = comma_list(values)
-    if [v.lower() for v in items if v] == [INDUCTION]:
-        if inp.source != "probe:induction":
-            raise ArgumentError("qk_pairs", "induction names the induction probe's targets; "
-                                "give --probe induction too, or QUERY:KEY pairs")
-        return INDUCTION
-    return parse_pairs(items, len(inp.tokens))
+    return resolve_heads(mcfg, comma_list(qk)) if qk else None
 
 
 def _say_circuits(insp) -> None:

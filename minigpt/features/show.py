@@ -36,6 +36,7 @@ from minigpt.core.gpt import flops_per_token
 from minigpt.cost import Work, check_flops
 from minigpt.display import head_name
 from minigpt.errors import ArgumentError, MinigptError
+from minigpt.events import OnEvent, Progress
 from minigpt.features import collect
 from minigpt.features.show_options import ShowOptions, parse_head
 from minigpt.interp.sae import TopKSAE
@@ -245,10 +246,11 @@ def head_of(options: ShowOptions, layer: int, n_head: int) -> int | None:
 
 @torch.no_grad()
 def describe(loaded, sae: TopKSAE, info: dict, sae_dir: Path, options: ShowOptions, *,
-             force: bool = False) -> FeaturesView:
+             force: bool = False, on_event: OnEvent | None = None) -> FeaturesView:
     """The features of `sae` (module docstring) on `options.tokens` held-out tokens of the
     run's data (or `options.text_file`), drawn with `options.seed`; the tokens bounded by
-    their cost (`check_show_cost`), unless `force`."""
+    their cost (`check_show_cost`), unless `force`. Collecting the z reports
+    `events.Progress("z of val", rows done, rows)` to `on_event`."""
     options.check()
     layer = check_fits(sae, info, loaded, sae_dir)
     n_head = loaded.cfg.model.n_head
@@ -257,7 +259,9 @@ def describe(loaded, sae: TopKSAE, info: dict, sae_dir: Path, options: ShowOptio
     source = collect.run_rows(loaded, options.text_file)
     rows = collect.draw_rows(source, "val", options.tokens,
                             (options.seed + 1) % 2**64)
-    acts = sae.encode(collect.collect(loaded.model, rows, layer))  # (n * T, d_sae)
+    report = None if on_event is None else (
+        lambda done: on_event(Progress("z of val", done, rows.shape[0])))
+    acts = sae.encode(collect.collect(loaded.model, rows, layer, report))  # (n * T, d_sae)
     density = (acts > 0).float().mean(0)
     tok = loaded.tokenizer
     ids = loaded.cfg.data.source == "induction" and options.text_file is None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from minigpt.config.fields import comma_list
 from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.cost import Cost, Work, check_flops
 from minigpt.display import head_name
@@ -285,6 +286,57 @@ class CircuitRequest:
 
 
 PAIRS_SHOWN = 8  # pairs named in words; the rest counted
+
+
+def circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
+                     direction, target, answer, wrong, lens=False, qk=None, qk_pairs=None):
+    """What of interp/head_circuits.py and interp/qk.py to measure (None: nothing), every token
+    checked first (the rules between inspect-heads' flags); `qk`: the --qk heads as (layer,
+    head), resolved once by the caller; `qk_pairs`: the --qk-pairs items."""
+    from minigpt.heads.probes import corrupted_input, token_id
+    from minigpt.interp.head_circuits import check_composition
+    from minigpt.interp.patching import check_same_length
+    from minigpt.interp.qk import check_tokens
+
+    uses_metric = dla or patch_from is not None or lens
+    for param, value in (("target", target), ("answer", answer), ("wrong", wrong)):
+        if value is not None and not uses_metric:
+            raise ArgumentError(param, "sets the metric of --dla, --patch-from and --lens; "
+                                "give one of them too")
+    if qk_pairs and not qk:
+        raise ArgumentError("qk_pairs", "chooses the pairs of --qk; give --qk HEAD too")
+    if qk:
+        check_tokens(len(inp.tokens))
+    if not (uses_metric or composition or qk):
+        return None
+    if composition:
+        check_composition(loaded.cfg.model)
+    tok = loaded.tokenizer
+    req = CircuitRequest(dla=dla, composition=composition, direction=direction, lens=lens,
+                         target=None if target is None else token_id(tok, target, "target"),
+                         answer=None if answer is None else token_id(tok, answer, "answer"),
+                         wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
+                         qk=qk,
+                         qk_pairs=qk_pairs_of_flag(qk_pairs, inp) if qk_pairs else None)
+    if patch_from is not None:
+        req.patch_tokens, req.patch_source = corrupted_input(
+            loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,
+            eot_first=loaded.eot_first)
+        check_same_length(inp.tokens, req.patch_tokens)  # before any work
+    return req
+
+
+def qk_pairs_of_flag(values: list[str], inp):
+    """--qk-pairs: `induction` (the induction probe's targets), or QUERY:KEY pairs."""
+    from minigpt.interp.qk import INDUCTION, parse_pairs
+
+    items = comma_list(values)
+    if [v.lower() for v in items if v] == [INDUCTION]:
+        if inp.source != "probe:induction":
+            raise ArgumentError("qk_pairs", "induction names the induction probe's targets; "
+                                "give --probe induction too, or QUERY:KEY pairs")
+        return INDUCTION
+    return parse_pairs(items, len(inp.tokens))
 
 
 def pairs_words(pairs: Sequence[tuple[int, int, int]]) -> str:
