@@ -504,8 +504,8 @@ def test_show_reports_collecting_through_the_one_progress_mechanism(tiny):
     of rows, rising to the total."""
     from minigpt.events import Progress
     from minigpt.features.show import describe, load_for
-    from minigpt.features.store import load_sae
     from minigpt.features.show_options import ShowOptions
+    from minigpt.features.store import load_sae
     from minigpt.run import load_run
 
     loaded = load_run(Path(tiny["run"]), "cpu")
