@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,12 @@ def test_the_circuit_table_fits_80_columns(induction_run):
     assert r.returncode == 0, r.stderr
     assert all(len(line) <= 80 for line in r.stdout.splitlines()) and "…" not in r.stdout
     assert "against the truth of induction" in r.stdout and "truth: 8 edges" in r.stderr
+    # nothing cut at the edge, no name broken: every finder's column is there, and each of
+    # the program's edges is one row that names its variables whole
+    assert re.search(r"\beap\s+eap-ig\s+patching\b", r.stdout), r.stdout
+    rows = [line.split() for line in r.stdout.splitlines()
+            if re.match(r"\s*(embed|L\d\.H\d|L\d\.MLP)\s+(L\d|logits)", line)]
+    assert "previous_token" in r.stdout and len([w for w in rows if w[2] in "qkv"]) >= 6
 
 
 def test_sample_prints_the_programs_output(induction_run):
