@@ -58,8 +58,8 @@ def induction(tmp_path_factory):
             for k, la in (("induction", 1), ("previous", 0))}
     return {"cwd": root, "args": ["--run", "runs/induction", "--probe", "induction"],
             "patch": ["--patch-from", "corrupted"], "name": "induction",
-            "induction": f"L1.H{best['induction']['head']}",
-            "previous": f"L0.H{best['previous']['head']}", "n_layer": 2, "n_head": 4}
+            "induction": best["induction"]["head"],
+            "previous": best["previous"]["head"], "n_layer": 2, "n_head": 4}
 
 
 @pytest.fixture(scope="module")

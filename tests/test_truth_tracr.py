@@ -112,8 +112,8 @@ def test_qk_names_embed_x_the_previous_token_head_for_the_induction_head(runs):
     doc = json.loads(r.stdout)
     top = doc["qk"][0]["terms"][0]
     assert (top["query"], top["key"]) == ("embed.tok", "L0.H0")
-    assert {(h["layer"], h["head"]): h["dominant"] for h in doc["heads"]} == \
-        {(0, 0): "previous", (1, 0): "induction"}
+    assert {h["head"]: h["dominant"] for h in doc["heads"]} == \
+        {"L0.H0": "previous", "L1.H0": "induction"}
 
 
 PREV2 = """\
