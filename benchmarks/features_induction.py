@@ -1,114 +1,133 @@
-"""Is there an SAE feature of an induction model's layer 1 that the induction head writes and
-that fires on second-copy tokens? Trains `minigpt features train`'s SAE (the library call) on a
-run's layer, then, on held-out rows of its own synthetic data, gives per feature: its density,
-each head's share of its decoder norm, and the share of its firings (and of its activation
-mass) on second-copy positions (tokens whose id came earlier in the row: with
-data.induction_distinct every such token is part of a copy), against the share of such
-positions overall. Prints a markdown table of the features the named head writes most.
+"""What are the features of the induction head's output? For each induction run given: the
+induction head (the best layer-1 induction score on the built-in probe), an SAE on layer 1 with
+`minigpt features train`'s defaults (trained once into <run>/features/layer1, reused after),
+then `features show --head`'s list of the features that head writes most (dense ones left
+out), and for them: how many are selective on one token (features.show's selectivity: the
+share of a feature's activation that falls on one token id, before, at or after where it
+fires), where that token is, how many raise that very token most directly (W_dec through W_O
+and the unembedding: the feature predicts the token it is about), and the share of their
+activation on positions whose next token is a copy (its id came earlier in the row), against
+the share of such positions overall. The same figures for the features the other layer-1
+heads write most, as a baseline. One markdown row per run.
 
-    python benchmarks/features_induction.py --run /tmp/ind4 --head 2 [--layer 1] [--k 8]
-        [--width N] [--steps 600] [--tokens 65536] [--seed 0] [--out DIR]
+    python benchmarks/features_induction.py --run runs/ind5701 [--run ...] [--seed 0] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import json
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from minigpt.features import collect
+from minigpt.display import head_name
+from minigpt.features import collect, store
 from minigpt.features.fit import SaeSettings
-from minigpt.features.show import head_fractions
+from minigpt.features.sae_run import open_sae
+from minigpt.features.show import describe
+from minigpt.features.show_options import ShowOptions
 from minigpt.features.train_features import Source, train_features
+from minigpt.heads.inspection import inspect
+from minigpt.heads.probes import prepare_input
 from minigpt.infer.inputs import load_run_or_model
 
+DEFAULT_K = 0  # features train's default: automatic (features.fit.default_k)
 
-def second_copy(rows: torch.Tensor) -> torch.Tensor:
-    """(n, T) bool: input position t's token appeared earlier in its row."""
-    x = rows[:, :-1]
-    eq = x[:, :, None] == x[:, None, :]  # (n, T, T): [t, s] same id
-    return torch.tril(eq, diagonal=-1).any(-1)
+
+def next_is_copy(rows: torch.Tensor) -> torch.Tensor:
+    """(n * T,) bool: the token after input position t appeared at or before t in its row."""
+    y, x = rows[:, 1:], rows[:, :-1]
+    eq = y[:, :, None] == x[:, None, :]  # (n, T, T): [t, s] next token at t == token at s
+    return torch.tril(eq).any(-1).reshape(-1)
+
+
+def induction_head(loaded) -> tuple[int, float]:
+    inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
+    insp = inspect(loaded.model, inp)
+    scores = insp.scores["induction"][1]
+    h = int(scores.argmax())
+    return h, float(scores[h])
+
+
+def summary(feats: list, place: str = "next") -> dict:
+    sel = [f for f in feats if f.selectivity is not None]
+    on = [f for f in sel if f.spot == place]
+    raise_it = [f for f in on if f.promoted and f.promoted[0][0] == f.token]
+    return {"features": len(feats), "selective": len(sel), place: len(on),
+            f"{place}_and_raise_it": len(raise_it),
+            "median_selectivity": round(statistics.median(f.selectivity for f in sel), 3)
+            if sel else None}
+
+
+def measure(run: Path, seed: int, k: int) -> dict:
+    loaded = load_run_or_model(run, None, "cpu", None)
+    head, score = induction_head(loaded)
+    out = run / "features" / "layer1"
+    t0 = time.monotonic()
+    if not store.finished(out):
+        train_features(Source(loaded, 1), SaeSettings(None, k, 2000, 1024, 0.0, seed), out)
+    seconds = time.monotonic() - t0
+    opened = open_sae(out, None, None, None, "cpu")
+    info = opened.info
+    view = describe(opened.loaded, opened.sae, info, out,
+                    ShowOptions(head=head_name(1, head), top=10**6, contexts=1))
+    others = [describe(opened.loaded, opened.sae, info, out,
+                       ShowOptions(head=head_name(1, h), top=10**6, contexts=1)).features
+              for h in range(loaded.cfg.model.n_head) if h != head]
+    # the share of each head feature's activation where the next token is a copy
+    rows = collect.draw_rows(collect.run_rows(opened.loaded, None), "val", 16_384, 1)
+    acts = opened.sae.encode(collect.collect(opened.loaded.model, rows, 1))
+    copy = next_is_copy(rows)
+    idx = [f.index for f in view.features]
+    share = (acts[copy][:, idx].sum(0) / acts[:, idx].sum(0).clamp_min(1e-12)).tolist()
+    return {"run": str(run), "induction_head": head_name(1, head), "induction_score": score,
+            "sae": {"k": info["settings"]["k"], "width": info["settings"]["width"],
+                    "seed": info["settings"]["seed"], **info["quality"],
+                    "ce_recovered": info["ce"]["recovered"], "train_s": round(seconds)},
+            "dense": view.n_dense, "of": view.n_features,
+            "head": summary(view.features),
+            "other_heads": summary([f for fs in others for f in fs]),
+            "copy_positions": round(float(copy.float().mean()), 3),
+            "median_copy_share": round(statistics.median(share), 3) if share else None,
+            "top5": [{"feature": f.index, "selectivity": f.selectivity, "place": f.spot,
+                      "token": f.token, "raises": [t for t, _ in f.promoted[:3]]}
+                     for f in view.features[:5]]}
+
+
+def row(r: dict) -> str:
+    h, o, s = r["head"], r["other_heads"], r["sae"]
+    return (f"| {Path(r['run']).name} | {r['induction_head']} {r['induction_score']:.2f} | "
+            f"k {s['k']}: {s['variance_explained']:.3f} / {100 * s['ce_recovered']:.1f}% | "
+            f"{r['dense']} of {r['of']} | {h['features']} ({h['selective']}) | {h['next']} | "
+            f"{h['next_and_raise_it']} | {h['median_selectivity']} | "
+            f"{r['median_copy_share']} vs {r['copy_positions']} | "
+            f"{o['next_and_raise_it']} of {o['selective']} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", type=Path, required=True)
-    ap.add_argument("--head", type=int, required=True, help="the induction head of --layer")
-    ap.add_argument("--layer", type=int, default=1)
-    ap.add_argument("--width", type=int, default=None)
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--tokens", type=int, default=65536)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--run", type=Path, action="append", required=True)
+    ap.add_argument("--seed", type=int, default=0, help="the SAE's seed")
+    ap.add_argument("--k", type=int, default=DEFAULT_K)
+    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    loaded = load_run_or_model(a.run, None, "cpu", None)
-    out = a.out or Path(tempfile.mkdtemp()) / "sae"
-    from minigpt.features.store import finished, load_sae
+    torch.set_num_threads(1)
+    if not a.json:
+        print_header()
+    for run in a.run:
+        r = measure(run, a.seed, a.k)
+        print(json.dumps(r) if a.json else row(r), flush=True)
 
-    if not finished(out):  # an SAE already there (same flags): measured again, not retrained
-        t0 = time.monotonic()
-        train_features(Source(loaded, a.layer, tokens=a.tokens, held_out=16384),
-                       SaeSettings(a.width, a.k, a.steps, 1024, 0, a.seed), out)
-        print(f"trained in {time.monotonic() - t0:.0f} s")
-    sae, _, info = load_sae(out)
-    q, ce = info["quality"], info["ce"]
-    print(f"SAE: width {sae.d_sae}, k {sae.k}, {info['settings']['steps']} steps, seed "
-          f"{info['settings']['seed']}: L0 {q['l0']:.1f}, variance explained "
-          f"{q['variance_explained']:.3f}, dead {100 * q['dead_fraction']:.1f}%, "
-          f"CE recovered {100 * ce['recovered']:.1f}%")
-    rows = collect.draw_rows(collect.run_rows(loaded, None), "val", 16384, a.seed + 7)
-    z = collect.collect(loaded.model, rows, a.layer)
-    acts = sae.encode(z).detach()
-    copy = second_copy(rows).reshape(-1)
-    fr = head_fractions(sae, loaded.cfg.model.n_head)
-    on = acts > 0
-    fires = on.sum(0).clamp_min(1)
-    precision = (on & copy[:, None]).sum(0) / fires
-    mass = (acts * copy[:, None]).sum(0) / acts.sum(0).clamp_min(1e-12)
-    nxt = rows[:, 1:].reshape(-1)
-    vocab = int(rows.max()) + 1
-    # per feature: how its firings spread over the next token (what the copy predicts)
-    counts = torch.zeros(acts.shape[1], vocab).index_add_(1, nxt, on.T.float())
-    purity = counts.max(1).values / fires
-    favourite = counts.argmax(1)
-    print(f"second-copy positions: {100 * copy.float().mean():.1f}% of held-out tokens")
-    order = fr[:, a.head].argsort(descending=True)
-    n_head = fr.shape[1]
-    print("| feature | density | " + " | ".join(f"L{a.layer}.H{h}" for h in range(n_head))
-          + " | firings on second copies | activation mass there | most common next token: "
-          "share of firings |")
-    print("|---" * (n_head + 5) + "|")
-    for f in order[:12].tolist():
-        if on[:, f].sum() == 0:
-            continue
-        print(f"| {f} | {float(on[:, f].float().mean()):.4f} | "
-              + " | ".join(f"{float(v):.2f}" for v in fr[f])
-              + f" | {100 * float(precision[f]):.1f}% | {100 * float(mass[f]):.1f}% | "
-              f"id {int(favourite[f])}: {100 * float(purity[f]):.1f}% |")
-    d_head = z.shape[1] // n_head
-    norm = z.view(-1, n_head, d_head)[:, a.head].norm(dim=-1)
-    print(f"L{a.layer}.H{a.head}'s output norm: mean {float(norm[copy].mean()):.2f} on second "
-          f"copies, {float(norm[~copy].mean()):.2f} elsewhere")
-    dense = on.float().mean(0) >= 0.005
-    print("most second-copy-selective features (density >= 0.5%): "
-          + "; ".join(f"{f}: {100 * float(precision[f]):.0f}% on copies, heads "
-                      + "/".join(f"{float(v):.2f}" for v in fr[f])
-                      for f in (precision * dense).argsort(descending=True)[:5].tolist()))
-    alive = on.sum(0) > 0
-    writers = (fr[:, a.head] >= 0.5) & alive
-    for name, sel in (("written >= 50% by the head", writers), ("the others", alive & ~writers)):
-        print(f"{name}: {int(sel.sum())} features; median share of firings on second copies "
-              f"{100 * float(precision[sel].median()):.1f}%, median share on their most common "
-              f"next token {100 * float(purity[sel].median()):.1f}%")
-    hits = writers & (precision >= 0.9)
-    print(f"features with >= 50% of their decoder norm in L{a.layer}.H{a.head}: "
-          f"{int(writers.sum())}; of them firing >= 90% on second copies: {int(hits.sum())}"
-          f" (together active on {100 * float(on[:, hits].any(1).float().mean()):.1f}% of "
-          "tokens)")
+
+def print_header() -> None:
+    print("| run | induction head | SAE: variance explained / CE recovered | dense | head's "
+          "features (selective) | on the next token | ... and raise it | median selectivity "
+          "| activation where the next token is a copy | other heads' features: next and "
+          "raise it |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
 
 if __name__ == "__main__":

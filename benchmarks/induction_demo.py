@@ -180,20 +180,20 @@ def demo(run: Path | None, config: str, sets: list[str], budget: float,
     if doc is None or other is None:
         return None
     ind, prev = best(doc["heads"], 1, "induction"), best(doc["heads"], 0, "previous")
-    ind_other = next(h for h in other["heads"] if h["layer"] == 1 and h["head"] == ind["head"])
+    ind_other = next(h for h in other["heads"] if h["layer"] == 1 and h["index"] == ind["index"])
     result = {
         "run": str(run), "step": doc["step"], "train_seconds": train_s, "cpu_seconds": cpu_s,
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpu_count": os.cpu_count(), "period": len(doc["tokens"]) // 2,
         "other_period": other_len // 2,
-        "layer1_induction": {"head": ind["head"], "score": ind["induction"],
+        "layer1_induction": {"head": ind["index"], "score": ind["induction"],
                              "score_other_period": ind_other["induction"]},
-        "layer0_previous": {"head": prev["head"], "score": prev["previous"]},
+        "layer0_previous": {"head": prev["index"], "score": prev["previous"]},
         "parity_max_abs_diff": doc["parity_max_abs_diff"],
         "types": [f"{head_name(h['layer'], h['head'])}:{h['dominant']}" for h in doc["heads"]],
         "formed_at": dict(zip(("induction", "previous"), formed_at(run, threshold))),
         "ended": done_reason(run),
-        "ablation": copy_loss_check(run, doc["tokens"], ind["head"], prev["head"]),
+        "ablation": copy_loss_check(run, doc["tokens"], ind["index"], prev["index"]),
     }
     result["ok_induction"] = min(ind["induction"] or 0,
                                  ind_other["induction"] or 0) >= threshold

@@ -94,9 +94,18 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContext
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory a run can use: free CUDA memory, else the OS's MemAvailable (None: unknown)."""
+    """Memory a run can use: free CUDA memory, else the OS's MemAvailable, and on the host no
+    more than this process's address-space limit leaves (`ulimit -v`: RLIMIT_AS less what it
+    already maps; a limit the work would meet as a MemoryError or a kill) (None: unknown)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    host, left = _host_available(), _address_space_left()
+    if host is None:
+        return left
+    return host if left is None else min(host, left)
+
+
+def _host_available() -> int | None:
     try:
         for line in read_file("/proc/meminfo", 1 << 20).decode().splitlines():
             if line.startswith("MemAvailable:"):
@@ -106,6 +115,22 @@ def available_bytes(device: torch.device) -> int | None:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _address_space_left() -> int | None:
+    """RLIMIT_AS less this process's mapped address space (VmSize); None without a limit."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        status = read_file("/proc/self/status", 1 << 20).decode()
+        mapped = next(int(line.split()[1]) * 1024 for line in status.splitlines()
+                      if line.startswith("VmSize:"))
+        return max(0, soft - mapped)
+    except (ImportError, MinigptError, ValueError, IndexError, StopIteration):
         return None
 
 

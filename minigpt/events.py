@@ -197,7 +197,7 @@ class CircuitCheck:
 
     def to_json(self) -> dict:
         return {"step": self.step, "formed": self.formed, "status": self.short(),
-                **{k: {"layer": h[0], "head": h[1], "score": h[2]}
+                **{k: {"head": f"L{h[0]}.H{h[1]}", "layer": h[0], "index": h[1], "score": h[2]}
                    for k, h in (("induction", self.induction), ("previous", self.previous))}}
 
 
@@ -351,9 +351,11 @@ def progress_to(on_event: OnEvent) -> Callable[[str, int, int], None]:
 @dataclass
 class SaeStarting:
     """Every check of `minigpt features train` passed (the cost included): the SAE on `what`
-    starts, into `out`."""
+    starts, into `out`; a feature with no firing in `idle_after` training tokens counts as
+    idle (dead, for AuxK)."""
     what: str
     out: Path
+    idle_after: int = 0
 
 
 @dataclass

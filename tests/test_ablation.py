@@ -210,7 +210,7 @@ def test_the_command_prints_the_librarys_effects(tiny_run, tmp_path, mode, how):
     assert "second copy" in doc["ablation"]["scored"] and "second copy" in r.stderr
     assert doc["ablation"]["base_loss"] == pytest.approx(want.base_loss, abs=1e-6)
     for row in doc["heads"]:
-        assert row["ablation"] == pytest.approx(float(want.effect[row["layer"], row["head"]]),
+        assert row["ablation"] == pytest.approx(float(want.effect[row["layer"], row["index"]]),
                                                 abs=1e-6)
 
 

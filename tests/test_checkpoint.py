@@ -307,3 +307,25 @@ def test_latest_pointer_never_leaves_the_run(saved):
     os.symlink("/etc", latest)
     with pytest.raises(MinigptError, match="not a step-NNNNNN directory"):
         load_run(run, "cpu")
+
+
+def test_runs_saved_before_later_model_settings_still_load():
+    """The weights' config hash of a model, as minigpt computed it before d_head, d_mlp and
+    d_vocab_out existed (commit e2cf70b: these two values), is still its hash: adding those
+    settings (and then value_skip and mtp_weight) made every run saved before them refuse to
+    load ("saved for a different model config"). A model that sets one of them hashes
+    differently."""
+    from minigpt.config import ModelConfig, model_hash
+
+    assert model_hash(ModelConfig()) == "9add4edfd0659110"
+    induction = ModelConfig(n_layer=2, n_head=4, n_embd=64, block_size=24, mlp=False, bias=True,
+                            vocab_size=257, tie_weights=False)
+    assert model_hash(induction) == "f516ae2e63231a03"
+    assert model_hash(ModelConfig(d_mlp=256)) != model_hash(ModelConfig())
+    assert model_hash(ModelConfig(mtp_weight=0.5)) != model_hash(ModelConfig())
+    # and runs saved while a generation was hashed at any value load too: main from 9a96fbc
+    # (d_head, d_mlp, d_vocab_out in the hash), and since issue 59 (value_skip, mtp_weight)
+    from minigpt.config import model_hashes
+
+    hashes = model_hashes(induction)
+    assert {"f516ae2e63231a03", "0a06030bc10c462c"} <= hashes and len(hashes) == 3

@@ -88,7 +88,7 @@ def test_json_on_stdout(run_dir):
     r = invoke(run_dir, "--probe", "induction", "--json", "--layer", "1")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [(h["layer"], h["head"]) for h in doc["heads"]] == [(1, 0), (1, 1), (1, 2)]
+    assert [(h["layer"], h["index"]) for h in doc["heads"]] == [(1, 0), (1, 1), (1, 2)]
     assert doc["source"] == "probe:induction" and doc["n_tokens"] == BLOCK
     assert all(0 <= t < 50 for t in doc["tokens"])  # the ids the run was trained on
     assert doc["tokens"][: BLOCK // 2] == doc["tokens"][BLOCK // 2:]

@@ -50,7 +50,7 @@ def test_json_carries_the_librarys_numbers(run_dir):
     dla = c.direct_logit_attribution(loaded.model, inp.tokens, metric)
     patch = c.patch_heads(loaded.model, inp.tokens, bad, metric)
     for row in doc["heads"]:
-        la, h = row["layer"], row["head"]
+        la, h = row["layer"], row["index"]
         assert row["dla"] == pytest.approx(float(dla.heads[la, h]), abs=1e-6)
         assert row["patch"] == pytest.approx(float(patch.effect[la, h]), abs=1e-6)
     assert doc["dla"]["logit"] == pytest.approx(doc["dla"]["sum_of_components"], abs=1e-5)
@@ -58,7 +58,8 @@ def test_json_carries_the_librarys_numbers(run_dir):
         "corrupted_input"]
     recs = doc["composition"]
     assert len(recs) == 3 * 3 * 3  # kinds x earlier heads x later heads
-    assert set(recs[0]) == {"kind", "from_layer", "from_head", "to_layer", "to_head", "score",
+    assert set(recs[0]) == {"kind", "from", "from_layer", "from_index", "to", "to_layer",
+                            "to_index", "score",
                             "baseline"}
     assert all(r["from_layer"] < r["to_layer"] and 0 <= r["score"] <= 1 for r in recs)
     assert "dla:" in r.stderr and "patch (noising" in r.stderr
@@ -218,7 +219,7 @@ def test_corrupted_first_and_the_corrupted_ids_reproduce_the_numbers(run_dir):
     metric = make_metric(len(clean), range(half, len(clean) - 1))
     patch = c.patch_heads(loaded.model, clean, bad, metric)
     for row in docs["corrupted-first"]["heads"]:
-        assert row["patch"] == pytest.approx(float(patch.effect[row["layer"], row["head"]]),
+        assert row["patch"] == pytest.approx(float(patch.effect[row["layer"], row["index"]]),
                                              abs=1e-6)
 
 

@@ -49,9 +49,20 @@ OWN_MEANING = {
     "--json": ({"sample"}, (
         "sample prints one document per sample; everywhere else a flag printing the result as "
         "one document")),
-    "--run": ({"runs", "curves"}, (
+    "--run": ({"runs", "curves", "features train", "features show"}, (
         "several runs make sense: repeatable, a run's directory or its name under runs/ (the "
-        "runs given as arguments count the same); every other command reads one run")),
+        "runs given as arguments count the same); every other command reads one run, "
+        "features show by default the one its SAE was trained on, features train the run "
+        "whose layer it reads")),
+    "--checkpoint": ({"features train", "features show"}, (
+        "inspect-heads and circuit inspect the step given; features train reads its layer "
+        "there, features show shows the SAE there (default: the step it was trained on)")),
+    "--text-file": ({"features train", "features show"}, (
+        "inspect-heads and circuit read the text whole; features train trains on its first "
+        "90%, features show measures on its last 10%")),
+    "--head": ({"inspect-heads", "features show"}, (
+        "inspect-heads selects heads by their index in the layers chosen (repeatable); "
+        "features show lists the features of one head named L1.H2")),
     "--seed": ({"sample", "features train", "features show"}, (
         "sample draws a fresh seed by default (and prints it); inspect-heads and circuit seed "
         "their synthetic inputs with 0; features seeds the tokens it draws (and the SAE's "

@@ -73,6 +73,92 @@ def test_a_head_has_one_spelling_everywhere():
     assert events._head((1, 2, 0.95)) == "L1.H2"
 
 
+def _heads_in(doc, where: str = "") -> list[tuple[str, dict]]:
+    """Every JSON object of `doc` that names a head (`head` and `layer` keys)."""
+    found = []
+    if isinstance(doc, dict):
+        if "head" in doc and "layer" in doc:
+            found.append((where, doc))
+        for k, v in doc.items():
+            found += _heads_in(v, f"{where}.{k}")
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            found += _heads_in(v, f"{where}[{i}]")
+    return found
+
+
+def test_every_json_names_a_head_one_way(tmp_path):
+    """One rule in every JSON document: `"head": "L1.H2"` with `"layer": 1, "index": 2`
+    beside it (`heads` was an int in inspect-heads' JSON and "L1.H2" in its qk entries);
+    two heads in one record: from / to with their layers and indices."""
+    import json
+    import re
+
+    from conftest import in_process, make_run
+
+    from minigpt.events import CircuitCheck
+
+    run = make_run(tmp_path / "run", top_files=True)
+    r = in_process(["inspect-heads", "--run", run, "--probe", "induction", "--json",
+                    "--composition", "--qk", "all"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    c = in_process(["circuit", "--run", run, "--probe", "induction", "--patch-from",
+                    "corrupted", "--json", "--ig-steps", "1"])
+    assert c.returncode == 0, c.stderr
+    docs = {"inspect-heads": doc, "circuit": json.loads(c.stdout),
+            "runs": CircuitCheck(5, (1, 2, 0.95), (0, 1, 0.9)).to_json()}
+    seen = 0
+    for name, d in docs.items():
+        for where, obj in _heads_in(d):
+            seen += 1
+            if obj["head"] is None:  # a node that is not a head: embed, an MLP, the logits
+                assert obj.get("index") is None, (name, where)
+                continue
+            assert obj["head"] == f"L{obj['layer']}.H{obj['index']}", (name, where, obj)
+    assert seen >= 3 + 2 * 2 + 2  # the heads, the qk entries, the nodes, the check
+    for rec in doc["composition"]:
+        for end in ("from", "to"):
+            assert rec[end] == f"L{rec[end + '_layer']}.H{rec[end + '_index']}"
+    assert all(re.fullmatch(r"L\d+\.H\d+", k) for k in doc["qk_writer_roles"])
+
+
+def test_one_token_renderer_in_the_terminal_the_pictures_and_the_pages():
+    """A space, a control byte, a byte that is not text alone and a newline read the same in
+    the terminal (features, inspect-heads --features, the logit lens), the pictures' labels and
+    the HTML pages: display.visible_token's `·`, `\\x0f`, `\\xd5`, `↵` (the features table wrote
+    `\\x0f` and `\\\\xd5`, and no `·`)."""
+    import html
+
+    from rich.console import Console
+
+    from minigpt.cli.features import features_table
+    from minigpt.cli.heads import active_table
+    from minigpt.display import visible_token
+    from minigpt.features.features_html import html_page
+    from minigpt.features.show import Feature, FeaturesView
+    from minigpt.heads import attention_png, lens_png
+
+    tokens = [" the", "\x0f", "\\xd5", "\n"]
+    shown = [visible_token(t) for t in tokens]
+    assert shown == ["·the", "\\x0f", "\\xd5", "↵"]
+    view = FeaturesView("sae", 1, 2, {}, [Feature(
+        0, 0.05, [0.5, 0.5], contexts=[{"tokens": tokens, "at": 3, "act": 1.0, "next": " the"}],
+        promoted=[(t, 1.0) for t in tokens], suppressed=[(t, -1.0) for t in tokens],
+        selectivity=0.9, spot="next", token="\x0f", firings=40)])
+    console = Console(width=200, record=True)
+    for part in features_table(view, 200):
+        console.print(part)
+    console.print(active_table({"layer": 1, "positions": [[{"feature": 0, "act": 1.0}]] * 4},
+                               tokens))
+    terminal = console.export_text()
+    page = html_page(view)
+    for t, s in zip(tokens, shown):
+        assert s in terminal and html.escape(s) in page
+        assert attention_png._label(t) == s and lens_png._short(t) == visible_token(t, 8)
+    assert "\\\\xd5" not in terminal and "\\\\x0f" not in terminal
+
+
 def test_one_spelling_of_a_time_and_of_a_size():
     """display.duration and display.size: what every elapsed time, ETA, estimate, run wall
     time, file limit and memory figure is shown as."""

@@ -17,7 +17,8 @@ from minigpt.interp.patching import make_metric
 SHAPES = [{}, {"norm": "rmsnorm"}, {"qk_norm": True}, {"pos_encoding": "learned"},
           {"pos_encoding": "learned", "bias": False, "mlp": False},
           {"qk_norm": True, "norm": "rmsnorm", "activation": "relu2",
-           "pos_encoding": "sinusoidal"}]
+           "pos_encoding": "sinusoidal"},
+          {"norm": "none", "d_head": 5, "activation": "relu", "pos_encoding": "learned"}]
 
 
 def model_and_inputs(seed: int = 3, **over):

@@ -154,7 +154,7 @@ def test_k_composition_certifies_the_induction_circuit_from_the_weights():
     recs = comp.records()
     assert len(recs) == 3 * 2 * 2 and {r["kind"] for r in recs} == {"q", "k", "v"}
     best = max((r for r in recs if r["kind"] == "k"), key=lambda r: r["score"])
-    assert (best["from_layer"], best["from_head"], best["to_layer"], best["to_head"]) == (0, 0,
+    assert (best["from_layer"], best["from_index"], best["to_layer"], best["to_index"]) == (0, 0,
                                                                                         1, 0)
 
 

@@ -302,7 +302,7 @@ def test_ablation_of_a_gpt2_model_scores_the_copy_after_endoftext(hf_dirs):
     want = ablate_heads(loaded.model, doc["tokens"], "mean", positions=list(range(11, 20)))
     assert doc["ablation"]["n_scored"] == 9 and doc["ablation"]["mode"] == "mean"
     assert doc["ablation"]["base_loss"] == pytest.approx(want.base_loss, abs=1e-5)
-    got = {(row["layer"], row["head"]): row["ablation"] for row in doc["heads"]}
+    got = {(row["layer"], row["index"]): row["ablation"] for row in doc["heads"]}
     assert len(got) == loaded.cfg.model.n_layer * loaded.cfg.model.n_head
     for (layer, head), v in got.items():
         assert v == pytest.approx(float(want.effect[layer, head]), abs=1e-5)

@@ -213,7 +213,7 @@ def test_the_run_and_its_export_give_the_same_inspect_heads_numbers(tmp_path):
                 assert theirs[key][name] == pytest.approx(ours[key][name], abs=1e-4)
     for a, b in zip(ours["heads"], theirs["heads"], strict=True):
         for name in ("induction", "previous", "ablation", "dla", "patch"):
-            assert b[name] == pytest.approx(a[name], abs=1e-4), (a["layer"], a["head"], name)
+            assert b[name] == pytest.approx(a[name], abs=1e-4), (a["layer"], a["index"], name)
     for a, b in zip(ours["lens"], theirs["lens"], strict=True):
         assert (a["rank"], a["top"]) == (b["rank"], b["top"])
         assert b["prob"] == pytest.approx(a["prob"], abs=1e-4)

@@ -313,7 +313,7 @@ def test_safetensors_dump_loads_with_plain_safetensors(insp, tmp_path):
 
 def test_json_file_round_trips(insp, tmp_path):
     doc = json.loads(output.write_json(insp, tmp_path / "s.json", [1], [0]).read_text())
-    assert [(h["layer"], h["head"]) for h in doc["heads"]] == [(1, 0)]
+    assert [(h["layer"], h["index"]) for h in doc["heads"]] == [(1, 0)]
     assert doc["token_strs"] == insp.token_strs
 
 

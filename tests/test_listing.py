@@ -203,3 +203,39 @@ def test_runs_on_a_directory_it_cannot_read_is_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert str(closed) in r.stderr
     assert "not readable" in r.stderr or "permission denied" in r.stderr
+
+
+def test_an_induction_run_has_no_bits_per_byte_and_a_refused_checkpoint_is_damaged(tmp_path):
+    """A run on synthetic induction ids reports the copies predicted, never a bits-per-byte
+    figure (`runs --json` said best_val_bpb 3.77 of ids that stand for no bytes); a finished
+    run whose checkpoint every loading command refuses (a listed file missing, another size, an
+    unsound weights header) is `damaged`, not `finished`."""
+    from conftest import make_run
+
+    from minigpt.config import from_dict, to_yaml
+
+    run = make_run(tmp_path / "ind", top_files=True)
+    cfg = from_dict({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16,
+                               "vocab_size": 257}, "tokenizer": {"vocab_size": 256},
+                     "data": {"source": "induction"}, "train": {"max_steps": 7}})
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    (run / "metrics.jsonl").write_text(json.dumps(
+        {"kind": "eval", "step": 7, "val_loss": 2.6, "val_bpb": 3.77, "copy_accuracy": 0.87,
+         "elapsed": 3.0}) + "\n")
+    row = read_row(run)
+    assert row.best_val_bpb is None and row.last_val_bpb is None
+    assert row.copy_accuracy == 0.87 and row.status == "finished"
+    ckpt = (run / "checkpoints" / "latest").resolve()
+    for damage in ("missing", "shorter", "header"):
+        bad = tmp_path / damage
+        shutil.copytree(run, bad, symlinks=True)
+        weights = (bad / "checkpoints" / ckpt.name / "model.safetensors")
+        if damage == "missing":
+            weights.unlink()
+        elif damage == "shorter":
+            weights.write_bytes(weights.read_bytes()[:-8])
+        else:
+            data = bytearray(weights.read_bytes())
+            data[8:9] = b"["  # the header is no JSON object: the same size, unsound
+            weights.write_bytes(bytes(data))
+        assert read_row(bad).status == "damaged", damage

@@ -530,7 +530,8 @@ def test_the_viewer_shows_dla_and_patching():
 
     data = viewer_data(circuit_inspection([[0.5, 0.0], [0.0, 2.0]], [[0.1, 0.0], [0.0, 1.5]]))
     assert data["columns"][-2:] == ["dla", "patch"] and "prev@k" in data["columns"]
-    row = data["scores"].index(next(r for r in data["scores"] if (r["layer"], r["head"]) == (1, 1)))
+    row = data["scores"].index(next(r for r in data["scores"]
+                                    if (r["layer"], r["index"]) == (1, 1)))
     cells = dict(zip(data["columns"], data["cells"][row]))
     assert cells["dla"] == "+2.000" and cells["patch"] == "+1.500" and cells["ind@k"] == "0.875@1"
     assert data["patch"]["corrupted_tokens"] == list(range(16))
@@ -573,8 +574,8 @@ def test_heads_png_names_the_pair_at_each_point_and_calls_a_head_formed_only_whe
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "L0.H1 -> L1.H0" in labels and "L0.H0 -> L1.H1" in labels
     assert "L0.H0 (previous 0.95) -> L1.H1 (induction 0.92)" in ax.get_title()
-    names = [t.get_text() for t in seen[0].axes[-1].texts]  # the DLA head where it changes
-    assert names == ["L0.H1", "L1.H1"]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]  # the DLA heads, by marker
+    assert "best DLA: L0.H1" in labels and "best DLA: L1.H1" in labels
     early = timeline._pair_title(recs[0]["circuit"], recs[0]["scores"])
     assert early == ("L0.H1 (best previous 0.20, not formed) -> "
                      "L1.H0 (best induction 0.10, not formed)")

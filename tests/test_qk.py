@@ -177,10 +177,12 @@ def library(run_dir: Path, heads, pairs=None):
 
 
 def test_json_is_the_librarys_in_the_issues_shape(run_dir):
-    r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--qk", "L1.H0", "--json")
+    r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--qk", "L1.H0", "--json",
+               "--qk-pairs", "induction")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [e["head"] for e in doc["qk"]] == ["L1.H2", "L1.H0"]
+    assert [(e["layer"], e["index"]) for e in doc["qk"]] == [(1, 2), (1, 0)]
     assert "induction targets" in doc["qk_pairs"]
     for entry, h in zip(doc["qk"], library(run_dir, [(1, 2), (1, 0)])):
         assert [(p["batch"], p["query"], p["key"]) for p in entry["pairs"]] == h.pairs
@@ -196,10 +198,51 @@ def test_json_is_the_librarys_in_the_issues_shape(run_dir):
             float(h.scores.mean()), abs=1e-4)
 
 
+def test_each_head_is_split_at_its_own_keys_unless_pairs_are_given(run_dir):
+    """`--qk all` on the induction probe: each head at its own most attended key of each query
+    of the second copy (not every head at the induction targets, keys a layer-0 head does not
+    look at), said per head with how many of its pairs are the induction targets; every
+    writer that has a role on this input is named with it."""
+    from minigpt.heads.probes import prepare_input
+    from minigpt.interp.heads import attention_maps
+    from minigpt.run import load_run
+
+    r = invoke(run_dir, "--probe", "induction", "--qk", "all", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    loaded = load_run(run_dir, "cpu")
+    inp = prepare_input(loaded.cfg, loaded.tokenizer, probe="induction")
+    attn, _ = attention_maps(loaded.model, inp.tokens, "cpu")
+    first = inp.positions[0]
+    targets = set(induction_pairs(inp.tokens, first))
+    assert "its own most attended key" in doc["qk_pairs"]
+    for e in doc["qk"]:
+        own = [(0, t, int(attn[e["layer"], e["index"], t, :t + 1].argmax()))
+               for t in range(first, len(inp.tokens))]
+        assert [(p["batch"], p["query"], p["key"]) for p in e["pairs"]] == own
+        hit = sum(p in targets for p in own)
+        assert e["pairs_are"].startswith(f"{len(own)} pairs") and \
+            f"{hit} of them the induction targets" in e["pairs_are"]
+    roles = doc["qk_writer_roles"]
+    for row in doc["heads"]:
+        name = row["head"]
+        assert (name in roles) == (row["dominant"] in ("induction", "previous", "duplicate",
+                                                       "first", "self", "delimiter"))
+        if name in roles:
+            assert roles[name]["score"] == pytest.approx(row[row["dominant"]], abs=1e-3)
+    table = invoke(run_dir, "--probe", "induction", "--qk", "all")
+    assert table.exit_code == 0
+    for name, role in roles.items():
+        assert f"{name} ({role['role']} {role['score']:.2f})" in table.stdout
+    words = " ".join(table.stdout.split())  # the captions wrap at words
+    assert words.count("of them the induction targets") == len(doc["qk"])
+
+
 def test_the_table_names_the_pairs_and_the_closure(run_dir):
     r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H1", "--qk-pairs", "20:9,15:4")
     assert r.exit_code == 0, r.stderr
-    assert "L1.H1: why it attends where it does" in r.stdout and "2 pair(s)" in r.stdout
+    title = next(line for line in r.stdout.splitlines() if "why it attends" in line)
+    assert title.strip().startswith("L1.H1") and "2 pairs (20:9, 15:4)" in r.stdout
     assert "query:key 20:9, 15:4" in r.stderr and "closure" in r.stdout
     (h,) = library(run_dir, [(1, 1)], [(0, 20, 9), (0, 15, 4)])
     q, k, _, margin = h.terms()[0]
@@ -211,7 +254,7 @@ def test_the_files(run_dir, tmp_path):
     from safetensors.torch import load_file
 
     r = invoke(run_dir, "--probe", "induction", "--qk", "L0.H1,L1.H2", "--format",
-               "safetensors", "--out", str(tmp_path))
+               "safetensors", "--out", str(tmp_path), "--qk-pairs", "induction")
     assert r.exit_code == 0, r.stderr
     with attention_maps_unrendered():  # qk_L1_H2.png is read here, not the attention maps
         r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--format", "png", "--out",
@@ -265,7 +308,45 @@ def test_in_process_works_like_the_command(run_dir, tmp_path):
                     "--text", "abcdefabcdef"], cwd=tmp_path, COLUMNS="80")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("why it attends where it does") == 6
-    assert "each query's most attended key (queries 1..11" in r.stderr
+    assert "each head at its own most attended key of each query (positions 1..11" in r.stderr
+
+
+def test_qk_pairs_induction_needs_the_induction_probe_and_pairs_are_bounded(run_dir):
+    """`--qk-pairs induction` names the probe's targets (refused on a text); a position of more
+    digits than any input has, or an item that is not QUERY:KEY, is one line; an empty item
+    between commas and a pair given twice are taken once."""
+    r = invoke(run_dir, "--text", "abcdefgh", "--qk", "L1.H0", "--qk-pairs", "induction")
+    assert r.exit_code == 2 and "--probe induction" in r.stderr
+    for bad in ("9" * 5000 + ":1", "3-1", "x"):
+        r = invoke(run_dir, "--text", "abcdefgh", "--qk", "L1.H0", "--qk-pairs", bad)
+        assert r.exit_code == 2 and "--qk-pairs" in r.stderr and len(r.stderr) < 400
+    r = invoke(run_dir, "--text", "abcdefgh", "--qk", "L1.H0,,L0.H1", "--qk-pairs",
+               "5:2,,5:2,6:1", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [e["head"] for e in doc["qk"]] == ["L1.H0", "L0.H1"]
+    assert [(p["query"], p["key"]) for p in doc["qk"][0]["pairs"]] == [(5, 2), (6, 1)]
+
+
+def test_piped_tables_wrap_their_words_at_word_boundaries(run_dir):
+    """At 80 columns (a pipe), a table's title and caption are lines of their own, as wide as
+    the terminal: every word whole and on one line (`closure` and its figure were broken apart
+    inside a caption squeezed to the table's width)."""
+    import re
+
+    r = invoke(run_dir, "--probe", "induction", "--qk", "L1.H2", "--composition")
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("split at "))
+    caption = []
+    for line in lines[start:]:
+        caption.append(line)
+        if "closure" in line and re.search(r"closure \d\.\de[-+]\d\d", " ".join(caption)):
+            break
+    assert all(len(x) <= 100 and not x.startswith(" ") for x in caption), caption
+    words = " ".join(caption).split()
+    assert re.fullmatch(r"\d\.\de[-+]\d\d", words[-1]) and words[-2] == "closure", words[-3:]
+    assert all(not line.startswith("  ") for line in lines if "from = the earlier head" in line)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

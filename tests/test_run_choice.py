@@ -159,3 +159,36 @@ def test_the_pick_follows_the_runs_status_column(place):
     assert pick.run_dir.name == "speed" and pick.status.status == shown["speed"]
     assert [(d.name, why.split(" (")[0], usable) for d, why, usable in pick.passed] == [
         ("busy", "still training", True)]
+
+
+def test_run_names_a_run_under_runs_in_every_command_with_a_did_you_mean(tmp_path):
+    """`--run NAME` is runs/NAME in every command that takes a run, and a run in neither place
+    is one line naming the nearest run by name (`inspect-heads --run default` said the
+    directory did not exist though runs/default did; `--run runs/defualt` had no hint)."""
+    import typer.main
+
+    from minigpt.cli import app
+
+    aged_run(tmp_path, "default", age=10)
+    tree = typer.main.get_command(app)
+    takers = []
+    for name, cmd in tree.commands.items():
+        for sub, c in (getattr(cmd, "commands", None) or {None: cmd}).items():
+            if any("--run" in p.opts for p in c.params):
+                takers.append([name] + ([sub] if sub else []))
+    assert {" ".join(t) for t in takers} >= {"sample", "inspect-heads", "circuit", "export",
+                                             "features train", "features show", "runs",
+                                             "curves"}
+    extra = {"features show": ["--sae", "nowhere"], "features train": ["--layer", "0"],
+             "curves": ["-o", "c.png"], "export": ["-o", "out"]}
+    for cmd in takers:
+        for typo in ("defualt", "runs/defualt"):
+            r = in_process([*cmd, "--run", typo, *extra.get(" ".join(cmd), [])], cwd=tmp_path)
+            line = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+            if " ".join(cmd) == "features show":  # the SAE is read first: its own line
+                assert r.returncode == 2 and "nowhere" in line, (cmd, r.stderr)
+                continue
+            assert r.returncode == 2 and "did you mean runs/default?" in line, (cmd, r.stderr)
+    for cmd in (["inspect-heads", "--text", "abcdefgh"], ["runs"], ["sample", "-n", "2"]):
+        r = in_process([*cmd, "--run", "default"], cwd=tmp_path)
+        assert r.returncode == 0, (cmd, r.stderr)

@@ -272,3 +272,40 @@ def test_inspect_heads_checkpoint_through_the_command(keeps_two):
     assert bad.stderr.strip().splitlines() == [(
         f"error: --checkpoint 7: {run} keeps no checkpoint of that step; kept: 6, 9 "
         "(train.keep_checkpoints sets how many are kept)")]
+
+
+def test_heads_png_has_every_legend_beside_its_panel_and_no_label_among_the_points():
+    """heads.png read at a glance: with every panel drawn (layers, circuit, edges, QK term),
+    each legend lies outside every plot area (beside its panel, not over a line), no two
+    legends overlap, and no text is written among the points (the head and term names that
+    overlapped are legend entries: one marker per name)."""
+    recs = [{"kind": "heads", "step": s, "scores": {
+        k: [[0.1 * s / 100, 0.2], [0.3, 0.4]] for k in ("induction", "previous", "duplicate")},
+        "circuit": {"previous_head": [0, s // 100 % 2], "induction_head": [1, 1],
+                    "k_composition": s / 1000, "k_baseline": 0.12,
+                    "dla_head": [1, s // 100 % 2], "dla": s / 20,
+                    "edges": {"edges": {"L0.H0->L1.H1:k": s / 100, "L1.H1->logits:logits": 1.0},
+                              "clean": 0.1, "corrupted": 4.0},
+                    "qk": {"term": ["embed", "L0.H0"], "margin": s / 50,
+                           "top": ["embed" if s < 300 else "bias", "L0.H0", s / 50]}}}
+        for s in (100, 200, 300, 400)]
+    fig = timeline.timeline_figure(recs, "t")
+    renderer = fig.canvas.get_renderer() if hasattr(fig.canvas, "get_renderer") else None
+    if renderer is None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()
+    plots = [ax.get_window_extent(renderer) for ax in fig.axes]
+    legends = [ax.get_legend().get_window_extent(renderer) for ax in fig.axes
+               if ax.get_legend() is not None]
+    assert len(legends) >= 4  # the scores', the circuit's, the edges' and the QK panel's
+    for box in legends:
+        assert not any(box.overlaps(p) for p in plots), "a legend over a plot"
+    for i, a in enumerate(legends):
+        assert not any(a.overlaps(b) for b in legends[i + 1:]), "two legends overlap"
+    for ax in fig.axes:
+        assert not [t for t in ax.texts if t.get_text()], ax.texts
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend()
+              for t in ax.get_legend().get_texts()]
+    assert "best DLA: L1.H0" in labels and "largest: bias x L0.H0" in labels

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -154,7 +155,7 @@ def test_inspect_heads_types_the_programs_heads_and_qk_names_the_reason(inductio
                     "--qk", "L1.H0", "--json"])
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    types = {(h["layer"], h["head"]): h["dominant"] for h in doc["heads"]}
+    types = {(h["layer"], h["index"]): h["dominant"] for h in doc["heads"]}
     assert types == {(0, 0): "previous", (1, 0): "induction"}
     terms = doc["qk"][0]["terms"]
     assert (terms[0]["query"], terms[0]["key"]) == ("embed.tok", "L0.H0")
@@ -187,12 +188,43 @@ def test_resampled_inputs_cannot_reveal_what_only_positions_carry(induction_run)
     assert all(f["auroc"]["revealed"] == 1.0 for f in truth["finders"].values())
 
 
+@pytest.mark.parametrize("source", ["resample", "zero"])
+def test_a_programs_edges_split_by_position(induction_run, source):
+    """A compiled model has no norm and a head width of its own (model.d_head): `--positions`
+    splits its edges as they are. Every edge's positions sum to its score, a non-edge has none
+    (exactly 0 everywhere), the previous-token head reaches the induction head's key at a
+    later query (i < j), and the position-aware curve is there beside the summed one."""
+    extra = [] if source == "resample" else ["--patch-from", source]
+    r = in_process(["circuit", "--run", induction_run, "--pairs", "2", "--positions",
+                    "--json", *extra])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    true = {(e["from"], e["to"], e["input"]) for e in doc["truth"]["true_edges"]}
+    for e in doc["edges"]:
+        at = e.get("positions", [])
+        assert abs(sum(x["score"] for x in at) - e["score"]) < 1e-5, e
+        assert at or e["score"] == 0.0
+        if (e["from"], e["to"], e["input"]) not in true:
+            assert not at, e
+    key = next(e for e in doc["edges"] if (e["from"], e["to"], e["input"])
+               == ("L0.H0", "L1.H0", "k"))
+    assert any(x["from_pos"] < x["to_pos"] and abs(x["score"]) > 1e-3 for x in key["positions"])
+    for name in ("eap-ig@positions", "eap-ig@summed"):
+        assert doc["curves"][name][-1]["recovered"] == pytest.approx(1.0, abs=1e-6)
+
+
 def test_the_circuit_table_fits_80_columns(induction_run):
     r = in_process(["circuit", "--run", induction_run, "--pairs", "2", "--no-curve"],
                    COLUMNS="80")
     assert r.returncode == 0, r.stderr
     assert all(len(line) <= 80 for line in r.stdout.splitlines()) and "…" not in r.stdout
     assert "against the truth of induction" in r.stdout and "truth: 8 edges" in r.stderr
+    # nothing cut at the edge, no name broken: every finder's column is there, and each of
+    # the program's edges is one row that names its variables whole
+    assert re.search(r"\beap\s+eap-ig\s+patching\b", r.stdout), r.stdout
+    rows = [line.split() for line in r.stdout.splitlines()
+            if re.match(r"\s*(embed|L\d\.H\d|L\d\.MLP)\s+(L\d|logits)", line)]
+    assert "previous_token" in r.stdout and len([w for w in rows if w[2] in "qkv"]) >= 6
 
 
 def test_sample_prints_the_programs_output(induction_run):

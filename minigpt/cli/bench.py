@@ -13,6 +13,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import OldSpellingCommand, app, out_console, say
+from minigpt.cli.shading import worded
 
 
 @app.command("bench", cls=OldSpellingCommand)
@@ -117,11 +118,11 @@ def _num(x, fmt: str = "{:.3g}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
-def _table(title: str, columns: list[str], left: tuple[str, ...] = (), caption: str = ""):
+def _table(columns: list[str], left: tuple[str, ...] = ()):
     from rich import box
     from rich.table import Table
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, caption=caption or None)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in columns:
         t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
     return t
@@ -134,12 +135,8 @@ def _attention_table(a) -> tuple[object, list[str]]:
     if a is None:
         return None, []
     c = a.config
-    t = _table(f"attention: batch {c['batch']}, {c['n_head']} heads, head_dim {c['head_dim']}, "
-               f"causal, {c['dtype']}",
-               ["T", "impl", "pass", "ms", "IQR", "MiB", "faster", "less mem", "diff"],
-               left=("impl", "pass"),
-               caption="faster / less mem: ratios vs naive; MiB: peak memory above the "
-               "inputs; diff: max |out - naive| (fwd) or |grad - naive| (fwd+bwd)")
+    t = _table(["T", "impl", "pass", "ms", "IQR", "MiB", "faster", "less mem", "diff"],
+               left=("impl", "pass"))
     for r in a.rows:
         if r.status != "ok":
             t.add_row(str(r.seq_len), Text(r.impl), r.pass_, "skipped", Text(r.reason[:60]),
@@ -148,6 +145,10 @@ def _attention_table(a) -> tuple[object, list[str]]:
             t.add_row(str(r.seq_len), Text(r.impl), r.pass_, _g(r.timing.median_ms),
                       _iqr(r.timing), _num(r.peak_mem_mib), _num(r.speedup_vs_naive, "{:.2f}x"),
                       _num(r.mem_ratio_vs_naive, "{:.1f}x"), _num(r.max_abs_diff, "{:.0e}"))
+    t = worded(t, f"attention: batch {c['batch']}, {c['n_head']} heads, head_dim "
+               f"{c['head_dim']}, causal, {c['dtype']}",
+               "faster / less mem: ratios vs naive; MiB: peak memory above the inputs; diff: "
+               "max |out - naive| (fwd) or |grad - naive| (fwd+bwd)")
     return t, [f"memory method: {a.memory_method or a.memory_note}",
                *(f"verdict: {v}" for v in a.verdicts)]
 
@@ -160,18 +161,18 @@ def _train_table(tr) -> tuple[object, list[str]]:
         return None, []
     p = tr.peak
     peak = f"{p.tflops:.3g} TFLOP/s ({p.source})" if p.tflops else f"n/a ({p.note})"
-    t = _table(f"train step (AdamW, random tokens): MFU vs peak {peak}",
-               ["shape", "mode", "BxT", "ms/step", "IQR", "tok/s", "TFLOP/s", "MFU", "1st s"],
-               left=("shape", "mode"),
-               caption="1st s = first step in seconds (includes compilation for compile); "
-               + ", ".join(f"{r.shape.name} = {r.shape.n_layer} layers x {r.shape.n_embd}, "
-                           f"{r.params / 1e6:.2f}M params" for r in tr.rows
-                           if r.mode == "eager"))
+    t = _table(["shape", "mode", "BxT", "ms/step", "IQR", "tok/s", "TFLOP/s", "MFU", "1st s"],
+               left=("shape", "mode"))
     for r in tr.rows:
         s = r.shape
         t.add_row(Text(s.name), r.mode, f"{s.batch_size}x{s.block_size}",
                   _g(r.timing.median_ms), _iqr(r.timing), f"{r.tokens_per_s:,.0f}",
                   f"{r.achieved_tflops:.3g}", _num(r.mfu, "{:.1%}"), _g(r.first_step_s))
+    t = worded(t, f"train step (AdamW, random tokens): MFU vs peak {peak}",
+               "1st s = first step in seconds (includes compilation for compile); "
+               + ", ".join(f"{r.shape.name} = {r.shape.n_layer} layers x {r.shape.n_embd}, "
+                           f"{r.params / 1e6:.2f}M params" for r in tr.rows
+                           if r.mode == "eager"))
     return t, [*(f"measured {m['n']}x{m['n']} {dt} matmul: {m['tflops']:.3g} TFLOP/s"
                  for dt, m in p.measured.items()), *(f"verdict: {v}" for v in tr.verdicts)]
 
@@ -183,15 +184,15 @@ def _sample_table(sm) -> tuple[object, list[str]]:
     s = sm.settings
     what = f"{s.model}, " if s.model else ""
     threads = ", ".join(sorted({str(r.threads) for r in sm.rows}))
-    t = _table(f"greedy decoding, batch 1: {what}{s.n_layer}L {s.n_embd}d, prompt "
-               f"{s.prompt_len} + {s.new_tokens} new tokens, {threads} thread(s) (as "
-               "`minigpt sample`)",
-               ["KV cache", "TTFT ms", "prefill tok/s", "ms/tok", "IQR", "tok/s", "GFLOP/s",
+    t = _table(["KV cache", "TTFT ms", "prefill tok/s", "ms/tok", "IQR", "tok/s", "GFLOP/s",
                 "GB/s"])
     for r in sm.rows:
         t.add_row(r.label, _g(r.ttft.median_ms),
                   f"{r.prefill_tokens_per_s:,.0f}", _g(r.decode.median_ms), _iqr(r.decode),
                   f"{r.decode_tokens_per_s:,.0f}", _g(r.gflops), _g(r.gbytes))
+    t = worded(t, f"greedy decoding, batch 1: {what}{s.n_layer}L {s.n_embd}d, prompt "
+               f"{s.prompt_len} + {s.new_tokens} new tokens, {threads} thread(s) (as "
+               "`minigpt sample`)")
     work = "; ".join(f"{r.label}: {r.flops_per_token / 1e6:.3g} MFLOP, "
                      f"{r.bytes_per_token / 1e6:.3g} MB" for r in sm.rows
                      if not r.compiled)

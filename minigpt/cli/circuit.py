@@ -13,6 +13,7 @@ import typer
 
 import minigpt.cli.options as opt
 from minigpt.cli.main import EtaLines, app, load_inspected, out_console, say
+from minigpt.cli.shading import worded
 from minigpt.display import printable
 from minigpt.files import shown
 
@@ -266,11 +267,7 @@ def edges_table(result, top: int):
     from rich.table import Table
 
     steps = f", {result.ig_steps} steps" if result.ig_steps > 1 else ""
-    table = Table(title=printable(f"strongest edges ({result.method.upper()}{steps}, "
-                                  f"{result.direction}) of {result.n_edges}"),
-                  caption="score: the estimated change of the metric when the edge alone is "
-                  "patched; of gap: score / the change when every edge is; * = in the "
-                  "circuit", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("#", "from", "to", "input", "score", "of gap", ""):
         table.add_column(name, justify="left" if name in ("from", "to", "input") else "right",
                          no_wrap=True)
@@ -279,7 +276,10 @@ def edges_table(result, top: int):
         table.add_row(str(i), e["from"], e["to"], e["input"], f"{e['score']:+.4f}",
                       f"{e['score'] / gap:+.3f}" if gap else "-",
                       "*" if e["in_circuit"] else "")
-    return table
+    return worded(table, printable(f"strongest edges ({result.method.upper()}{steps}, "
+                                   f"{result.direction}) of {result.n_edges}"),
+                  "score: the estimated change of the metric when the edge alone is patched; "
+                  "of gap: score / the change when every edge is; * = in the circuit")
 
 
 def _destination(loaded, fmts, out, curve: bool, slug: str | None, truth):

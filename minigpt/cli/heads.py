@@ -13,15 +13,35 @@ import typer
 import minigpt.cli.options as opt
 from minigpt.cli.main import EtaLines, app, load_inspected, out_console, say
 from minigpt.cli.shading import shade as _shade
+from minigpt.cli.shading import worded
 from minigpt.config.fields import comma_list
-from minigpt.display import head_name, printable
+from minigpt.display import head_name, printable, visible_token
 from minigpt.errors import ArgumentError
 from minigpt.files import shown
 
 LayerOpt = Annotated[list[int] | None, typer.Option(
     "--layer", metavar="LAYER", help="Layer to show (repeatable). Default: all.")]
+
+
+def head_index(value: str) -> int:
+    """--head's value: a head's index in the layers chosen; a head's name (L1.H2) is answered
+    with the flags that mean it here."""
+    import re
+
+    m = re.fullmatch(r"\s*[Ll](\d{1,6})\.[Hh](\d{1,6})\s*", value)
+    if m:
+        raise typer.BadParameter(f"'{value}' names a layer and a head; here they are given "
+                                 f"apart: --layer {m.group(1)} --head {m.group(2)}")
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"'{shown(value, 40)}' is not a head's index (an integer); "
+                                 "with --layer L, --head H shows head H of layer L") from None
+
+
 HeadOpt = Annotated[list[int] | None, typer.Option(
-    "--head", help="Head to show (repeatable). Default: all.")]
+    "--head", parser=head_index, metavar="HEAD",
+    help="Head to show (repeatable; with --layer, head H of those layers). Default: all.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", metavar="FORMAT", help="Files to write as well: png, html, safetensors, json "
     "(table: none); repeatable or comma-separated. The table is printed in every case, "
@@ -75,8 +95,8 @@ def inspect_heads_command(
     patch_direction = check_patch_direction(patch_from, patch_direction)
     check_heads_patch_from(patch_from)
     from minigpt.device import cpu_threads
+    from minigpt.heads import inspection as hi
     from minigpt.heads import output
-    from minigpt.heads.inspection import check_inspect_cost, inspect, select_heads
     from minigpt.heads.probes import prepare_input
 
     loaded = load_inspected(run, model, device, checkpoint, probe)
@@ -84,31 +104,28 @@ def inspect_heads_command(
                    target=target, answer=answer)
     sae = _load_features(features, loaded)  # an SAE of another model: refused before any work
     mcfg = loaded.cfg.model
-    layers, heads = select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
+    layers, heads = hi.select_heads(mcfg.n_layer, mcfg.n_head, layer or [], head or [])
+    qk_heads = _qk_heads(mcfg, qk)  # (layer, head) of each --qk head, checked before any work
     names = output.file_names(fmts, layers, heads, ablate, composition, dla or patch_from, lens,
-                              _qk_names(mcfg, qk))
+                              [head_name(la, h) for la, h in qk_heads or []])
     out_dir = output.out_dir(fmts, out, loaded.run_dir, names)  # made, every place checked
     inp = prepare_input(loaded.cfg, loaded.tokenizer, text=text, text_file=text_file,
                         probe=probe, max_tokens=max_tokens, seed=seed,
                         eot_first=loaded.eot_first)
-    circuits = _circuit_request(loaded, inp, max_tokens, seed, dla=dla, composition=composition,
-                                patch_from=patch_from, direction=patch_direction,
-                                target=target, answer=answer, wrong=wrong, lens=lens,
-                                qk=qk, qk_pairs=qk_pairs)
-    if inp.truncated:
-        has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
-               f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
-        say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
-            f"{mcfg.block_size}; see --max-tokens)")
+    circuits = hi.circuit_request(loaded, inp, max_tokens, seed, dla=dla, lens=lens,
+                                  composition=composition, patch_from=patch_from,
+                                  direction=patch_direction, target=target, answer=answer,
+                                  wrong=wrong, qk=qk_heads, qk_pairs=qk_pairs)
+    _say_truncated(inp, mcfg.block_size)
     with cpu_threads(threads):
-        cost = check_inspect_cost(loaded.model, len(inp.tokens), ablate=ablate, req=circuits,
-                                  features=sae is not None, force=force)
+        cost = hi.check_inspect_cost(loaded.model, len(inp.tokens), ablate=ablate, req=circuits,
+                                     features=sae is not None, force=force)
         if cost is not None:
             say(f"inspect-heads: {len(inp.tokens)} tokens, estimated {cost.describe()} (a "
                 "lower bound)")
-        insp = inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
-                       seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
-                       on_event=EtaLines("inspect-heads"))
+        insp = hi.inspect(loaded.model, inp, run=loaded.source, step=loaded.step, ablate=ablate,
+                          seed=seed, circuits=circuits, token_str=loaded.tokenizer.token_str,
+                          on_event=EtaLines("inspect-heads"))
         active = _active_features(sae, loaded, inp.tokens)
     _say_measured(insp, loaded)
     if out_dir is not None:
@@ -118,11 +135,19 @@ def inspect_heads_command(
     _emit(insp, layers, heads, json_out, active)
 
 
+def _say_truncated(inp, block_size: int) -> None:
+    """A note on stderr when the text was cut to what the model reads at once."""
+    if inp.truncated:
+        has = (f"{inp.n_text_tokens} tokens" if inp.file_bytes is None else
+               f"more than {len(inp.tokens)} tokens ({inp.file_bytes:,} bytes)")
+        say(f"note: the text has {has}; inspecting the first {len(inp.tokens)} (block_size "
+            f"{block_size}; see --max-tokens)")
+
+
 def _check_program(loaded, **asked) -> None:
     """A compiled program's outputs are its values, not next tokens: the analyses that score
     next-token predictions are refused on one (ArgumentError naming the first flag given);
     `minigpt circuit` scores its output."""
-    from minigpt.errors import ArgumentError
 
     given = [k for k, v in asked.items() if v not in (None, False)]
     if given and loaded.cfg.data.source == "program":
@@ -165,15 +190,14 @@ def active_table(active: dict, token_strs: list[str]):
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"SAE features active on layer {active['layer']}'s heads (largest "
-                  "three per position; see minigpt features show --feature N)",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("pos", "token", "features (activation)"):
         table.add_column(name, justify="right" if name == "pos" else "left")
     for i, (tok, row) in enumerate(zip(token_strs, active["positions"])):
-        table.add_row(str(i), Text(printable(repr(tok)[1:-1])),  # token text, never markup
+        table.add_row(str(i), Text(visible_token(tok)),  # token text, never markup
                       "  ".join(f"{x['feature']} ({x['act']:.2f})" for x in row) or "-")
-    return table
+    return worded(table, f"SAE features active on layer {active['layer']}'s heads (largest "
+                  "three per position; see minigpt features show --feature N)")
 
 
 def _load_features(features: Path | None, loaded):
@@ -197,50 +221,12 @@ def _active_features(sae, loaded, tokens: list[int]) -> dict | None:
                                           for row in per]}
 
 
-def _qk_names(mcfg, qk: list[str] | None) -> list[str]:
-    """The `--qk` heads' names (checked: interp.qk), before any work."""
+def _qk_heads(mcfg, qk: list[str] | None) -> list[tuple[int, int]] | None:
+    """The `--qk` heads as (layer, head), resolved and checked once (interp.qk.resolve_heads);
+    None when --qk is not given."""
     from minigpt.interp.qk import resolve_heads
 
-    return [head_name(la, h) for la, h in resolve_heads(mcfg, comma_list(qk))] if qk else []
-
-
-def _circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
-                     direction, target, answer, wrong, lens=False, qk=None, qk_pairs=None):
-    """What of interp/head_circuits.py and interp/qk.py to measure (None: nothing), every token
-    checked first."""
-    from minigpt.heads.inspection import CircuitRequest
-    from minigpt.heads.probes import corrupted_input, token_id
-    from minigpt.interp.head_circuits import check_composition
-    from minigpt.interp.patching import check_same_length
-    from minigpt.interp.qk import check_tokens, parse_pairs, resolve_heads
-
-    uses_metric = dla or patch_from is not None or lens
-    for param, value in (("target", target), ("answer", answer), ("wrong", wrong)):
-        if value is not None and not uses_metric:
-            raise ArgumentError(param, "sets the metric of --dla, --patch-from and --lens; "
-                                "give one of them too")
-    if qk_pairs and not qk:
-        raise ArgumentError("qk_pairs", "chooses the pairs of --qk; give --qk HEAD too")
-    if qk:
-        check_tokens(len(inp.tokens))
-    if not (uses_metric or composition or qk):
-        return None
-    if composition:
-        check_composition(loaded.cfg.model)
-    tok = loaded.tokenizer
-    req = CircuitRequest(dla=dla, composition=composition, direction=direction, lens=lens,
-                         target=None if target is None else token_id(tok, target, "target"),
-                         answer=None if answer is None else token_id(tok, answer, "answer"),
-                         wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
-                         qk=resolve_heads(loaded.cfg.model, comma_list(qk)) if qk else None,
-                         qk_pairs=(parse_pairs(comma_list(qk_pairs), len(inp.tokens))
-                                   if qk_pairs else None))
-    if patch_from is not None:
-        req.patch_tokens, req.patch_source = corrupted_input(
-            loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,
-            eot_first=loaded.eot_first)
-        check_same_length(inp.tokens, req.patch_tokens)  # before any work
-    return req
+    return resolve_heads(mcfg, comma_list(qk)) if qk else None
 
 
 def _say_circuits(insp) -> None:
@@ -263,9 +249,9 @@ def _say_circuits(insp) -> None:
             say(f"note: {note}")
     if insp.qk is not None:
         worst = max(h.closure for h in insp.qk)
-        say(f"qk: {len(insp.qk)} head(s) split at {insp.qk_pairs}; the terms add up to the "
-            f"model's scores and margins within {worst:.1e} (norm and QK-norm scales frozen "
-            "at this input)")
+        say(f"qk: {len(insp.qk)} head(s) split at {shown(insp.qk_pairs, 300)}; the terms add up "
+            f"to the model's scores and margins within {worst:.1e} (norm and QK-norm scales "
+            "frozen at this input)")
 
 
 def _print_tables(insp, layers: list[int], heads: list[int]) -> None:
@@ -276,8 +262,10 @@ def _print_tables(insp, layers: list[int], heads: list[int]) -> None:
     if insp.composition is not None:
         out_console.print(_composition_table(insp.composition))
     if insp.qk is not None:
+        roles = insp.writer_roles()
         for h in insp.qk:
-            out_console.print(_qk_table(h))
+            for part in _qk_table(h, roles, insp.qk_pairs_of(h)):
+                out_console.print(part)
     if insp.lens is not None:
         from minigpt.cli.lens_tables import lens_tables
 
@@ -418,46 +406,53 @@ def _composition_table(comp, top: int = 5):
     from rich import box
     from rich.table import Table
 
-    table = Table(title="composition (weights only): the strongest pairs of each kind",
-                  caption="from = the earlier head (layer.head) whose output the later head "
-                  "reads with its queries (q), keys (k) or values (v); random = the score of "
-                  "random weights of the same shapes", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    caption = ("from = the earlier head (layer.head) whose output the later head reads with its "
+               "queries (q), keys (k) or values (v); random = the score of random weights of "
+               "the same shapes")
     for name in ("kind", "from", "to", "score", "random"):
         table.add_column(name, justify="left" if name == "kind" else "right", no_wrap=True)
     for kind in ("q", "k", "v"):
         recs = sorted((r for r in comp.records() if r["kind"] == kind),
                       key=lambda r: -r["score"])[:top]
         for r in recs:
-            table.add_row(kind, head_name(r['from_layer'], r['from_head']),
-                          head_name(r['to_layer'], r['to_head']), f"{r['score']:.3f}",
+            table.add_row(kind, r["from"], r["to"], f"{r['score']:.3f}",
                           f"{r['baseline']:.3f}")
-    return table
+    return worded(table, "composition (weights only): the strongest pairs of each kind", caption)
 
 
 QK_TOP = 8  # terms per head in the table (every one is in --json)
 
 
-def _qk_table(h, top: int = QK_TOP):
-    """One head's largest terms by margin (means over its pairs)."""
+def _writer(name: str, roles: dict[str, dict]) -> str:
+    """A writer's name with its role where one is known: `L0.H3 (previous-token 0.92)`."""
+    r = roles.get(name)
+    return name if r is None else f"{name} ({r['role']} {r['score']:.2f})"
+
+
+def _qk_table(h, roles: dict[str, dict], pairs: str, top: int = QK_TOP) -> list:
+    """One head's largest terms by margin (means over its pairs), its writers named with their
+    roles, and under it (as wide as the terminal, wrapped at words) what it shows."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     terms = h.terms()
     largest = max(max(abs(m) for *_, m in terms), 1e-12)
-    table = Table(title=f"{h.name}: why it attends where it does",
-                  caption=f"{len(h.pairs)} pair(s); score {float(h.scores.mean()):+.3f} and margin "
-                  f"{float(h.margins.mean()):+.3f} (means over the pairs; margin = the score "
-                  "minus its mean over the keys the query may attend to); the "
-                  f"{min(top, len(terms))} largest of {len(terms)} terms (query writer x key "
-                  f"writer) by margin; closure {h.closure:.1e}", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+    title = Text(f"{_writer(h.name, roles)}: why it attends where it does")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("query writer", "key writer", "margin", "score"):
         table.add_column(name, justify="left" if "writer" in name else "right", no_wrap=True)
     for q, k, score, margin in terms[:top]:
-        table.add_row(q, k, Text(f"{margin:+.3f}", style=_heat(margin / largest)),
-                      f"{score:+.3f}")
-    return table
+        table.add_row(_writer(q, roles), _writer(k, roles),
+                      Text(f"{margin:+.3f}", style=_heat(margin / largest)), f"{score:+.3f}")
+    caption = (f"split at {pairs}; score {float(h.scores.mean()):+.3f} and margin "
+               f"{float(h.margins.mean()):+.3f} (means over the pairs; margin = the score minus "
+               "its mean over the keys the query may attend to); the "
+               f"{min(top, len(terms))} largest of {len(terms)} terms (query writer x key "
+               f"writer) by margin; a head's role is its dominant score on this input; "
+               f"closure {h.closure:.1e}")
+    return [worded(table, title.plain, caption)]
 
 
 def _heat(v: float):
@@ -489,10 +484,7 @@ def _attention_table(insp, la: int, h: int, width: int):
         f"; {T} tokens do not fit {width} columns: queries {rows[0]}..{rows[-1]} and the "
         f"{len(cols)} keys they attend to most (gaps in the key numbers are keys left out; "
         "widen the terminal or use --format png/html for all)")
-    table = Table(title=f"layer {la} head {h}: {insp.dominant(la, h)}",
-                  caption=f"attention x100, rows = queries, columns = keys, . = under 0.5, "
-                  f"blank = a future key{note}",
-                  box=box.SIMPLE, padding=(0, 0), pad_edge=False, collapse_padding=True)
+    table = Table(box=box.SIMPLE, padding=(0, 0), pad_edge=False, collapse_padding=True)
     table.add_column("query", no_wrap=True)
     for j in cols:
         table.add_column(Text(f"{j}\n{visible_token(insp.token_strs[j], 3)}"), justify="right",
@@ -504,4 +496,6 @@ def _attention_table(insp, la: int, h: int, width: int):
             cells.append(Text("") if j > t else
                          Text(f"{round(v * 100):3d}" if v >= 0.005 else "  .", style=_shade(v)))
         table.add_row(Text(f"{t:>3} {visible_token(insp.token_strs[t], 8)}"), *cells)
-    return table
+    return worded(table, f"{head_name(la, h)} (layer {la} head {h}): {insp.dominant(la, h)}",
+                  "attention x100, rows = queries, columns = keys, . = under 0.5, blank = a "
+                  f"future key{note}")

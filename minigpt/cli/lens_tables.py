@@ -9,7 +9,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from minigpt.cli.shading import shade
+from minigpt.cli.shading import shade, worded
 from minigpt.display import printable, visible_token
 
 MAX_ROWS = 16  # scored positions shown in the terminal; the PNG, viewer and JSON have them all
@@ -25,18 +25,17 @@ def lens_tables(lens, token_strs, token_str, width: int) -> list[Table]:
 def summary_table(lens) -> Table:
     """Per point: the target's mean logit and probability, its median rank, and how often it
     is the top token."""
-    table = Table(title=f"logit lens: the residual stream read through the final norm and the "
-                  f"unembedding, over {len(lens.positions)} scored positions",
-                  caption="after = the point read (embed: the embeddings; Lk: the stream after "
-                  "layer k, the last is the model's own output); rank = how many tokens score "
-                  "higher than the target (0 = the top token)", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("after", "logit", "prob", "median rank", "top = target"):
         table.add_column(name, justify="left" if name == "after" else "right", no_wrap=True)
     for row in lens.summary():
         table.add_row(row["point"], f"{row['logit']:.2f}", f"{row['prob']:.3f}",
                       f"{row['median_rank']:g}", f"{100 * row['top_is_target']:.0f}%")
-    return table
+    return worded(table, "logit lens: the residual stream read through the final norm and the "
+                  f"unembedding, over {len(lens.positions)} scored positions",
+                  "after = the point read (embed: the embeddings; Lk: the stream after layer k, "
+                  "the last is the model's own output); rank = how many tokens score higher "
+                  "than the target (0 = the top token)")
 
 
 def position_tables(lens, token_strs, token_str, width: int) -> list[Table]:
@@ -54,11 +53,8 @@ def position_tables(lens, token_strs, token_str, width: int) -> list[Table]:
     tables = []
     for n, group in enumerate(groups):
         part = f", part {n + 1} of {len(groups)}" if len(groups) > 1 else ""
-        table = Table(title=f"logit lens: the top token at each point{part}",
-                      caption="cell = the top token there, over the target's rank; background "
-                      "= the target's probability (white 0 .. dark blue 1); green = the top "
-                      "token is the target" + note, box=box.SIMPLE_HEAD, pad_edge=False,
-                      padding=(0, 1, 0, 0), collapse_padding=True)
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0),
+                      collapse_padding=True)
         table.add_column("pos token -> target", no_wrap=True)
         for i in group:
             table.add_column(lens.points[i], justify="right", no_wrap=True)
@@ -67,7 +63,10 @@ def position_tables(lens, token_strs, token_str, width: int) -> list[Table]:
             key = (f"{p:>3} {visible_token(token_strs[p], 7)} -> "
                    f"{visible_token(token_str(lens.targets[j]), 7)}")
             table.add_row(Text(printable(key)), *(_cell(lens, i, j, token_str) for i in group))
-        tables.append(table)
+        tables.append(worded(table, f"logit lens: the top token at each point{part}",
+                             "cell = the top token there, over the target's rank; background = "
+                             "the target's probability (white 0 .. dark blue 1); green = the top "
+                             "token is the target" + note))
     return tables
 
 

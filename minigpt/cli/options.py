@@ -13,12 +13,13 @@ from typing import Annotated
 import typer
 
 OUT = "PATH"  # every --out's metavar: a directory or a file, as each command's help says
-RUN = "RUN"   # every --run's: a run's directory (or, where the help says so, its name)
+RUN = "RUN"   # every --run's: a run's directory or its name under runs/ (run.listing.named_run)
 
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 Run = Annotated[Path | None, typer.Option(
-    "--run", metavar=RUN, help="Run directory. Default: the latest finished run under runs/ "
-    "that the command can use (named on stderr, with any newer run it passed over).")]
+    "--run", metavar=RUN, help="A run: its directory, or its name under runs/. Default: the "
+    "latest finished run under runs/ that the command can use (named on stderr, with any newer "
+    "run it passed over).")]
 Threads = Annotated[int, typer.Option(
     "--threads", help="CPU threads to compute on (torch intra-op), as train.threads: 0 = "
     "automatic, else 1 to the CPUs this process may use.")]

@@ -22,12 +22,13 @@ from minigpt.config.settings import (
 
 _LOADER = ("ConfigError", "MinigptError", "apply_overrides", "check_run_name", "config_from",
            "describe_fields", "find_config", "from_dict", "head_scores_every", "load_config",
-           "model_hash", "parse_override", "parse_yaml", "read_config", "to_dict", "to_yaml")
+           "model_hash", "model_hashes", "parse_override", "parse_yaml", "read_config", "to_dict",
+           "to_yaml")
 __all__ = ["HEAD_KINDS", "SECTIONS", "Config", "ConfigError", "DataConfig", "MinigptError",
            "ModelConfig", "RunConfig", "TokenizerConfig", "TrainConfig", "apply_overrides",
            "check_run_name", "config_from", "describe_fields", "find_config", "from_dict",
-           "head_scores_every", "load_config", "model_hash", "parse_override", "parse_yaml",
-           "read_config", "to_dict", "to_yaml"]
+           "head_scores_every", "load_config", "model_hash", "model_hashes", "parse_override",
+           "parse_yaml", "read_config", "to_dict", "to_yaml"]
 
 
 def __getattr__(name: str):

@@ -30,7 +30,8 @@ from minigpt.paths import CONFIGS_DIR, resolve_path
 
 __all__ = ["ConfigError", "MinigptError", "apply_overrides", "check_run_name", "config_from",
            "describe_fields", "find_config", "from_dict", "head_scores_every", "load_config",
-           "model_hash", "parse_override", "parse_yaml", "read_config", "to_dict", "to_yaml"]
+           "model_hash", "model_hashes", "parse_override", "parse_yaml", "read_config", "to_dict",
+           "to_yaml"]
 
 
 def check_run_name(name: str) -> None:
@@ -116,6 +117,10 @@ def _check_induction(cfg: Config) -> None:
             f"data.induction_min_period: {d.induction_min_period} exceeds the longest segment "
             f"({d.induction_max_period or half}: data.induction_max_period, or "
             f"model.block_size//2 when that is 0); lower it or use 0")
+    if d.induction_groups > d.induction_vocab:
+        raise ConfigError(
+            f"data.induction_groups: {d.induction_groups} exceeds data.induction_vocab="
+            f"{d.induction_vocab} (every group needs an id of its own); lower it")
     if d.induction_runs and not d.induction_min_period:
         raise ConfigError(
             f"data.induction_runs: {d.induction_runs} needs the pairs layout (runs are pairs); "
@@ -188,10 +193,32 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
-def model_hash(model_cfg: ModelConfig) -> str:
-    """A short hash of every model setting (stored with weights to catch mismatches)."""
-    blob = json.dumps(dataclasses.asdict(model_cfg), sort_keys=True).encode()
+# Model settings added after runs were saved, in the order they came, each with the value
+# that reproduces the model those runs are. At that value a setting is left out of the hash
+# minigpt writes, so a run saved before the setting existed still loads (the hash is over the
+# settings the weights depend on, as they were then).
+LATER_SETTINGS: list[dict] = [
+    {"d_head": 0, "d_mlp": 0, "d_vocab_out": 0},   # issue 55 (compile)
+    {"value_skip": False, "mtp_weight": 0.0},      # issue 59
+]
+
+
+def model_hash(model_cfg: ModelConfig, *, since: int = 0) -> str:
+    """A short hash of every model setting (stored with weights to catch mismatches); a
+    setting of LATER_SETTINGS[since:] at its old-model value is left out (`since` > 0: the
+    hash as minigpt wrote it while only the earlier ones were left out: `model_hashes`)."""
+    later = {k: v for gen in LATER_SETTINGS[since:] for k, v in gen.items()}
+    fields = {k: v for k, v in dataclasses.asdict(model_cfg).items()
+              if k not in later or v != later[k]}
+    blob = json.dumps(fields, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def model_hashes(model_cfg: ModelConfig) -> set[str]:
+    """The hashes weights saved for this model may carry: `model_hash` (what is written), and
+    those of runs saved while a generation of LATER_SETTINGS was hashed at every value (each
+    settings' arrival until this rule)."""
+    return {model_hash(model_cfg, since=g) for g in range(len(LATER_SETTINGS) + 1)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +300,11 @@ def read_config(path: str | Path | None = None) -> tuple[Path, dict]:
 def config_from(path: Path, raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """The validated Config of the mapping `raw` read from the file `path` (`read_config`)
     with the `--set` overrides applied in order; run.name defaults to the file's stem."""
-    cfg = from_dict(apply_overrides(raw, list(overrides)), str(path))
+    source = str(path)
+    if overrides:  # the value at fault may be the file's or a --set's: name both
+        sets = ", ".join(f"--set {o}" for o in overrides)
+        source += f" with {sets if len(sets) <= 200 else sets[:200] + '...'}"
+    cfg = from_dict(apply_overrides(raw, list(overrides)), source)
     if not cfg.run.name:
         cfg.run.name = path.stem
         try:

@@ -103,7 +103,8 @@ class ModelConfig:
 @dataclass
 class TokenizerConfig:
     vocab_size: int = setting(
-        1024, "256 = raw bytes; more = byte-level BPE trained on the corpus", min=256)
+        1024, "256 = raw bytes; more = byte-level BPE trained on the corpus (at most 2**20, "
+        "five times GPT-4o's)", min=256, max=2**20)
     encoding: str = setting(
         "", "'' = bytes/BPE by vocab_size; a tiktoken name (gpt2, cl100k_base) or a .tiktoken file")
     pattern: str = setting(

@@ -137,6 +137,11 @@ class TokenRows:
         return torch.from_numpy(np.stack([arr[o: o + T + 1] for o in offsets.tolist()])
                                 .astype(np.int64))
 
+    def seen(self, n_vocab: int) -> torch.Tensor:
+        """(n_vocab,) bool: the ids the training split holds."""
+        counts = np.bincount(np.asarray(self.data.train), minlength=n_vocab)[:n_vocab]
+        return torch.from_numpy(counts > 0)
+
 
 @dataclass
 class ProgramRows:
@@ -183,6 +188,10 @@ class InductionRows:
                      ).tolist()
         # group g holds the ids [bounds[g], bounds[g + 1]): contiguous, sizes differ by <= 1
         self.bounds = [self.vocab * g // k for g in range(k + 1)]
+
+    def seen(self, n_vocab: int) -> torch.Tensor:
+        """(n_vocab,) bool: the ids the rows can hold, [0, vocab)."""
+        return torch.arange(n_vocab) < self.vocab
 
     def sample_offsets(self, split: str, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n,) int64 sequence seeds drawn from `generator`."""
@@ -287,6 +296,10 @@ class TextRows:
     def rows(self, split: str, offsets: Tensor) -> Tensor:
         arr, T = self._split(split), self.block_size
         return torch.stack([arr[o:o + T + 1] for o in offsets.tolist()])
+
+    def seen(self, n_vocab: int) -> Tensor:
+        """(n_vocab,) bool: the ids the training part holds."""
+        return torch.bincount(self.train, minlength=n_vocab)[:n_vocab] > 0
 
 
 def text_rows(path: Path, tokenizer, block_size: int) -> TextRows:

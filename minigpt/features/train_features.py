@@ -6,6 +6,9 @@ written: a bad value leaves no directory behind.
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,9 +22,17 @@ from minigpt.data.rows import HELD_OUT_FRACTION, held_out_count
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.events import Progress, SaeStarting, no_events
 from minigpt.features import collect, store
-from minigpt.features.fit import SaeSettings, TrainState, default_width, fit_sae, new_state
+from minigpt.features.fit import (
+    Diverged,
+    SaeSettings,
+    TrainState,
+    default_width,
+    fit_sae,
+    new_state,
+)
+from minigpt.files import check_new_path, read_only_dir, remove_stale_temps, shown
 from minigpt.interp.sae import ce_recovered, quality
-from minigpt.run.safetensors_io import load_tensors
+from minigpt.run.safetensors_io import DTYPE_SIZES, check_against, load_tensors, read_header
 
 DEFAULT_TOKENS = 262_144     # activations to train on
 DEFAULT_HELD_OUT = 32_768    # held-out tokens the quality is measured on
@@ -51,6 +62,8 @@ class FeaturesResult:
     settings: SaeSettings
     info: dict = field(default_factory=dict)
     resumed_from: int = 0
+    interrupted: str | None = None  # SIGINT / SIGTERM: stopped and saved at `step`
+    step: int = 0
 
 
 def check_layer(layer: int | None, loaded) -> None:
@@ -64,9 +77,20 @@ def check_layer(layer: int | None, loaded) -> None:
 
 
 def check_out(out: Path, resume: bool) -> None:
-    """`out` is new, or (with `resume`) an unfinished training's directory."""
-    if out.exists() and not out.is_dir():
+    """`out` is new and can be made (its nearest existing parent a writable directory), or
+    (with `resume`) an unfinished training's writable directory: said before any work."""
+    path = check_new_path(out, "out")  # a parent that is a file, a loop, a name too long
+    if path.exists() and not path.is_dir():
         raise ArgumentError("out", "exists and is not a directory; give another", subject=out)
+    if path.is_dir():
+        why = read_only_dir(path)
+    else:
+        parent = next(p for p in path.parents if p.exists())
+        why = read_only_dir(parent)
+        if why is not None:
+            why = f"cannot be made: its parent {parent} {why.removeprefix('is ')}"
+    if why is not None:
+        raise ArgumentError("out", f"{why}; give a writable place", subject=out)
     if store.finished(out):
         raise ArgumentError("out", "already holds a finished SAE; give another directory "
                             "(or delete it)", subject=out)
@@ -75,24 +99,49 @@ def check_out(out: Path, resume: bool) -> None:
                             "--resume or give another directory", subject=out)
 
 
-def read_activations(path: Path) -> Tensor:
-    """The one [n, d] float tensor of a safetensors file (n >= 20, d >= 1)."""
-    tensors = load_tensors(path)
-    if len(tensors) != 1:
-        names = ", ".join(tensors)
-        raise ArgumentError("activations", f"holds {len(tensors)} tensors ({names}); it must "
+MAX_ACTIVATION = 1e15  # larger values overflow float32 once squared and summed over a batch
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+def activations_shape(path: Path) -> list[int]:
+    """[n, d] of the one tensor of an activations file, from its header (read_activations'
+    checks of the header: one tensor, 2-D, float, n >= 20, fitting in memory)."""
+    header, _ = read_header(path, "activations")
+    if len(header) != 1:
+        names = shown(", ".join(header), 200)
+        raise ArgumentError("activations", f"holds {len(header)} tensors ({names}); it must "
                             "hold one [n, d] tensor", subject=path)
-    (x,) = tensors.values()
-    if x.dim() != 2 or not x.is_floating_point():
-        raise ArgumentError("activations", f"holds a {x.dim()}-D {x.dtype} tensor; it must "
-                            "be one 2-D float tensor [n, d]", subject=path)
-    if x.shape[0] < 20 or x.shape[1] < 1:
-        raise ArgumentError("activations", f"holds {x.shape[0]} rows of {x.shape[1]}; at "
+    (info,) = header.values()
+    shape = info["shape"]
+    if len(shape) != 2 or info["dtype"] not in FLOAT_DTYPES:
+        raise ArgumentError("activations", f"holds a {len(shape)}-D {info['dtype']} tensor; it "
+                            "must be one 2-D float tensor [n, d]", subject=path)
+    if shape[0] < 20 or shape[1] < 1:
+        raise ArgumentError("activations", f"holds {shape[0]} rows of {shape[1]}; at "
                             f"least 20 are needed (the last {HELD_OUT_FRACTION:.0%} is held out)",
                             subject=path)
+    nbytes = info["data_offsets"][1] - info["data_offsets"][0]
+    store.check_fits_memory(path, nbytes, "activations", copies=2 + 4 / DTYPE_SIZES[info["dtype"]])
+    return shape
+
+
+def read_activations(path: Path) -> Tensor:
+    """The one [n, d] float tensor of a safetensors file (n >= 20, d >= 1), its header checked
+    (activations_shape) before it is read; values finite, below MAX_ACTIVATION, and not all
+    rows the same."""
+    activations_shape(path)
+    (x,) = load_tensors(path).values()
     x = x.float()
     if not torch.isfinite(x).all():
         raise ArgumentError("activations", "holds NaN or infinite values", subject=path)
+    big = float(x.abs().max())
+    if big > MAX_ACTIVATION:
+        raise ArgumentError("activations", f"holds values up to {big:.3g}: an SAE trains in "
+                            "float32, where their squares overflow; scale them down (below "
+                            f"{MAX_ACTIVATION:.0e})", subject=path)
+    if bool((x == x[0]).all()):
+        raise ArgumentError("activations", "holds the same row every time: nothing varies for "
+                            "an SAE to learn", subject=path)
     return x
 
 
@@ -107,7 +156,7 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
     model = src.loaded.model
     out = []
     for split, n, salt in (("train", src.tokens, 0), ("val", src.held_out, 1)):
-        r = collect.draw_rows(rows, split, n, seed + salt)
+        r = collect.draw_rows(rows, split, n, (seed + salt) % 2**64)
 
         def report(done: int, split=split, total=r.shape[0]) -> None:
             on_event(Progress(f"z of {split}", done, total))
@@ -117,40 +166,60 @@ def gather(src: Source, seed: int, on_event) -> tuple[Tensor, Tensor, Tensor | N
 
 
 def train_features(src: Source, settings: SaeSettings, out: Path, *, resume: bool = False,
-                   on_event=None, force: bool = False) -> FeaturesResult:
+                   on_event=None, force: bool = False, stop=None) -> FeaturesResult:
     """Train (or, with `resume`, continue) an SAE on `src` into `out` (module docstring);
     refused before the work when its estimate does not fit (`check_features_cost`), unless
-    `force`."""
+    `force`. `stop()` true after a step (a signal): the state is saved and the result says
+    where it stopped. A failure in the work leaves `out` as it was (a new one removed)."""
     on_event = on_event or no_events
     settings.check()
-    s = None  # the settings resolved for the input's width, once it is known
     if src.loaded is not None:
         check_layer(src.layer, src.loaded)
-        s = settings.resolved(collect.z_width(src.loaded.cfg.model))
     check_out(out, resume)
     for name in ("tokens", "held_out"):
         if getattr(src, name) < 1:
             raise ArgumentError(name, f"must be a positive number, got {getattr(src, name)}")
-    if s is not None:
-        check_features_cost(src, s, collect.z_width(src.loaded.cfg.model), force=force)
-        on_event(SaeStarting(src.describe(), out))
+    d_in = (collect.z_width(src.loaded.cfg.model) if src.loaded is not None
+            else activations_shape(src.activations)[1])
+    s = settings.resolved(d_in)
+    meta = {"settings": s.to_json(), "d_in": d_in, "source": src.describe()}
+    saved = _saved_state(out, meta, s) if resume else None  # checked before any work
+    if src.loaded is not None:
+        check_features_cost(src, s, d_in, force=force)
+        on_event(SaeStarting(src.describe(), out, s.dead_after))
     t0 = time.monotonic()
     x, held, held_rows = gather(src, settings.seed, on_event)
-    if s is None:
-        s = settings.resolved(x.shape[1])
-        check_features_cost(src, s, x.shape[1], x.shape[0] + held.shape[0], force=force)
-        on_event(SaeStarting(src.describe(), out))
-    state, meta = new_state(x, s), {"settings": s.to_json(), "d_in": x.shape[1],
-                                    "source": src.describe()}
-    resumed = _resume(out, state, meta) if resume else 0
-    out.mkdir(parents=True, exist_ok=True)
-    fit_sae(x, s, state, on_event=on_event,
-              save=lambda st: store.save_state(out, st.tensors(), meta))
-    info = _measure(src, state, held, held_rows)
-    info.update(settings=s.to_json(), seconds=round(time.monotonic() - t0, 1),
-                train_rows=int(x.shape[0]), held_out_rows=int(held.shape[0]))
-    store.save_sae(out, state.sae, _cfg(src, state), info)
-    return FeaturesResult(out, s, info, resumed)
+    if src.loaded is None:
+        check_features_cost(src, s, d_in, x.shape[0] + held.shape[0], force=force)
+        on_event(SaeStarting(src.describe(), out, s.dead_after))
+    state = new_state(x, s)
+    if saved is not None:
+        state.load(saved)
+    resumed, fresh = state.step, not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fit_sae(x, s, state, on_event=on_event, stop=stop,
+                save=lambda st: store.save_state(out, st.tensors(), meta))
+        if state.step < s.steps:  # stopped by a signal, the state saved
+            return FeaturesResult(out, s, {}, resumed, interrupted="signal", step=state.step)
+        check_finite_sae(state)
+        info = _measure(src, state, held, held_rows, out)
+        info.update(settings=s.to_json(), seconds=round(time.monotonic() - t0, 1),
+                    train_rows=int(x.shape[0]), held_out_rows=int(held.shape[0]))
+        store.save_sae(out, state.sae, _cfg(src, state), info)
+    except MinigptError:
+        if fresh:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return FeaturesResult(out, s, info, resumed, step=state.step)
+
+
+def check_finite_sae(state: TrainState) -> None:
+    """Every weight of the trained SAE is a finite number (Diverged otherwise)."""
+    if not all(torch.isfinite(p).all() for p in state.sae.parameters()):
+        raise Diverged(f"the SAE's weights are not finite numbers after step {state.step}: "
+                       "the training diverged; lower --lr (0 = automatic) or scale the "
+                       "activations")
 
 
 def features_work(s: SaeSettings, d_in: int, rows: int, held_out: int, mcfg=None) -> Work:
@@ -198,30 +267,50 @@ def check_features_cost(src: Source, s: SaeSettings, d_in: int, rows: int | None
                 f"{s.steps:,} steps of {s.batch_size:,}", none_fit=f"lower {others} too")
 
 
-def _resume(out: Path, state: TrainState, meta: dict) -> int:
-    """Load the training state saved in `out` into `state` (the step it was at; 0 when none
-    was saved); a MinigptError when it was started with other settings or inputs."""
+def _saved_state(out: Path, meta: dict, s: SaeSettings) -> dict[str, Tensor] | None:
+    """The training state saved in `out`, checked (None when none was saved): a MinigptError
+    when it was started with other settings or inputs, or when it does not hold a training
+    state this one can continue (every tensor's dtype and shape, the weights finite, the
+    generator's state one torch takes, the step within --steps). What a killed save left beside
+    it (temps of processes gone) is deleted."""
+    for name in (store.STATE_FILE, store.WEIGHTS_FILE, store.CFG_FILE, store.INFO_FILE):
+        remove_stale_temps(out / name)
     if not (out / store.STATE_FILE).is_file():
-        return 0
-    tensors, saved = store.load_state(out)
+        return None
+    path = out / store.STATE_FILE
+    header, saved = store.load_state_header(out)
     if saved != meta:
-        raise MinigptError(f"{out / store.STATE_FILE}: was started with other settings or "
-                           f"inputs ({saved}; now {meta}); give the same flags, or another "
-                           "--out")
-    expect = state.tensors()
-    for name, t in expect.items():
-        if name not in tensors or tensors[name].shape != t.shape:
-            raise MinigptError(f"{out / store.STATE_FILE}: tensor {name} missing or of "
-                               "another shape; delete the directory or give another --out")
-    state.load(tensors)
-    return state.step
+        raise MinigptError(f"{path}: was started with other settings or inputs ({saved}; now "
+                           f"{meta}); give the same flags, or another --out")
+    template = new_state(torch.zeros(1, meta["d_in"]), s)
+    check_against(header, template.saved_form(), path, "not the training state of these "
+                  "settings; delete the directory or give another --out")
+    tensors = store.load_tensors(path)
+    damaged = f"{path}: damaged ({{}}); delete the directory or give another --out"
+    if not all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()):
+        raise MinigptError(damaged.format("it holds NaN or infinite values"))
+    step = int(tensors["step"][0])
+    if not 0 <= step <= s.steps:
+        raise MinigptError(damaged.format(f"step {step} is not within 0..--steps {s.steps}"))
+    if bool((tensors["since"] < 0).any()):
+        raise MinigptError(damaged.format("a negative count of rows since a feature fired"))
+    try:
+        template.load(tensors)
+    except RuntimeError as e:  # a generator state torch does not take
+        raise MinigptError(damaged.format(f"its generator state is not one torch made: {e}")
+                           ) from None
+    return tensors
 
 
-def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | None) -> dict:
-    """Held-out quality and, for a model's layer, the losses clean / zero-ablated / spliced."""
+def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | None,
+             out: Path) -> dict:
+    """Held-out quality and, for a model's layer, the losses clean / zero-ablated / spliced,
+    and the run it read: its path from the SAE's directory and absolute, and its weights'
+    sha256 (features show finds it by these, never from the working directory)."""
     sae = state.sae.eval()
     q = quality(sae, held)
-    info = {"quality": q.to_json(), "density": [round(float(d), 6) for d in q.density]}
+    info = {"quality": {k: _finite(v) for k, v in q.to_json().items()},
+            "density": [round(float(d), 6) for d in q.density]}
     if src.loaded is not None:
         with torch.no_grad():
             clean, zero, spliced = collect.spliced_losses(
@@ -231,8 +320,7 @@ def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | N
         info.update(
             ce={"clean": clean, "zero_ablated": zero, "sae": spliced,
                 "recovered": _finite(ce_recovered(clean, zero, spliced))},
-            layer=src.layer, n_head=mcfg.n_head, d_head=mcfg.head_dim,
-            run=str(src.loaded.run_dir) if src.loaded.run_dir is not None else None,
+            layer=src.layer, n_head=mcfg.n_head, d_head=mcfg.head_dim, **_run_of(src.loaded, out),
             model=None if src.loaded.run_dir is not None else src.loaded.source,
             step=src.loaded.step, text_file=str(src.text_file) if src.text_file else None)
     else:
@@ -240,9 +328,17 @@ def _measure(src: Source, state: TrainState, held: Tensor, held_rows: Tensor | N
     return info
 
 
-def _finite(v: float) -> float | None:
-    import math
+def _run_of(loaded, out: Path) -> dict:
+    """features.json's record of the run: `run` (absolute), `run_from_sae` (relative to the
+    SAE's directory `out`), `weights_sha256`; all None for an imported model."""
+    if loaded.run_dir is None:
+        return {"run": None, "run_from_sae": None, "weights_sha256": None}
+    run = Path(loaded.run_dir).resolve()
+    return {"run": str(run), "run_from_sae": os.path.relpath(run, Path(out).resolve()),
+            "weights_sha256": loaded.weights_sha256}
 
+
+def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 

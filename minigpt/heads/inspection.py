@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from minigpt.config.fields import comma_list
 from minigpt.core.gpt import device_of, flops_per_token
 from minigpt.cost import Cost, Work, check_flops
+from minigpt.display import head_name
 from minigpt.errors import ArgumentError, MinigptError
 from minigpt.events import OnEvent, progress_to
 from minigpt.heads.probes import ProbeInput
@@ -51,6 +53,11 @@ from minigpt.interp.qk import QKHead, induction_pairs, qk_attribution, qk_cost
 
 # --------------------------------------------------------------------------------------------
 # Attention from a model.
+
+# A head's dominant pattern as its role, in words (the qk split names its writers with them).
+ROLE_WORDS = {"induction": "induction", "previous": "previous-token",
+              "duplicate": "duplicate-token", "first": "first-token", "self": "self",
+              "delimiter": "delimiter"}
 
 # The order in which head kinds are worth showing first (`Inspection.most_distinctive`): the
 # circuits the lecture builds up to before the attention sinks most text heads park on.
@@ -114,6 +121,38 @@ class Inspection:
     def dominant(self, layer: int, head: int) -> str:
         return dominant_type(self.head_scores(layer, head))
 
+    def role(self, layer: int, head: int) -> tuple[str, float] | None:
+        """The head's role on this input, in words, with its score: its dominant type when
+        that is a pattern (`previous-token`, 0.92); None when it has none (diffuse, local,
+        mixed)."""
+        kind = self.dominant(layer, head)
+        if kind not in ROLE_WORDS:
+            return None
+        return ROLE_WORDS[kind], float(self.scores[kind][layer, head])
+
+    def writer_roles(self) -> dict[str, dict]:
+        """{head name: {"role", "score"}} of every head with a role (`role`): how the qk
+        split's writers are named."""
+        out = {}
+        for la in range(self.n_layer):
+            for h in range(self.n_head):
+                r = self.role(la, h)
+                if r is not None:
+                    out[head_name(la, h)] = {"role": r[0], "score": round(r[1], 4)}
+        return out
+
+    def qk_pairs_of(self, h: QKHead) -> str:
+        """Which pairs head `h` was split at, in words, with how many of them are the induction
+        targets on the induction probe."""
+        more = ", ..." if len(h.pairs) > PAIRS_SHOWN else ""
+        named = ", ".join(f"{t}:{s}" for _, t, s in h.pairs[:PAIRS_SHOWN])
+        words = f"{len(h.pairs)} pair{'s' if len(h.pairs) != 1 else ''} ({named}{more})"
+        if self.copy_start is not None:
+            targets = set(induction_pairs(self.tokens, self.copy_start))
+            hit = sum(p in targets for p in h.pairs)
+            words += f"; {hit} of them the induction targets"
+        return words
+
     def most_distinctive(self, pairs: Sequence[tuple[int, int]] | None = None
                          ) -> tuple[int, int]:
         """The head to show first, among `pairs` (None: all): of the kinds in SHOW_FIRST order
@@ -147,11 +186,13 @@ class Inspection:
         return rows, cols
 
     def head_row(self, layer: int, head: int, digits: int = 6) -> dict:
-        """One head's numbers as JSON: layer, head, dominant type and every score rounded to
+        """One head's numbers as JSON: its name (`head`: L1.H2, with `layer` and `index`
+        beside it, the one rule of every JSON), dominant type and every score rounded to
         `digits` (None = not applicable to this input). `--json`, scores.json and the viewer
         all take their per-head numbers from here."""
         s = self.head_scores(layer, head)
-        row = {"layer": layer, "head": head, "dominant": dominant_type(s),
+        row = {"head": head_name(layer, head), "layer": layer, "index": head,
+               "dominant": dominant_type(s),
                **{n: (None if math.isnan(v) else round(v, digits)) for n, v in s.items()}}
         if self.ablation is not None:  # nats/token lost when this head alone is ablated
             row["ablation"] = round(float(self.ablation.effect[layer, head]), digits)
@@ -200,7 +241,9 @@ class Inspection:
                 **({"composition_definitions": KIND_HELP,
                     "composition": self.composition.records()}
                    if self.composition is not None else {}),
-                **({"qk_pairs": self.qk_pairs, "qk": [h.to_json() for h in self.qk]}
+                **({"qk_pairs": self.qk_pairs, "qk_writer_roles": self.writer_roles(),
+                    "qk": [{**h.to_json(), "pairs_are": self.qk_pairs_of(h)}
+                           for h in self.qk]}
                    if self.qk is not None else {}),
                 "heads": [self.head_row(la, h) for la in layers for h in heads]}
 
@@ -238,23 +281,95 @@ class CircuitRequest:
     answer: int | None = None
     wrong: int | None = None
     qk: list[tuple[int, int]] | None = None  # the heads whose scores to split (interp.qk)
-    qk_pairs: list[tuple[int, int, int]] | None = None  # at these pairs (None: qk_pairs_for)
+    # at these pairs, or "induction" (the probe's targets); None: each head's own (qk_pairs_for)
+    qk_pairs: list[tuple[int, int, int]] | str | None = None
+
+
+PAIRS_SHOWN = 8  # pairs named in words; the rest counted
+
+
+def circuit_request(loaded, inp, max_tokens, seed, *, dla, composition, patch_from,
+                     direction, target, answer, wrong, lens=False, qk=None, qk_pairs=None):
+    """What of interp/head_circuits.py and interp/qk.py to measure (None: nothing), every token
+    checked first (the rules between inspect-heads' flags); `qk`: the --qk heads as (layer,
+    head), resolved once by the caller; `qk_pairs`: the --qk-pairs items."""
+    from minigpt.heads.probes import corrupted_input, token_id
+    from minigpt.interp.head_circuits import check_composition
+    from minigpt.interp.patching import check_same_length
+    from minigpt.interp.qk import check_tokens
+
+    uses_metric = dla or patch_from is not None or lens
+    for param, value in (("target", target), ("answer", answer), ("wrong", wrong)):
+        if value is not None and not uses_metric:
+            raise ArgumentError(param, "sets the metric of --dla, --patch-from and --lens; "
+                                "give one of them too")
+    if qk_pairs and not qk:
+        raise ArgumentError("qk_pairs", "chooses the pairs of --qk; give --qk HEAD too")
+    if qk:
+        check_tokens(len(inp.tokens))
+    if not (uses_metric or composition or qk):
+        return None
+    if composition:
+        check_composition(loaded.cfg.model)
+    tok = loaded.tokenizer
+    req = CircuitRequest(dla=dla, composition=composition, direction=direction, lens=lens,
+                         target=None if target is None else token_id(tok, target, "target"),
+                         answer=None if answer is None else token_id(tok, answer, "answer"),
+                         wrong=None if wrong is None else token_id(tok, wrong, "wrong"),
+                         qk=qk,
+                         qk_pairs=qk_pairs_of_flag(qk_pairs, inp) if qk_pairs else None)
+    if patch_from is not None:
+        req.patch_tokens, req.patch_source = corrupted_input(
+            loaded.cfg, tok, inp, patch_from, max_tokens=max_tokens, seed=seed,
+            eot_first=loaded.eot_first)
+        check_same_length(inp.tokens, req.patch_tokens)  # before any work
+    return req
+
+
+def qk_pairs_of_flag(values: list[str], inp):
+    """--qk-pairs: `induction` (the induction probe's targets), or QUERY:KEY pairs."""
+    from minigpt.interp.qk import INDUCTION, parse_pairs
+
+    items = comma_list(values)
+    if [v.lower() for v in items if v] == [INDUCTION]:
+        if inp.source != "probe:induction":
+            raise ArgumentError("qk_pairs", "induction names the induction probe's targets; "
+                                "give --probe induction too, or QUERY:KEY pairs")
+        return INDUCTION
+    return parse_pairs(items, len(inp.tokens))
+
+
+def pairs_words(pairs: Sequence[tuple[int, int, int]]) -> str:
+    """`7:3, 9:5, ...` (the first PAIRS_SHOWN), and how many in all."""
+    named = ", ".join(f"{t}:{s}" for _, t, s in pairs[:PAIRS_SHOWN])
+    return named + (f", ... ({len(pairs):,} pairs)" if len(pairs) > PAIRS_SHOWN else "")
+
+
+def qk_queries(tokens: Sequence[int], source: str, positions: Sequence[int] | None
+               ) -> list[int]:
+    """The queries a head is split at by default: the induction probe's second copy, else
+    every query that has a choice of keys (1..T-1)."""
+    if source == "probe:induction" and positions:
+        return list(range(positions[0], len(tokens)))
+    return list(range(1, len(tokens)))
 
 
 def qk_pairs_for(req: CircuitRequest, tokens: Sequence[int], source: str,
                  positions: Sequence[int] | None) -> tuple[list | None, str]:
-    """The pairs of `--qk` and what they are, in words: `req.qk_pairs` when given, the
-    induction targets on the induction probe, else each query's most attended key (None)."""
-    if req.qk_pairs is not None:
-        return req.qk_pairs, "the pairs asked for (query:key " + ", ".join(
-            f"{t}:{s}" for _, t, s in req.qk_pairs) + ")"
-    if source == "probe:induction" and positions:
+    """The pairs of `--qk` and what they are, in words: `req.qk_pairs` when given (the
+    induction probe's targets for "induction"), else None: each head at its own most attended
+    key of each query of `qk_queries`."""
+    if req.qk_pairs == "induction":
         pairs = induction_pairs(tokens, positions[0])
         return pairs, (f"the {len(pairs)} induction targets: each query of the second copy "
-                       "(positions " f"{positions[0]}..{len(tokens) - 1}) and the key one after "
+                       f"(positions {positions[0]}..{len(tokens) - 1}) and the key one after "
                        "the earlier occurrence of its token")
-    return None, (f"each query's most attended key (queries 1..{len(tokens) - 1}, one pair "
-                  "each)")
+    if req.qk_pairs is not None:
+        return req.qk_pairs, f"the pairs asked for (query:key {pairs_words(req.qk_pairs)})"
+    qs = qk_queries(tokens, source, positions)
+    where = ("of the second copy" if source == "probe:induction" and positions else "")
+    return None, (f"each head at its own most attended key of each query {where} (positions "
+                  f"{qs[0]}..{qs[-1]}: one pair each)").replace("query  (", "query (")
 
 
 def inspect(model, inp: ProbeInput, *, device: torch.device | str | None = None,
@@ -310,7 +425,8 @@ def measure_circuits(insp: Inspection, model, req: CircuitRequest,
     if req.qk:
         pairs, insp.qk_pairs = qk_pairs_for(req, insp.tokens, insp.source, positions)
         idx = torch.tensor([insp.tokens], dtype=torch.long, device=device_of(model))
-        insp.qk = qk_attribution(model, idx, req.qk, pairs, progress)
+        insp.qk = qk_attribution(model, idx, req.qk, pairs, progress,
+                                 queries=qk_queries(insp.tokens, insp.source, positions))
     if not req.dla and req.patch_tokens is None:
         return
     metric = make_metric(len(insp.tokens), positions, target=req.target, answer=req.answer,
@@ -383,7 +499,7 @@ def inspect_cost(cfg, n_tokens: int, *, ablate: str | None = None,
     flops, held = passes * pass_flops, 12.0 * L * H * T * T
     extra = 0.0
     if req is not None and req.qk:
-        pairs = max(1, min(len(req.qk_pairs) if req.qk_pairs else T, T - 1))
+        pairs = max(1, len(req.qk_pairs) if isinstance(req.qk_pairs, list) else T - 1)
         qk = qk_cost(cfg, T, req.qk, pairs)
         flops, extra = flops + qk.flops, qk.bytes
     if req is not None and req.composition:

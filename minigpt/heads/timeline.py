@@ -215,9 +215,17 @@ class HeadWatch:
 
 
 def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
-    """PNG bytes: one panel per layer, the best induction and previous-token score (and the
-    best duplicate-token score, dashed) of that layer against step, and, when the records
-    have it, a panel for the circuit (`_draw_circuit`); None without records."""
+    """PNG bytes of `timeline_figure`; None without records."""
+    fig = timeline_figure(records, title)
+    return None if fig is None else figure_png(fig)
+
+
+def timeline_figure(records: Sequence[dict], title: str = ""):
+    """The figure of heads.png: one panel per layer, the best induction and previous-token
+    score (and the best duplicate-token score, dashed) of that layer against step, and, when
+    the records have them, panels for the circuit (`_draw_circuit`), its edges and the QK term;
+    every legend beside its panel, outside the plot, and no label written among the points;
+    None without records."""
     recs = sorted((r for r in records if r.get("kind") == "heads"), key=lambda r: r["step"])
     if not recs:
         return None
@@ -229,7 +237,7 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     edges = any((r.get("circuit") or {}).get("edges") for r in recs)
     qk = any((r.get("circuit") or {}).get("qk") for r in recs)
     panels = n_layer + circuit + edges + qk
-    fig = Figure(figsize=(7.5, 1.9 * panels + 1.0), layout="constrained")
+    fig = Figure(figsize=(10.5, 1.9 * panels + 0.8), layout="constrained")
     axes = fig.subplots(panels, 1, squeeze=False, sharex=True)
     styles = (("induction", "-", "tab:red"), ("previous", "-", "tab:blue"),
               ("duplicate", "--", "tab:green"))
@@ -252,11 +260,23 @@ def draw_timeline(records: Sequence[dict], title: str = "") -> bytes | None:
     if qk:
         _draw_qk(axes[-1][0], recs)
     fig.suptitle(title or "head scores on the built-in probes", fontsize=10)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, [*labels], loc="outside lower center", ncol=3, fontsize=8,
-               title=f"dotted line: {FORMED} (formed)", title_fontsize=8)
+    beside(axes[0][0], title=f"each layer's best\n(dotted: {FORMED}, formed)")
     axes[-1][0].set_xlabel("step")
-    return figure_png(fig)
+    return fig
+
+
+LEGEND_WIDTH = 24  # characters a legend entry may take beside its panel
+
+
+def beside(ax, handles=None, labels=None, title: str | None = None) -> None:
+    """The panel's legend beside it, on the right, outside the plot (never over a line)."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    labels = [lb if len(lb) <= LEGEND_WIDTH else lb[:LEGEND_WIDTH - 1] + "…" for lb in labels]
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.09, 1.0), fontsize=7,
+              title=title, title_fontsize=7, frameon=False, borderaxespad=0.0)
 
 
 def _draw_circuit(ax, recs: Sequence[dict]) -> None:
@@ -273,19 +293,20 @@ def _draw_circuit(ax, recs: Sequence[dict]) -> None:
     ax.plot(steps, [c["k_baseline"] for _, c, _ in pts], ":", color="tab:purple",
             linewidth=1.0, label="random weights")
     ax.set_ylabel("K-comp")
-    ax.set_ylim(0, max(0.5, *(c["k_composition"] for _, c, _ in pts)) * 1.6)  # legend room
+    ax.set_ylim(0, max(0.5, *(c["k_composition"] for _, c, _ in pts)) * 1.15)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=6, ncol=3, title="K-composition of the pair "
-              "(filled: both formed)", title_fontsize=6, framealpha=0.8)
     twin = ax.twinx()
     twin.plot(steps, [c["dla"] for _, c, _ in pts], "--", color="tab:orange", linewidth=1.2)
-    _name_changes(twin, [(s, c["dla_head"], c["dla"]) for s, c, _ in pts])
+    _marked_by(twin, [(s, head_name(*c["dla_head"]), c["dla"]) for s, c, _ in pts],
+               "best DLA: ", colour="tab:orange")
     twin.set_ylabel("best DLA (logit)", color="tab:orange", fontsize=8)
-    ax.set_title(f"circuit at each measurement: the best previous-token head of the layers "
-                 f"before the best induction head, and the K-composition of the pair; at the "
-                 f"end {_pair_title(pts[-1][1], pts[-1][2])}. Dashed orange: the largest "
-                 f"direct logit attribution of one head (named where it changes)", fontsize=7,
-                 wrap=True)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = twin.get_legend_handles_labels()
+    beside(ax, h1 + h2, l1 + l2, title="K-comp of the pair\n(filled: both formed)")
+    ax.set_title(f"circuit at each measurement: K-composition of the best previous-token head "
+                 f"into the best induction head (at the end {_pair_title(pts[-1][1], pts[-1][2])}"
+                 f"); dashed orange: the largest direct logit attribution of one head",
+                 fontsize=7, wrap=True)
 
 
 MAX_PAIRS = 8  # pairs named in the legend; the rest are drawn grey as "other pairs"
@@ -346,15 +367,23 @@ def _formed_label(kind: str, score: float | None) -> str:
     return f"(best {kind} {shown}, not formed)"
 
 
-def _name_changes(ax, pts: Sequence[tuple[int, list, float]]) -> None:
-    """Name the head ("L1.H1") of the first point and of every point where it changes."""
-    last = None
-    for step, head, value in pts:
-        if head != last:
-            ax.annotate(head_name(head[0], head[1]), (step, value), textcoords="offset points",
-                        xytext=(0, 5), fontsize=6,
-                        color="tab:orange", ha="center")
-            last = head
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")  # one per name; the rest: "other"
+
+
+def _marked_by(ax, pts: Sequence[tuple[int, str, float]], prefix: str, colour: str) -> None:
+    """One marker shape per name (a head, a term) at each point, named in the legend (the most
+    frequent first; beyond len(MARKERS) names, "other"): what was written beside the points,
+    where labels overlapped, now sits in the legend beside the panel."""
+    counts: dict[str, int] = {}
+    for _, name, _ in pts:
+        counts[name] = counts.get(name, 0) + 1
+    named = sorted(counts, key=lambda n: -counts[n])[:len(MARKERS) - 1]
+    for i, name in enumerate([*named, None]):
+        mine = [(s, v) for s, n, v in pts if n == name or (name is None and n not in named)]
+        if mine:
+            ax.scatter([s for s, _ in mine], [v for _, v in mine], s=18, color=colour,
+                       marker=MARKERS[i], zorder=3,
+                       label=prefix + (name if name is not None else "other"))
 
 
 EDGES_DRAWN = 6  # the edges drawn against step: the strongest over the run
@@ -376,7 +405,7 @@ def _draw_edges(ax, recs: Sequence[dict], n: int = EDGES_DRAWN) -> None:
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
     ax.set_ylabel("EAP score")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="best")
+    beside(ax, title="edges")
     ax.set_title(f"edges (EAP: what the edge alone, taking its value from the probe with its "
                  f"first copy replaced, changes the next token's logit by; gaps: not among the "
                  f"{EDGE_RECORD_TOP} strongest then)", fontsize=7, wrap=True)
@@ -389,20 +418,15 @@ def _draw_qk(ax, recs: Sequence[dict]) -> None:
     pts = [(r["step"], r["circuit"]["qk"]) for r in recs if (r.get("circuit") or {}).get("qk")]
     steps = [s for s, _ in pts]
     ax.plot(steps, [q["margin"] for _, q in pts], "-o", markersize=2.5, linewidth=1.4,
-            color="tab:red", label="query embedding x key previous-token head")
-    ax.plot(steps, [q["top"][2] for _, q in pts], "--", linewidth=1.0, color="0.4",
-            label="the largest-margin term")
-    last = None
-    for step, q in pts:
-        if q["top"][:2] != last:
-            ax.annotate(f"{q['top'][0]} x {q['top'][1]}", (step, q["top"][2]), fontsize=6,
-                        textcoords="offset points", xytext=(0, 5), ha="center", color="0.3")
-            last = q["top"][:2]
+            color="tab:red", label="embed x previous-token")
+    ax.plot(steps, [q["top"][2] for _, q in pts], "--", linewidth=1.0, color="0.4")
+    _marked_by(ax, [(s, f"{q['top'][0]} x {q['top'][1]}", q["top"][2]) for s, q in pts],
+               "largest: ", colour="0.35")
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
     ax.set_ylabel("QK margin")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="upper left")
+    beside(ax, title="terms (query x key)")
     ax.set_title("why the induction head attends to the key after the earlier copy: the margin "
-                 "(score minus its mean over the query's keys) of the term query embedding x "
-                 "key previous-token head, mean over the induction targets (minigpt "
-                 "inspect-heads --qk)", fontsize=7, wrap=True)
+                 "of the term query embedding x key previous-token head (red) and of the "
+                 "largest term (dashed), means over the induction targets (inspect-heads --qk)",
+                 fontsize=7, wrap=True)

@@ -250,7 +250,7 @@ _JS = r"""
     }
     canvas.dataset.layer = cur.layer;
     canvas.dataset.head = cur.head;
-    const row = D.scores.find((r) => r.layer === cur.layer && r.head === cur.head);
+    const row = D.scores.find((r) => r.layer === cur.layer && r.index === cur.head);
     text($("current"), "layer " + cur.layer + ", head " + cur.head + ": " + row.dominant +
          (D.ablation ? "; ablated, the loss rises by " + row.ablation.toFixed(4) +
           " nats/token" : "") +
@@ -355,12 +355,12 @@ _JS = r"""
     D.scores.forEach((r, i) => {
       const tr = add(body, "tr");
       tr.dataset.layer = r.layer;
-      tr.dataset.head = r.head;
+      tr.dataset.head = r.index;
       add(tr, "td", String(r.layer));
-      add(tr, "td", String(r.head));
+      add(tr, "td", String(r.index));
       add(tr, "td", r.dominant);
       D.cells[i].forEach((c) => add(tr, "td", c));
-      tr.addEventListener("click", () => select(r.layer, r.head));
+      tr.addEventListener("click", () => select(r.layer, r.index));
     });
     canvas.addEventListener("mousemove", hover);
     select(cur.layer, cur.head);
@@ -404,7 +404,7 @@ _JS_OFFSETS = r"""
     return k === null ? "none applies" : k + " (" + values[k - 1].toFixed(3) + ")";
   }
   function draw(cur) {
-    const r = D.scores.find((x) => x.layer === cur.layer && x.head === cur.head);
+    const r = D.scores.find((x) => x.layer === cur.layer && x.index === cur.head);
     canvas.width = W;
     canvas.height = TOP + 2 * ROW + GAP + 34;
     g.fillStyle = "#fff";

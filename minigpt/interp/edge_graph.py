@@ -681,9 +681,10 @@ class Circuit:
         for u in range(g.n_writers):
             name = g.writer_name(u)
             layer, head = layer_head(name)
-            out.append({"name": name, "layer": layer, "head": head, "score": float(s[u].sum()),
+            out.append({"name": name, "head": name if head is not None else None,
+                        "layer": layer, "index": head, "score": float(s[u].sum()),
                         "in_circuit": bool(used[u])})
-        out.append({"name": "logits", "layer": None, "head": None,
+        out.append({"name": "logits", "head": None, "layer": None, "index": None,
                     "score": float(s[:, g.logits_reader].sum()),
                     "in_circuit": bool(self.circuit[:, g.logits_reader].any())})
         return out

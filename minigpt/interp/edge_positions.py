@@ -35,7 +35,8 @@ and the norm's scale make of a key or value direction), and the end projects eve
 writer's difference through the norm's gain and W_K, W_V once and meets it with the summed
 probes, the norm's Jacobian applied exactly through its two rank-one terms:
     J_norm(x) d = gamma * (P d - x_hat (x_hat . d) / C) / sigma
-(P the centring, x_hat = P x / sigma; RMSNorm: P = I). Position-aware EAP-IG on a
+(P the centring, x_hat = P x / sigma; RMSNorm: P = I; no norm (a compiled program): J_norm = I,
+x_hat = x, sigma = 1 and no rank-one term). Position-aware EAP-IG on a
 GPT-2-small-shaped model at 64 tokens costs 2.9x the summed in CPU (benchmarks/README.md).
 """
 
@@ -133,10 +134,13 @@ def _largest(x: Tensor, n: int) -> list[tuple[int, ...]]:
 # The split, collected from the gradient passes.
 
 
-def _norm_parts(ln: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, bool]:
+def _norm_parts(ln: nn.Module, x: Tensor) -> tuple[Tensor | None, Tensor, bool]:
     """(x_hat, sigma, centred) of the norm `ln` at x (B, T, C): x_hat (B, T, C), sigma
     (B, T, 1) and whether it centres (LayerNorm) or not (RMSNorm), as the module docstring's
-    J_norm uses them (x_hat . x_hat / C = var / (var + eps): eps stays exact)."""
+    J_norm uses them (x_hat . x_hat / C = var / (var + eps): eps stays exact); with no norm
+    (nn.Identity) (None, 1, False): J_norm = I, no rank-one term."""
+    if isinstance(ln, nn.Identity):
+        return None, x.new_ones(*x.shape[:-1], 1), False
     centred = isinstance(ln, nn.LayerNorm)
     eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
     xc = x - x.mean(-1, keepdim=True) if centred else x
@@ -145,16 +149,24 @@ def _norm_parts(ln: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, bool]:
 
 
 def _kv_constant(attn, ln) -> Tensor:
-    """(2C,) what the key and value projections add to W (gamma * x_hat): W beta (the norm's
+    """(2A,) what the key and value projections add to W (gamma * x_hat): W beta (the norm's
     bias) plus their own bias, so that W (gamma * x_hat) = (key | value before QK-norm) minus
-    this, with no second product."""
-    C = attn.c_attn.weight.shape[1]
-    out = torch.zeros(2 * C, dtype=attn.c_attn.weight.dtype, device=attn.c_attn.weight.device)
+    this, with no second product (A = n_head * head_dim, the rows of each of W_Q, W_K, W_V)."""
+    w = attn.c_attn.weight
+    A = w.shape[0] // 3
+    out = torch.zeros(2 * A, dtype=w.dtype, device=w.device)
     if getattr(ln, "bias", None) is not None:
-        out = out + attn.c_attn.weight[C:] @ ln.bias
+        out = out + w[A:] @ ln.bias
     if attn.c_attn.bias is not None:
-        out = out + attn.c_attn.bias[C:]
+        out = out + attn.c_attn.bias[A:]
     return out
+
+
+def _kv_weight(attn, ln) -> Tensor:
+    """(2A, C) W_K | W_V times the norm's gain (its columns; no gain: W_K | W_V)."""
+    w = attn.c_attn.weight
+    gamma = getattr(ln, "weight", None)
+    return w[w.shape[0] // 3:] * (gamma if gamma is not None else 1.0)
 
 
 class _Split:
@@ -198,7 +210,7 @@ class _Split:
         model, cfg = self.model, self.model.cfg
         block = model.blocks[layer]
         attn, ln = block.attn, block.ln_1
-        H, D, C, T = cfg.n_head, cfg.head_dim, cfg.n_embd, self.T
+        H, D, T = cfg.n_head, cfg.head_dim, self.T
         x = self.x[layer]
         with torch.no_grad():
             xh, sigma, centred = _norm_parts(ln, x)
@@ -216,17 +228,17 @@ class _Split:
             val = p[..., None] * gz[:, :, :, None, :]  # (B, H, Tq, Tk, D)
             inv = (1.0 / sigma)[:, None, None, :, :]  # (B, 1, 1, Tk, 1): the norm's scale at key
             key, val = key * inv, val * inv
-            wg = attn.c_attn.weight[C:] * (ln.weight if ln.weight is not None else 1.0)
-            b = pre[:, :, 1:] - _kv_constant(attn, ln).view(2, H, D)  # W (gamma * x_hat)
-            b = b.permute(2, 0, 3, 1, 4)  # (2, B, H, Tk, D)
             sums = self.probes.setdefault(layer, {"probe": [0.0, 0.0], "a": [0.0, 0.0],
                                                   "e": [], "xh": []})
             sums["probe"] = [sums["probe"][0] + key, sums["probe"][1] + val]
-            sums["e"].append(torch.stack([(key * b[0][:, :, None]).sum(-1),
-                                          (val * b[1][:, :, None]).sum(-1)]))  # (2, B, H, Tq, Tk)
-            sums["xh"].append(xh)
+            if xh is not None:  # a norm's rank-one term (none without a norm)
+                b = pre[:, :, 1:] - _kv_constant(attn, ln).view(2, H, D)  # W (gamma * x_hat)
+                b = b.permute(2, 0, 3, 1, 4)  # (2, B, H, Tk, D)
+                sums["e"].append(torch.stack([(key * b[0][:, :, None]).sum(-1),
+                                              (val * b[1][:, :, None]).sum(-1)]))
+                sums["xh"].append(xh)  # e: (2, B, H, Tq, Tk)
             if centred:  # the centring's term: the mean of d through W gamma
-                a = wg.sum(1).view(2, H, D)
+                a = _kv_weight(attn, ln).sum(1).view(2, H, D)
                 sums["a"] = [sums["a"][0] + (key * a[0][:, None, None]).sum(-1),
                              sums["a"][1] + (val * a[1][:, None, None]).sum(-1)]
 
@@ -277,17 +289,18 @@ class _Split:
             return torch.zeros(w, 2, H, T, T, dtype=torch.float64)
         d = delta[:w]  # (w, B, T, C)
         with torch.no_grad():
-            gamma = block.ln_1.weight
-            wg = block.attn.c_attn.weight[C:] * (gamma if gamma is not None else 1.0)
+            wg = _kv_weight(block.attn, block.ln_1)
             proj = (d @ wg.T).view(w, -1, T, 2, H, D)  # every writer through the gain, W_K, W_V
-            xh = torch.stack(sums["xh"])  # (S, B, T, C)
-            c = torch.einsum("sbtc,wbtc->swbt", xh, d) / C  # the rank-one term's coefficient
-            e = torch.stack(sums["e"])  # (S, 2, B, H, Tq, Tk)
+            if sums["xh"]:
+                xh = torch.stack(sums["xh"])  # (S, B, T, C)
+                c = torch.einsum("sbtc,wbtc->swbt", xh, d) / C  # the rank-one term's coefficient
+                e = torch.stack(sums["e"])  # (S, 2, B, H, Tq, Tk)
             out = []
             for s in range(2):  # keys, then values
                 probe = sums["probe"][s]  # (B, H, Tq, Tk, D)
                 part = torch.einsum("bhjid,wbihd->whji", probe, proj[:, :, :, s])
-                part = part - torch.einsum("swbi,sbhji->whji", c, e[:, s])
+                if sums["xh"]:
+                    part = part - torch.einsum("swbi,sbhji->whji", c, e[:, s])
                 if torch.is_tensor(sums["a"][s]):
                     part = part - torch.einsum("wbi,bhji->whji", d.mean(-1), sums["a"][s])
                 out.append(part)

@@ -219,8 +219,10 @@ class Composition:
                 for h1 in range(H):
                     for l2 in range(l1 + 1, L):
                         for h2 in range(H):
-                            out.append({"kind": kind, "from_layer": l1, "from_head": h1,
-                                        "to_layer": l2, "to_head": h2,
+                            out.append({"kind": kind, "from": f"L{l1}.H{h1}",
+                                        "from_layer": l1, "from_index": h1,
+                                        "to": f"L{l2}.H{h2}", "to_layer": l2,
+                                        "to_index": h2,
                                         "score": round(float(s[l1, h1, l2, h2]), digits),
                                         "baseline": round(self.baseline[kind], digits)})
         return out

@@ -133,13 +133,15 @@ class QKHead:
 
 def resolve_heads(cfg, names: Sequence[str]) -> list[tuple[int, int]]:
     """(layer, head) of each `--qk` name: a head's node name as `minigpt circuit` prints it
-    (`L1.H2`; the graph's own names, interp/edge_graph.py), or `all`; in order, each once.
-    ArgumentError (`qk`) for any other name."""
+    (`L1.H2`; the graph's own names, interp/edge_graph.py), or `all`; in order, each once; a
+    blank item (two commas in a row) skipped. ArgumentError (`qk`) for any other name."""
     graph = graph_of(cfg)
     heads = [graph.writer_name(u) for la in range(graph.n_layer)
              for u in range(graph.head_writers(la).start, graph.head_writers(la).stop)]
     out: list[tuple[int, int]] = []
     for name in names:
+        if not name:
+            continue  # `L0.H0,,L1.H1`: an empty item between commas
         chosen = heads if name.lower() == "all" else [name]
         for n in chosen:
             if n not in heads:
@@ -155,18 +157,24 @@ def resolve_heads(cfg, names: Sequence[str]) -> list[tuple[int, int]]:
     return out
 
 
-_PAIR = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
+_PAIR = re.compile(r"\s*(\d{1,9})\s*:\s*(\d{1,9})\s*")
+INDUCTION = "induction"  # --qk-pairs induction: the induction probe's targets
 
 
 def parse_pairs(items: Sequence[str], n_tokens: int) -> list[tuple[int, int, int]]:
-    """(batch 0, query, key) of each `--qk-pairs` item `QUERY:KEY`: positions of the input,
-    the key at or before the query (the causal mask). ArgumentError (`qk_pairs`) otherwise."""
-    out = []
+    """(batch 0, query, key) of each `--qk-pairs` item `QUERY:KEY` (a blank item skipped, each
+    pair once, in order): positions of the input, the key at or before the query (the causal
+    mask). ArgumentError (`qk_pairs`) otherwise."""
+    out: dict[tuple[int, int, int], None] = {}
     for part in items:
+        if not part.strip():
+            continue
         m = _PAIR.fullmatch(part)
         if m is None:
-            raise ArgumentError("qk_pairs", f"'{part.strip()}' is not QUERY:KEY (two "
-                                "positions, e.g. 7:3)")
+            item = part.strip()
+            item = item if len(item) <= 40 else item[:37] + "..."
+            raise ArgumentError("qk_pairs", f"'{item}' is not QUERY:KEY (two positions of at "
+                                "most 9 digits, e.g. 7:3), nor `induction`")
         t, s = int(m.group(1)), int(m.group(2))
         if t >= n_tokens:
             raise ArgumentError("qk_pairs", f"{t}:{s}: query {t} is past the input's last "
@@ -174,8 +182,10 @@ def parse_pairs(items: Sequence[str], n_tokens: int) -> list[tuple[int, int, int
         if s > t:
             raise ArgumentError("qk_pairs", f"{t}:{s}: key {s} is after query {t}; the "
                                 "causal mask lets a query attend to keys 0..query only")
-        out.append((0, t, s))
-    return out
+        out[(0, t, s)] = None
+    if not out:
+        raise ArgumentError("qk_pairs", "names no pair; give e.g. 7:3, or induction")
+    return list(out)
 
 
 def check_tokens(n_tokens: int) -> None:
@@ -222,26 +232,31 @@ def writer_count(cfg, layer: int) -> int:
 
 
 def qk_cost(cfg, n_tokens: int, heads: Sequence[tuple[int, int]], pairs: int) -> Work:
-    """What `qk_attribution` of `heads` on `n_tokens` tokens and `pairs` pairs costs: every
-    writer projected through each head's layer (4 W T C D FLOPs a head), each pair's grid (4
-    W^2 D); memory: every writer's output (float64, W x T x C; the biases are one constant) and
-    two float64 grids (pairs x W x W) per head."""
+    """What `qk_attribution` of `heads` on `n_tokens` tokens and `pairs` pairs (each given pair
+    counts: a head's grids are as many as its pairs) costs: every writer projected through each
+    head's layer (4 W T C D FLOPs a head), each pair's grid (4 W^2 D); memory: every writer's
+    output (float64, W x T x C; the biases are one constant), two float64 grids (pairs x W x W)
+    per head, and while a head is split its writers' query, key and mean-key parts at its
+    pairs (three pairs x W x D float64)."""
     T, C, D, L = n_tokens, cfg.n_embd, cfg.head_dim, cfg.n_layer
     flops = sum(4 * writer_count(cfg, la) * T * C * D + 4 * pairs * writer_count(cfg, la) ** 2
                 * D for la, _ in heads)
     held = (8.0 * (writer_count(cfg, L) - 1) * T * C
-            + sum(16.0 * pairs * writer_count(cfg, la) ** 2 for la, _ in heads))
+            + sum(16.0 * pairs * writer_count(cfg, la) ** 2 for la, _ in heads)
+            + max(24.0 * pairs * writer_count(cfg, la) * D for la, _ in heads))
     return Work(flops, held)
 
 
 @torch.no_grad()
 def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
                    pairs: Sequence[tuple[int, int, int]] | None = None,
-                   progress: OnProgress | None = None) -> list[QKHead]:
+                   progress: OnProgress | None = None,
+                   queries: Sequence[int] | None = None) -> list[QKHead]:
     """Each head of `heads` ((layer, head)) split at `pairs` ((batch, query, key)) of the
-    input idx (B, T) (None: each query's most attended key, queries 1..T-1, per head); one
-    forward pass, then per layer one projection of every writer (module docstring);
-    `progress("splitting qk", done, len(heads))` after each head. Eval mode, restored after."""
+    input idx (B, T) (None: each head at its own most attended key of each query of `queries`,
+    default 1..T-1); one forward pass, then per layer one projection of every writer (module
+    docstring); `progress("splitting qk", done, len(heads))` after each head. Eval mode,
+    restored after."""
     check_tokens(idx.shape[1])
     layers = sorted({la for la, _ in heads})
     with eval_mode(model):
@@ -257,24 +272,26 @@ def qk_attribution(model, idx: Tensor, heads: Sequence[tuple[int, int]],
             q_parts, k_parts = _project(model, la, stream[la].double(), rows, const, hs)
             for j, h in enumerate(hs):
                 out[(la, h)] = _head_split(model, rec, la, h, names, q_parts[:, :, j],
-                                           k_parts[:, :, j], pairs)
+                                           k_parts[:, :, j], pairs, queries)
                 if progress is not None:
                     progress("splitting qk", len(out), len(heads))
     return [out[h] for h in heads]
 
 
 def _head_split(model, rec: _QKRecord, layer: int, h: int, names: list[str], Q: Tensor,
-                K: Tensor, pairs) -> QKHead:
-    """Head h of `layer` from its writers' query and key parts Q, K (R, B, T, D)."""
+                K: Tensor, pairs, queries: Sequence[int] | None = None) -> QKHead:
+    """Head h of `layer` from its writers' query and key parts Q, K (R, B, T, D), at `pairs`
+    (None: its most attended key of each query of `queries`, default 1..T-1)."""
     scale = 1.0 / math.sqrt(model.cfg.head_dim)
     q, k = rec.q[layer][:, h].double(), rec.k[layer][:, h].double()  # (B, T, D)
     T, dev = q.shape[1], q.device
     real = (q @ k.transpose(-1, -2)) * scale  # (B, T, T), the model's own scores
     allowed = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
     mean = (real * allowed).sum(-1) / allowed.sum(-1)  # (B, T), over the keys s <= t
-    if pairs is None:  # each query's most attended key (the largest score), queries 1..T-1
+    if pairs is None:  # each query's most attended key (the largest score)
         best = real.masked_fill(~allowed, -math.inf).argmax(-1)  # (B, T)
-        pairs = [(b, t, int(best[b, t])) for b in range(real.shape[0]) for t in range(1, T)]
+        qs = range(1, T) if queries is None else queries
+        pairs = [(b, t, int(best[b, t])) for b in range(real.shape[0]) for t in qs]
     b_, t_, s_ = (torch.tensor([p[i] for p in pairs], device=dev) for i in range(3))
     counts = torch.arange(1, T + 1, dtype=K.dtype, device=dev)[:, None]
     qp, kp = Q[:, b_, t_], K[:, b_, s_]  # (R, P, D)

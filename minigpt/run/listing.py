@@ -10,7 +10,10 @@ Where each column comes from:
   `formed`: the heads train.stop_when_formed waits for formed); else `killed` (the trainer
   ended without writing its summary: kill -9, a crash, power loss).
   `damaged` when the commit pointer is not a step directory (a regular file, a link out of
-  the run) or the committed checkpoint's manifest.json is not a JSON object.
+  the run), the committed checkpoint's manifest.json is not a JSON object, a file it lists is
+  missing or of another size, or a weights header is unsound (what every loading command
+  refuses, found without reading a tensor), or config.yaml is cut short (no final newline, or
+  a section or a setting missing that the committed checkpoint's own copy holds).
 - step: the last step in metrics.jsonl, or the committed checkpoint's when the log is behind;
   max steps: config.yaml's train.max_steps.
   A run on synthetic induction ids (data.source induction) adds what its last head
@@ -18,8 +21,8 @@ Where each column comes from:
   formed, no induction head, no previous-token head, no heads formed).
 - val bits/byte: the lowest val_bpb in metrics.jsonl with its step, and the last one (the
   saved weights are the last step's, so the two differ once validation rises); for a run on
-  synthetic induction ids (which stand for no bytes), the share of copies the last
-  evaluation predicted (`copy_accuracy`) instead.
+  synthetic induction ids (which stand for no bytes: no bits per byte, null in the JSON), the
+  share of copies the last evaluation predicted (`copy_accuracy`) instead.
 - parameters: the tensors in the committed model.safetensors (tied weights stored once), from
   its header only.
 - wall time: the last `elapsed` in metrics.jsonl (training seconds over all sessions).
@@ -112,15 +115,54 @@ def is_run_dir(path: Path) -> bool:
         return True
 
 
+def named_run(text: str | Path) -> Path:
+    """The run directory `--run TEXT` names, the one rule of every command: TEXT itself when
+    something is there (the command then says what is wrong with it, if anything), else the run
+    of that name under runs/; a MinigptError with a did-you-mean when neither exists."""
+    path = Path(text)
+    if path.exists() or path.is_symlink():
+        return path
+    under = DEFAULT_RUNS / path
+    inside = path.is_absolute() or path.parts[:1] == DEFAULT_RUNS.parts
+    if not inside and under.exists():
+        return under
+    nor = "" if inside else f" (nor does {under})"
+    raise MinigptError(f"run directory {path} does not exist{nor}{_did_you_mean(path)}; "
+                       "`minigpt runs` lists the runs")
+
+
+def _did_you_mean(path: Path) -> str:
+    """'; did you mean runs/default?' for the run directory nearest in name to `path`, among
+    its parent's and those under runs/ ('' when none is near)."""
+    import difflib
+
+    places = {path.parent, DEFAULT_RUNS} if not path.is_absolute() else {path.parent}
+    near: dict[str, Path] = {}
+    for place in places:
+        try:
+            for d in sorted(place.iterdir())[:10_000]:
+                if is_run_dir(d):
+                    near.setdefault(d.name, d)
+        except OSError:
+            continue
+    hit = difflib.get_close_matches(path.name, list(near), n=1, cutoff=0.6)
+    return f"; did you mean {near[hit[0]]}?" if hit else ""
+
+
 def find_run(text: str) -> Path:
     """A run named as `--run` names one where several runs are taken (`minigpt runs`,
-    `minigpt curves`): its directory, else its name under runs/. MinigptError saying where it
-    looked when there is none."""
-    for candidate in (Path(text), DEFAULT_RUNS / text):
-        if is_run_dir(candidate):
-            return candidate
-    looked = f"{text}" + ("" if Path(text).is_absolute() else f" or {DEFAULT_RUNS / text}")
-    raise MinigptError(f"unknown run '{text}': no run directory at {looked}; `minigpt runs` "
+    `minigpt curves`): `named_run`'s, which must be a run directory."""
+    try:
+        path = named_run(text)
+    except MinigptError as e:
+        raise MinigptError(f"unknown run '{text}': {e}") from None
+    if is_run_dir(path):
+        return path
+    under = DEFAULT_RUNS / text
+    if not Path(text).is_absolute() and is_run_dir(under):
+        return under
+    raise MinigptError(f"unknown run '{text}': {path} is not a run directory (none of "
+                       f"{', '.join(RUN_MARKERS)} in it){_did_you_mean(path)}; `minigpt runs` "
                        "lists the runs")
 
 
@@ -181,17 +223,20 @@ def read_row(run_dir: Path) -> RunRow:
         records, bad = [], 0
         problems.append(str(e))
     evals = [r for r in records if r.get("kind") == "eval"]
-    scored = [(r["val_bpb"], r["step"]) for r in evals if finite(r.get("val_bpb")) is not None]
+    config = _config(run_dir, problems)
+    synthetic = isinstance(config, dict) and isinstance(config.get("data"), dict) and \
+        config["data"].get("source") == "induction"  # ids stand for no bytes: no bits/byte
+    scored = [(r["val_bpb"], r["step"]) for r in evals
+              if finite(r.get("val_bpb")) is not None and not synthetic]
     best = min(scored, key=lambda x: x[0]) if scored else (None, None)
     last = scored[-1] if scored else (None, None)
     copies = [r["copy_accuracy"] for r in evals if finite(r.get("copy_accuracy")) is not None]
     times = [r["elapsed"] for r in records if finite(r.get("elapsed")) is not None]
-    config = _config(run_dir, problems)
     max_steps = _max_steps(config)
     ckpt, ckpt_step, status = _checkpoint_status(run_dir, max_steps, problems)
     params = _params(ckpt, problems)
     return RunRow(name=run_dir.name, path=run_dir,
-                  status="unreadable" if problems else status,
+                  status=_problem_status(problems, status),
                   step=max([r["step"] for r in records] + [ckpt_step or 0]),
                   max_steps=max_steps, best_val_bpb=best[0],
                   params=params, wall_time=times[-1] if times else None,
@@ -237,7 +282,18 @@ def run_status(run_dir: Path) -> RunStatus:
     problems: list[str] = []
     max_steps = _max_steps(_config(run_dir, problems))
     _, step, status = _checkpoint_status(run_dir, max_steps, problems)
-    return RunStatus("unreadable" if problems else status, step, max_steps)
+    return RunStatus(_problem_status(problems, status), step, max_steps)
+
+
+CUT_SHORT = "cut short"  # a problem of a file that was read but is not whole
+
+
+def _problem_status(problems: list[str], status: str) -> str:
+    """`damaged` when a file the run needs is there but not whole (config.yaml cut short),
+    `unreadable` when one cannot be read, else `status`."""
+    if any(CUT_SHORT in p for p in problems):
+        return "damaged"
+    return "unreadable" if problems else status
 
 
 def _checkpoint_status(run_dir: Path, max_steps: int | None, problems: list[str]
@@ -286,12 +342,26 @@ def _status(run_dir: Path, ckpt_step: int | None, max_steps: int | None,
 
 
 def _manifest_ok(ckpt: Path) -> bool:
-    """Whether the committed checkpoint's manifest.json reads as a JSON object (within the
-    file door's limits): what `sample --run` checks first."""
+    """Whether the committed checkpoint looks loadable without reading its tensors: its
+    manifest.json reads as a JSON object listing files (what `sample --run` checks first),
+    every file it lists is there with the size it lists, and each weights file's header is
+    sound (safetensors_io.read_header). A changed byte of the same size is found only by the
+    hashes a loading command checks."""
     try:
-        return isinstance(load_json(ckpt / MANIFEST_FILE), dict)
-    except ReadError:
+        manifest = load_json(ckpt / MANIFEST_FILE)
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict):
+            return False
+        for name, info in files.items():
+            path = ckpt / Path(str(name)).name
+            size = info.get("bytes") if isinstance(info, dict) else None
+            if not path.is_file() or (isinstance(size, int) and path.stat().st_size != size):
+                return False
+            if path.suffix == ".safetensors":
+                read_header(path, "weights")
+    except (ReadError, MinigptError, OSError, RecursionError):
         return False
+    return True
 
 
 def _lock_held(path: Path, problems: list[str]) -> bool:
@@ -326,6 +396,9 @@ def run_config(run_dir: Path) -> tuple[dict | None, str | None]:
         return None, None
     except OSError as e:
         return None, f"{path}: {read_problem(e)}"
+    if data and not data.endswith(b"\n"):  # minigpt ends it with one: cut, whatever it parses to
+        return None, (f"{path}: {CUT_SHORT} (it does not end with a newline); the run's files "
+                      "are damaged (its committed checkpoint keeps its own copy)")
     try:
         cfg = parse_yaml(data.decode("utf-8"), str(path))
     except UnicodeDecodeError as e:
@@ -335,7 +408,35 @@ def run_config(run_dir: Path) -> tuple[dict | None, str | None]:
     if not isinstance(cfg, dict):
         what = "empty" if cfg is None else "not a mapping of sections"
         return None, f"{path}: {what}, not a config"
+    cut = _cut_short(data, cfg, Path(run_dir))
+    if cut:
+        return None, (f"{path}: {cut}; the run's files are damaged (its committed checkpoint "
+                      "keeps its own copy)")
     return cfg, None
+
+
+CONFIG_SECTIONS = ("model", "tokenizer", "data", "train", "run")  # what config.yaml holds
+
+
+def _cut_short(data: bytes, cfg: dict, run_dir: Path) -> str | None:
+    """Why a run's config.yaml (minigpt writes every section) is cut short at a line, or None:
+    a section or setting missing that the committed checkpoint's own copy holds."""
+    try:
+        ckpt = latest_checkpoint_dir(run_dir)
+        if ckpt is None:
+            return None
+        saved = parse_yaml(read_regular(ckpt / CONFIG_FILE, MAX_TEXT_BYTES).decode("utf-8"))
+    except (OSError, MinigptError, UnicodeDecodeError):
+        return None  # the checkpoint's own problems are said where it is read
+    if not isinstance(saved, dict):
+        return None
+    for s in CONFIG_SECTIONS:
+        if isinstance(saved.get(s), dict) and not isinstance(cfg.get(s), dict):
+            return f"{CUT_SHORT} (no {s} section; the checkpoint's copy has it)"
+        lost = set(saved.get(s) or {}) - set(cfg[s]) if isinstance(saved.get(s), dict) else ()
+        if lost:
+            return f"{CUT_SHORT} ({s}.{min(lost)} is missing; the checkpoint's copy has it)"
+    return None
 
 
 def data_kind(run_dir: Path) -> dict:

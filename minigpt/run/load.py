@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from minigpt.config import Config, model_hash
+from minigpt.config import Config, model_hash, model_hashes
 from minigpt.core.gpt import GPT, device_of
 from minigpt.data.tokenizer import Tokenizer
 from minigpt.device import resolve_device
@@ -24,6 +24,7 @@ from minigpt.run.layout import (
     MODEL_FILE,
     OPTIM_FILE,
 )
+from minigpt.run.listing import named_run
 from minigpt.run.safetensors_io import check_against, load_tensors, read_header
 
 
@@ -40,6 +41,7 @@ class LoadedRun:
     source: str = ""    # what was loaded, for messages and files: the run dir or the model spec
     eot_first: bool = False  # trained on documents that follow <|endoftext|> (or a compiled
     #                          program's BOS): inputs start so
+    weights_sha256: str | None = None  # a run's: its checkpoint's model.safetensors, as listed
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -67,7 +69,7 @@ def load_model_weights(model: torch.nn.Module, ckpt: Checkpoint, name: str = MOD
                            "incomplete")
     header, meta = read_header(path, "weights")
     hint = "the weights do not belong to this config (different model shape?)"
-    if meta.get("config_hash") and meta["config_hash"] != model_hash(ckpt.cfg.model):
+    if meta.get("config_hash") and meta["config_hash"] not in model_hashes(ckpt.cfg.model):
         raise MinigptError(f"{path} was saved for a different model config "
                            f"(hash {meta['config_hash']} != {model_hash(ckpt.cfg.model)}); "
                            "the weights and config.yaml do not match")
@@ -132,7 +134,7 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     """Load a trained run for inference: the verified latest checkpoint's config, tokenizer and
     weights, model on `device` in eval mode. `run_dir=None` = the latest run under runs/.
     Every failure is a one-line MinigptError naming the file; nothing is unpickled."""
-    run_dir = find_latest_run() if run_dir is None else Path(run_dir)
+    run_dir = find_latest_run() if run_dir is None else named_run(run_dir)
     dev = device if isinstance(device, torch.device) else resolve_device(str(device))
     ckpt = find_checkpoint(run_dir, step=step)  # None: the latest; else a kept checkpoint
     cfg = ckpt.cfg
@@ -147,9 +149,12 @@ def load_run(run_dir: Path | None, device: str | torch.device = "cpu",
     model = GPT(cfg.model)
     load_model_weights(model, ckpt)
     model.to(dev).eval()
+    listed = ckpt.files.get(MODEL_FILE)
+    sha = listed.get("sha256") if isinstance(listed, dict) else None
     # a compiled program reads every input after its beginning token, as tracr adds it
     return LoadedRun(model=model, cfg=cfg, tokenizer=tokenizer, step=ckpt.step, run_dir=run_dir,
-                     eot_first=cfg.data.source == "program")
+                     eot_first=cfg.data.source == "program",
+                     weights_sha256=sha if isinstance(sha, str) else None)
 
 
 @permission_denied_as_error()

@@ -104,7 +104,8 @@ def head_types(model, cfg, tokenizer, truth: Truth, seed: int = 0) -> list[dict]
     for n in kinds:
         layer, head = (int(x[1:]) for x in n["node"].split("."))
         s = {k: float(v[layer, head]) for k, v in scores.items()}
-        out.append({"head": n["node"], "program": n["kind"], "typed": dominant_type(s),
+        out.append({"head": n["node"], "layer": layer, "index": head, "program": n["kind"],
+                    "typed": dominant_type(s),
                     "score": _r(s[n["kind"]])})
     return out
 
