@@ -36,10 +36,11 @@ Step time on a busy machine (relative, not absolute):
         --candidate "model.dropout=0.1" --candidate "model.n_embd=192,model.n_head=6"
 
 builds the trainer of `--config` (+ --set) and of each candidate (its comma-separated
-settings on top) in one process, then times their real training steps (`Trainer.step`: forward,
-backward, clipping, optimizer, weight average) in alternation, `--blocks` blocks of `--steps`
-steps each, and prints each one's median and fastest block (ms/step) and their ratios to the
-base's.
+settings on top; a comma not followed by `section.key=` stays in the value, so a list such as
+`train.distill_from=runs/a,runs/b` is one setting) in one process, then times their real
+training steps (`Trainer.step`: forward, backward, clipping, optimizer, weight average) in
+alternation, `--blocks` blocks of `--steps` steps each, and prints each one's median and
+fastest block (ms/step) and their ratios to the base's.
 Alternating makes a load spike hit every candidate alike; a ratio times the quiet-machine
 ms/step of the base converts a candidate to the quiet budget.
 """
@@ -49,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -125,8 +127,8 @@ def step_times(config: str, sets: list[str], candidates: list[str], threads: int
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="minigpt-steptime-"))
     names = ["base", *candidates]
-    trainers = [_trainer(config, [*sets, *[x for x in extra.split(",") if x.strip()]], tmp,
-                         cache, f"run{i}") for i, extra in enumerate([""] + candidates)]
+    trainers = [_trainer(config, [*sets, *settings(extra)], tmp, cache, f"run{i}")
+                for i, extra in enumerate([""] + candidates)]
     times: dict[str, list[float]] = {n: [] for n in names}
     for name, tr in zip(names, trainers):  # warm-up
         for _ in range(3):
@@ -146,6 +148,11 @@ def step_times(config: str, sets: list[str], candidates: list[str], threads: int
         print(f"{med:8.1f} ms/step x{med / base:.3f}  fastest {fast:6.1f} x{fast / base_min:.3f}"
               f"  {name}  (blocks: {', '.join(f'{t:.0f}' for t in times[name])})",
               file=sys.stderr)
+
+
+def settings(text: str) -> list[str]:
+    """A --candidate's settings: split at each comma that starts the next `section.key=`."""
+    return [x for x in re.split(r",(?=\s*[a-z_]+\.[a-z_0-9]+=)", text) if x.strip()]
 
 
 def _trainer(config: str, sets: list[str], tmp: Path, cache: str | None, name: str):
