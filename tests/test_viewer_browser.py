@@ -7,11 +7,9 @@ Skips, saying why, where selenium, Chromium or chromedriver is missing
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 import torch
+from browser import make_driver
 from conftest import induction_inspection
 
 from minigpt.display import visible_token
@@ -20,12 +18,6 @@ from minigpt.interp.heads import score_heads
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p),
-                None)
-CHROMEDRIVER = shutil.which("chromedriver") or (
-    "/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None)
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run")
 HOSTILE = ["<script>window.__pwned = 1</script>", "<img src=x onerror=\"window.__pwned = 2\">",
            "</script><script>window.__pwned = 3</script>", " ", "\n", "&lt;b&gt;", "\u2028",
            "\"'`${x}`"]
@@ -51,22 +43,7 @@ def hand_built() -> Inspection:
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
-    if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (apt-get install -y chromium chromium-driver)")
-    if CHROMEDRIVER is None:
-        pytest.skip("chromedriver is not installed (apt-get install -y chromium-driver)")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in FLAGS:
-        opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    d.set_page_load_timeout(60)
+    d = make_driver(tmp_path_factory.mktemp("chromium-profile"))
     yield d
     d.quit()
 
