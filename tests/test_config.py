@@ -41,6 +41,17 @@ def test_every_bundled_config_loads_and_round_trips(path):
     assert again == cfg
 
 
+def test_small_data_is_the_speedrun_recipe_for_twice_its_steps():
+    """configs/small-data.yaml says so (and docs/config.md): a change to the speedrun's recipe
+    that small-data does not follow fails here, not silently."""
+    speedrun, small = (dataclasses.asdict(load_config(n)) for n in ("speedrun", "small-data"))
+    assert small["train"].pop("max_steps") == 2 * speedrun["train"].pop("max_steps")
+    for cfg in (speedrun, small):  # how often it evaluates, and the run's name, may differ
+        cfg["train"].pop("eval_interval")
+        cfg["run"].pop("name")
+    assert small == speedrun
+
+
 def test_bundled_set_is_what_the_readme_promises():
     assert {"default", "bytes", "induction"} <= {p.stem for p in BUNDLED}
 
