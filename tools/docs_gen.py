@@ -54,7 +54,8 @@ command line and the field `ModelConfig.n_layer` in `minigpt/config/settings.py`
   --set data.corpus=FILE` (the speedrun's model and data-limited levers for twice its steps,
   ~10 minutes on 2 cores). Measured (validation bits/byte, seed 101): on a corpus nobody
   tuned on, Debian's `fortunes` (2.6 MB), 2.1582 at the speedrun's 2100 steps, 2.0914 at
-  small-data's 4200; on Tiny Shakespeare 2.0554 -> 2.0248 (seed 102: 2.0537 -> 2.0132).
+  small-data's 4200; on Tiny Shakespeare, seeds 1 and 2 (not used to choose anything),
+  2.0512 / 2.0803 at the speedrun's 2100 steps, 2.0072 / 2.0490 at 4200.
   Epoch order (`train.data_order: epochs`) and weight decay 1.0 help most where the corpus is
   read many times; the figures and what was not measured:
   [benchmarks/README.md](../benchmarks/README.md#the-data-limited-levers-issue-59).
